@@ -1,0 +1,32 @@
+"""Errors a user can act on. Every message names the field, file or artifact and says how to fix it."""
+
+
+class NodeforgeError(Exception):
+    """An error with a message meant for the operator (printed without a traceback)."""
+
+    exit_code = 2
+
+
+class CommandError(NodeforgeError):
+    """A subprocess failed; carries the command, exit status and the tail of its output."""
+
+    exit_code = 1
+
+    def __init__(self, argv: list[str], returncode: int, output: str = "", hint: str = ""):
+        self.argv = argv
+        self.returncode = returncode
+        self.output = output
+        tail = "\n".join(output.strip().splitlines()[-25:])
+        msg = f"command failed (exit {returncode}): {' '.join(argv)}"
+        if tail:
+            msg += f"\n--- last output ---\n{tail}"
+        if hint:
+            msg += f"\n{hint}"
+        super().__init__(msg)
+
+
+class MissingToolError(NodeforgeError):
+    def __init__(self, tool: str, package: str):
+        super().__init__(
+            f"required tool '{tool}' not found on PATH; install it with: apt-get install {package}"
+        )

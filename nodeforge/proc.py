@@ -1,0 +1,206 @@
+"""The one place nodeforge runs other programs.
+
+Every command is logged before it runs; a failure raises CommandError with the exit status
+and the tail of the output, so the operator never has to re-run with "verbose" to see why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+from .errors import CommandError, MissingToolError
+
+log = logging.getLogger("nodeforge.proc")
+
+# Tool -> Debian package that provides it (for "install it with" messages).
+TOOL_PACKAGES: dict[str, str] = {
+    "packer": "packer",
+    "mmdebstrap": "mmdebstrap",
+    "systemd-nspawn": "systemd-container",
+    "qemu-img": "qemu-utils",
+    "qemu-system-x86_64": "qemu-system-x86",
+    "mkfs.ext4": "e2fsprogs",
+    "ssh-keygen": "openssh-client",
+    "ssh": "openssh-client",
+    "ip": "iproute2",
+    "dpkg-deb": "dpkg",
+    "zstd": "zstd",
+    "tar": "tar",
+    "ansible-playbook": "python3 -m pip install 'ansible-core>=2.19,<2.20' (or: pip install -e .)",
+    "logrotate": "logrotate",
+    "mksquashfs": "squashfs-tools",
+    "vagrant": "vagrant",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "scontrol": "slurm-client",
+}
+
+
+def require_tool(tool: str) -> str:
+    """Return the absolute path of *tool* or raise an error that names the apt package."""
+    path = shutil.which(tool)
+    if path is None:
+        # Tools installed in our venv (ansible-playbook) live next to the interpreter.
+        import sys
+
+        cand = Path(sys.executable).parent / tool
+        if cand.exists():
+            return str(cand)
+        raise MissingToolError(tool, TOOL_PACKAGES.get(tool, tool))
+    return path
+
+
+def _fmt(argv: Sequence[str]) -> str:
+    return " ".join(str(a) for a in argv)
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    check: bool = True,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    input: str | bytes | None = None,
+    capture: bool = True,
+    text: bool = True,
+    hint: str = "",
+    redact: Sequence[str] = (),
+) -> subprocess.CompletedProcess:
+    """Run a command to completion. stderr is merged into stdout so errors keep their context.
+
+    *redact* lists substrings (secrets) that must never reach a log line.
+    """
+    args = [str(a) for a in argv]
+    shown = _fmt(args)
+    for secret in redact:
+        if secret:
+            shown = shown.replace(secret, "***")
+    log.debug("run: %s", shown)
+    full_env = None
+    if env is not None:
+        full_env = dict(os.environ)
+        full_env.update(env)
+    try:
+        cp = subprocess.run(
+            args,
+            check=False,
+            timeout=timeout,
+            env=full_env,
+            cwd=cwd,
+            input=input,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
+            text=text,
+        )
+    except FileNotFoundError as exc:
+        raise MissingToolError(args[0], TOOL_PACKAGES.get(Path(args[0]).name, args[0])) from exc
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output or ""
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        raise CommandError(args, -1, out, hint=f"timed out after {timeout}s. {hint}".strip()) from exc
+    if check and cp.returncode != 0:
+        out = cp.stdout if capture else ""
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        for secret in redact:
+            if secret and out:
+                out = out.replace(secret, "***")
+        raise CommandError([shown], cp.returncode, out or "", hint=hint)
+    return cp
+
+
+def stream(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    logfile: IO[str],
+    on_line: Callable[[str], None] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    hint: str = "",
+) -> None:
+    """Run a long command, copying every output line to *logfile* (nothing hidden) and to *on_line*.
+
+    The child runs in its own process group so an interrupt or timeout stops all of it.
+    """
+    import selectors
+    import time
+
+    args = [str(a) for a in argv]
+    log.info("run: %s", _fmt(args))
+    logfile.write(f"$ {_fmt(args)}\n")
+    logfile.flush()
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        raise MissingToolError(args[0], TOOL_PACKAGES.get(Path(args[0]).name, args[0])) from exc
+    tail: list[str] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                kill_group(proc)
+                raise CommandError(args, -1, "".join(tail), hint=f"timed out after {timeout}s. {hint}")
+            if not sel.select(timeout=1.0):
+                if proc.poll() is not None:
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            logfile.write(line)
+            tail.append(line)
+            del tail[:-60]
+            if on_line:
+                on_line(line.rstrip("\n"))
+        rc = proc.wait()
+    except BaseException:
+        kill_group(proc)
+        raise
+    finally:
+        sel.close()
+        logfile.flush()
+    if rc != 0:
+        raise CommandError(args, rc, "".join(tail), hint=hint)
+
+
+def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop a child started with start_new_session: SIGTERM the group, then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=grace)
