@@ -204,3 +204,109 @@ def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         except ProcessLookupError:
             pass
         proc.wait(timeout=grace)
+
+
+class GroupResult:
+    """Outcome of `run_group`: exit status, or the signal, or a timeout."""
+
+    __slots__ = ("returncode", "timed_out", "duration")
+
+    def __init__(self, returncode: int, timed_out: bool, duration: float):
+        self.returncode = returncode  # negative = killed by that signal (subprocess convention)
+        self.timed_out = timed_out
+        self.duration = duration
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode < 0 and not self.timed_out else None
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"GroupResult(rc={self.returncode}, timed_out={self.timed_out}, {self.duration:.2f}s)"
+
+
+def run_group(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float,
+    output: IO | None = None,
+    env: Mapping[str, str] | None = None,
+    replace_env: bool = False,
+    cwd: str | os.PathLike[str] | None = None,
+    grace: float = 5.0,
+) -> GroupResult:
+    """Run a command in its own process group with a hard timeout; never raises on its exit.
+
+    stdout and stderr go to *output* (a real file, so a grandchild that keeps the descriptor
+    open cannot block us). On timeout the WHOLE group gets SIGTERM, then SIGKILL after
+    *grace* seconds. When the leader exits, anything it left in its group is stopped the same
+    way, so a command cannot leave strays behind. *replace_env* uses *env* as the whole
+    environment instead of adding it to ours.
+    """
+    import time
+
+    args = [str(a) for a in argv]
+    log.debug("run (group, timeout %ss): %s", timeout, _fmt(args))
+    if replace_env:
+        full_env = dict(env or {})
+    else:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=output if output is not None else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        raise MissingToolError(args[0], TOOL_PACKAGES.get(Path(args[0]).name, args[0])) from exc
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    except BaseException:
+        _stop_group(proc, grace)
+        raise
+    _stop_group(proc, grace)
+    rc = proc.wait()
+    return GroupResult(rc, timed_out, time.monotonic() - start)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM every process of *proc*'s group, SIGKILL whatever is left after *grace* seconds."""
+    import time
+
+    pgid = proc.pid
+    proc.poll()  # reap the leader if it is done, so a zombie leader does not count as alive
+    if not _group_alive(pgid):
+        return
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        proc.poll()
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

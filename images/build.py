@@ -1,0 +1,288 @@
+"""`nodeforge build`: base → sandbox → packer/ansible → seal → export → manifest.
+
+Everything is built under `<output>.partial` and renamed into place only when complete, so a
+failed or interrupted build never leaves an artifact under the final name. The work tree,
+the sandbox and its mounts are always cleaned up (also on Ctrl-C and SIGTERM).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodeforge import __version__, proc
+from nodeforge.errors import NodeforgeError
+
+from . import base as base_mod
+from . import export, packer, scan, seal, varfile, versions
+from .sandbox import Sandbox, extract, release_mounts
+from .template import TARGETS
+
+log = logging.getLogger("nodeforge.build")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOCAL_TOOLS = ("packer", "mmdebstrap", "systemd-nspawn", "mkfs.ext4", "qemu-img", "ssh-keygen",
+               "ssh", "tar", "zstd", "dpkg-query", "ansible-playbook")
+# Components whose installed versions the manifest summarises (all packages are listed too).
+COMPONENT_PACKAGES = ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "sackd", "munge",
+                      "mariadb-server", "docker.io", "docker-ce", "enroot", "enroot+caps",
+                      "openssh-server", "systemd", "logrotate", "python3")
+
+
+@dataclass
+class BuildOptions:
+    target: str = "local"
+    base: str | None = None
+    var_files: list[Path] = field(default_factory=list)
+    artifact_mirror: str | None = None
+    allow_unpinned: bool = False
+    output: Path | None = None
+    cache_dir: Path = Path("/var/cache/nodeforge")
+    name: str | None = None
+    versions_file: Path | None = None
+    keep_work: bool = False
+    playbook: Path | None = None  # default images/site.yml; tests provision with smaller ones
+
+
+@dataclass
+class BuildResult:
+    output: Path
+    manifest: dict
+    log_file: Path
+
+
+class Phases:
+    """Times each phase and reports it (to rich progress, or plain lines)."""
+
+    def __init__(self, reporter: Callable[[str, str], None]):
+        self.durations: dict[str, float] = {}
+        self.report = reporter
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.report(name, "start")
+        t0 = time.monotonic()
+        try:
+            yield
+        except BaseException:
+            self.durations[name] = round(time.monotonic() - t0, 2)
+            self.report(name, "failed")
+            raise
+        self.durations[name] = round(time.monotonic() - t0, 2)
+        self.report(name, f"done {self.durations[name]:.1f}s")
+
+
+def repo_paths(need_playbook: bool = True) -> tuple[Path, Path, Path]:
+    playbook = REPO_ROOT / "images" / "site.yml"
+    cfg = REPO_ROOT / "ansible.cfg"
+    roles = REPO_ROOT / "roles"
+    for p in ((playbook,) if need_playbook else ()) + (cfg, roles):
+        if not p.exists():
+            raise NodeforgeError(
+                f"{p} not found: `nodeforge build` runs from a nodeforge source checkout "
+                "(git clone, then pip install -e .)"
+            )
+    return playbook, cfg, roles
+
+
+def _tool_versions() -> dict[str, str]:
+    out = {"nodeforge": __version__, "packer": str(packer.version())}
+    cp = proc.run([proc.require_tool("ansible-playbook"), "--version"], check=False)
+    first = cp.stdout.splitlines()[0] if cp.stdout else ""
+    out["ansible-core"] = first.split("core ")[-1].rstrip("]") if "core" in first else first
+    mm = proc.run([proc.require_tool("mmdebstrap"), "--version"], check=False).stdout.strip()
+    out["mmdebstrap"] = mm.split()[-1] if mm else "unknown"
+    return out
+
+
+def build_wheel(dest: Path, logfile) -> Path:
+    """The agent installed into the image is this checkout, as a wheel."""
+    dest.mkdir(parents=True, exist_ok=True)
+    proc.stream([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                 "-w", dest, REPO_ROOT], logfile=logfile, timeout=600)
+    wheels = sorted(dest.glob("nodeforge-*.whl"))
+    if not wheels:
+        raise NodeforgeError(f"pip wheel produced no nodeforge wheel in {dest}")
+    return wheels[-1]
+
+
+def preflight(opts: BuildOptions) -> None:
+    if opts.target not in TARGETS:
+        raise NodeforgeError(f"unknown target '{opts.target}'; choose one of: {', '.join(TARGETS)}")
+    if opts.target != "local":
+        raise NodeforgeError(
+            f"target '{opts.target}' is built with `nodeforge build --target {opts.target}` "
+            "through Packer directly; see README (render it with `nodeforge render`)"
+        )
+    for tool in LOCAL_TOOLS:
+        proc.require_tool(tool)
+    if os.geteuid() != 0:
+        raise NodeforgeError(
+            "the local target needs root (mmdebstrap, systemd-nspawn and mkfs.ext4 -d with "
+            "real ownership); run it with sudo"
+        )
+
+
+def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
+              on_line: Callable[[str], None] | None = None) -> BuildResult:
+    preflight(opts)
+    vers = versions.load(opts.versions_file)
+    base = vers.base(opts.base)
+    arch = base_mod.host_arch()
+    name = opts.name or f"nodeforge-{base.name}-{arch}"
+    output = (opts.output or Path("output") / opts.target).resolve()
+    user_vars: dict[str, object] = {}
+    for vf in opts.var_files:
+        user_vars.update(varfile.load(vf, opts.target))
+    playbook, ansible_cfg, _ = repo_paths(need_playbook=opts.playbook is None)
+    playbook = opts.playbook or playbook
+
+    partial = output.with_name(output.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)  # a leftover of an earlier interrupted build
+    partial.mkdir(parents=True)
+    cache = opts.cache_dir
+    work = cache / "work" / f"{name}-{os.getpid()}"
+    if work.exists():
+        release_mounts(work)
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    log_path = partial / "build.log"
+    logfile = open(log_path, "w", buffering=1)
+    phases = Phases(reporter)
+    sandbox: Sandbox | None = None
+    started = dt.datetime.now(dt.timezone.utc)
+
+    def _sigterm(signum, frame):  # turn SIGTERM into the same cleanup path as Ctrl-C
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, _sigterm)
+    ok = False
+    try:
+        logfile.write(f"nodeforge {__version__} build {name} target={opts.target} base={base.name}\n")
+        with phases.phase("preflight"):
+            tools = _tool_versions()
+            arts = vers.for_arch(arch)
+            art_dir = cache / "artifacts"
+            seen = versions.fetch(arts, art_dir, mirror=opts.artifact_mirror,
+                                  allow_unpinned=opts.allow_unpinned, versions_path=vers.path)
+            wheel = build_wheel(work / "wheel", logfile)
+        with phases.phase("base"):
+            spec = base_mod.spec_for(base, arch)
+            base_tar, base_cached = base_mod.ensure_base(spec, cache / "base", base.keyring, logfile)
+            tree = work / "rootfs"
+            extract(base_tar, tree)
+        apt_cache = cache / "apt-archives"
+        (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
+        sandbox = Sandbox(tree, work, logfile, name=f"nfbuild-{os.getpid()}",
+                          binds=[(apt_cache, "/var/cache/apt/archives")])
+        with phases.phase("sandbox"):
+            access = sandbox.prepare()
+            sandbox.start()
+        with phases.phase("provision"):
+            extra_vars = {
+                "nodeforge_image_name": name,
+                "nodeforge_artifacts_dir": str(art_dir),
+                "nodeforge_artifacts": {a.name: a.file for a in arts},
+                "nodeforge_wheel": str(wheel),
+                "nodeforge_base": base.name,
+                **dict(user_vars.get("ansible_vars", {}) or {}),
+            }
+            ev = work / "extra-vars.json"
+            ev.write_text(json.dumps(extra_vars, indent=2))
+            tpl = work / "local.pkr.hcl"
+            tpl.write_text(packer.render("local"))
+            values = {
+                "ssh_port": access.port,
+                "ssh_private_key_file": access.key_file,
+                "playbook_file": playbook,
+                "extra_vars_file": ev,
+                "ansible_playbook": proc.require_tool("ansible-playbook"),
+                "ansible_config": ansible_cfg,
+                "image_name": name,
+            }
+            packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line)
+        with phases.phase("seal"):
+            sandbox.stop()
+            seal.finalize(tree, logfile)
+            export.write_fstab(tree)
+            findings = scan.scan(tree)
+            if findings:
+                raise NodeforgeError(
+                    "the sealed tree still holds secrets or per-node identity; refusing to "
+                    "export:\n  " + "\n  ".join(str(f) for f in findings)
+                )
+            pkgs = export.dpkg_versions(tree)
+            manifest = {
+                "schema": 1,
+                "name": name,
+                "target": opts.target,
+                "created": started.isoformat(timespec="seconds"),
+                "arch": arch,
+                "base": {"name": base.name, "suite": base.suite, "mirror": base.mirror,
+                         "key": spec.key(), "cached": base_cached},
+                "components": {p: pkgs[p] for p in COMPONENT_PACKAGES if p in pkgs},
+                "inputs": {a.name: {"component": a.component, "version": a.version,
+                                    "file": a.file, "sha256": seen[a.name], "pinned": a.pinned}
+                           for a in arts},
+                "packages": pkgs,
+                "tools": tools,
+                "phases": dict(phases.durations),
+            }
+            (tree / "etc/nodeforge").mkdir(parents=True, exist_ok=True)
+            export.write_json_atomic(tree / "etc/nodeforge/image.json", manifest)
+        with phases.phase("export"):
+            export.export_rootfs(tree, partial / export.ROOTFS)
+            export.export_disk(tree, partial)
+        manifest["phases"] = dict(phases.durations)
+        manifest["artifacts"] = {
+            p.name: {"sha256": versions.sha256_file(p), "bytes": p.stat().st_size}
+            for p in sorted(partial.iterdir()) if p.is_file() and p.name != "build.log"
+        }
+        export.write_json_atomic(partial / "manifest.json", manifest)
+        logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
+        logfile.close()
+        _publish(partial, output)
+        ok = True
+        return BuildResult(output, manifest, output / "build.log")
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if sandbox is not None:
+            sandbox.stop()
+        release_mounts(work)
+        if not opts.keep_work and work.exists():
+            shutil.rmtree(work)
+        if not ok:
+            if not logfile.closed:
+                exc = sys.exc_info()[1]
+                logfile.write(f"build FAILED: {type(exc).__name__}: {exc}\n")
+                logfile.close()
+            failed_log = output.with_name(output.name + ".failed-build.log")
+            if log_path.exists():
+                shutil.move(log_path, failed_log)
+                reporter("build", f"failed; full log: {failed_log}")
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _publish(partial: Path, output: Path) -> None:
+    """Swap the finished build into place; an older build under that name is replaced whole."""
+    old = output.with_name(output.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if output.exists():
+        os.replace(output, old)
+    os.replace(partial, output)
+    if old.exists():
+        shutil.rmtree(old)
+    stale = output.with_name(output.name + ".failed-build.log")
+    stale.unlink(missing_ok=True)

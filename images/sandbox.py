@@ -1,0 +1,186 @@
+"""The local build sandbox: the base tree booted with systemd-nspawn, reachable over SSH.
+
+The sandbox shares the host network namespace (no systemd on the host to wire a veth), so its
+sshd listens on a free port on 127.0.0.1 only, with a throwaway key made for this build.
+Everything it adds for build access (sshd drop-in, host keys, authorized_keys) is removed
+by the post-stop seal (images/seal.py). Used as a context manager so an interrupt always stops
+the container and releases its mounts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from nodeforge import proc
+from nodeforge.errors import NodeforgeError
+
+log = logging.getLogger("nodeforge.sandbox")
+
+BUILD_SSHD_CONF = "etc/ssh/sshd_config.d/00-nodeforge-build.conf"
+BOOT_TIMEOUT = 180.0
+STOP_TIMEOUT = 90.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def extract(tarball: Path, tree: Path) -> None:
+    tree.mkdir(parents=True, exist_ok=False)
+    proc.run(["tar", "-C", tree, "--numeric-owner", "--xattrs", "--xattrs-include=*",
+              "-xf", tarball], timeout=900)
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points at or below *path*, deepest first (from /proc/self/mountinfo)."""
+    root = str(path.resolve())
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp == root or mp.startswith(root + "/"):
+                found.append(mp)
+    return sorted(found, key=len, reverse=True)
+
+
+def release_mounts(path: Path) -> None:
+    for mp in mounts_under(path):
+        proc.run(["umount", "--lazy", mp], check=False)
+
+
+@dataclass
+class SandboxAccess:
+    host: str
+    port: int
+    user: str
+    key_file: Path
+
+
+class Sandbox:
+    def __init__(self, tree: Path, workdir: Path, logfile: IO[str], *, name: str,
+                 binds: list[tuple[Path, str]] | None = None):
+        self.tree = tree
+        self.workdir = workdir
+        self.logfile = logfile
+        self.name = name
+        self.binds = binds or []
+        self.port = free_port()
+        self.key_file = workdir / "build_ed25519"
+        self._proc: subprocess.Popen | None = None
+
+    # -- build access -------------------------------------------------------------------
+    def prepare(self) -> SandboxAccess:
+        t = self.tree
+        if self.key_file.exists():
+            self.key_file.unlink()
+            Path(f"{self.key_file}.pub").unlink(missing_ok=True)
+        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nodeforge-build",
+                  "-f", self.key_file])
+        (t / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
+        (t / BUILD_SSHD_CONF).write_text(
+            "# nodeforge build access; removed before the image is sealed\n"
+            f"Port {self.port}\nListenAddress 127.0.0.1\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+        )
+        # Host keys for the build session only; the seal step deletes them.
+        proc.run(["ssh-keygen", "-A", "-f", t])
+        ssh_dir = t / "root/.ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ak = ssh_dir / "authorized_keys"
+        ak.write_text(Path(f"{self.key_file}.pub").read_text())
+        ak.chmod(0o600)
+        return SandboxAccess("127.0.0.1", self.port, "root", self.key_file)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        argv = [
+            proc.require_tool("systemd-nspawn"),
+            "--quiet",
+            "-D", str(self.tree),
+            "--boot",
+            "--register=no",  # the host has no systemd-machined
+            "--keep-unit",
+            f"--machine={self.name}",
+            "--link-journal=no",
+            "--resolv-conf=copy-host",
+            "--console=read-only",
+        ]
+        for src, dst in self.binds:
+            argv.append(f"--bind={src}:{dst}")
+        log.info("run: %s", " ".join(argv))
+        self.logfile.write(f"$ {' '.join(argv)}\n")
+        self.logfile.flush()
+        self._proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=self.logfile, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait_ssh()
+
+    def ssh_argv(self, *cmd: str) -> list[str]:
+        return [
+            "ssh", "-i", str(self.key_file), "-p", str(self.port),
+            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            # The sandbox's host key is throwaway; don't record it in the operator's file.
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            "-o", "ConnectTimeout=5", "root@127.0.0.1", *cmd,
+        ]
+
+    def _wait_ssh(self) -> None:
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        last = ""
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise NodeforgeError(
+                    f"build sandbox {self.name} exited with {self._proc.returncode} while booting; "
+                    f"see the build log for systemd-nspawn's output"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2):
+                    pass
+                cp = proc.run(self.ssh_argv("systemctl", "is-system-running", "--wait"),
+                              check=False, timeout=120)
+                state = cp.stdout.strip()
+                if state in ("running", "degraded"):
+                    if state == "degraded":
+                        failed = proc.run(self.ssh_argv("systemctl", "--failed", "--no-legend"),
+                                          check=False, timeout=30).stdout
+                        self.logfile.write(f"sandbox booted degraded; failed units:\n{failed}\n")
+                    return
+                last = state
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(1)
+        raise NodeforgeError(
+            f"build sandbox {self.name} did not answer SSH on 127.0.0.1:{self.port} within "
+            f"{BOOT_TIMEOUT:.0f}s (last: {last}); see the build log"
+        )
+
+    def stop(self) -> None:
+        p = self._proc
+        if p is not None and p.poll() is None:
+            # SIGTERM makes nspawn ask the container's systemd to power off cleanly.
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                log.warning("sandbox %s did not power off in %ss; killing", self.name, STOP_TIMEOUT)
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+        self._proc = None
+        release_mounts(self.tree)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,273 @@
+"""Packer HCL2 templates for the three targets, written with python-hcl2 and `packer fmt`-ed.
+
+One playbook (images/site.yml) provisions every target; only the source block differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import hcl2
+
+TARGETS = ("local", "qemu", "amazon-ebs")
+
+
+def q(s: str) -> str:
+    """An HCL string literal (python-hcl2 keeps quotes as part of the value)."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    type: str  # HCL type expression: string, number, bool, map(string), list(string)
+    default: object = None  # None = required
+    description: str = ""
+    sensitive: bool = False
+
+
+def _common_vars() -> list[Variable]:
+    return [
+        Variable("image_name", "string", "nodeforge", "name of the image (prefix of the AMI name)"),
+        Variable("playbook_file", "string", None, "path of images/site.yml"),
+        Variable("extra_vars_file", "string", None, "JSON file of Ansible variables from nodeforge"),
+        Variable("ansible_playbook", "string", "ansible-playbook", "ansible-playbook executable"),
+        Variable("ansible_config", "string", None, "path of the repository's ansible.cfg"),
+        Variable("ansible_vars", "map(string)", {}, "extra role variables (see meta/argument_specs.yml)"),
+    ]
+
+
+TARGET_VARS: dict[str, list[Variable]] = {
+    "local": [
+        Variable("ssh_port", "number", None, "sshd port of the nspawn sandbox on 127.0.0.1"),
+        Variable("ssh_private_key_file", "string", None, "throwaway build key"),
+    ],
+    "qemu": [
+        Variable("base_disk", "string", None, "base qcow2: made from the mmdebstrap base, or a cloud image URL"),
+        Variable("base_disk_checksum", "string", "none", "sha256:<hex> of a downloaded base disk; 'none' for a local file"),
+        Variable("kernel", "string", "", "direct-boot kernel for a base disk without a boot loader"),
+        Variable("initrd", "string", "", "direct-boot initrd beside kernel"),
+        Variable("accelerator", "string", "tcg", "kvm or tcg (nodeforge probes KVM and falls back to tcg)"),
+        Variable("disk_size", "string", "8G", "size of the built disk"),
+        Variable("memory", "number", 2048, "guest memory in MiB"),
+        Variable("cpus", "number", 2, "guest vCPUs"),
+        Variable("ssh_username", "string", "root", "user Packer logs in as"),
+        Variable("ssh_private_key_file", "string", None, "key authorized in the base disk"),
+        Variable("output_directory", "string", "output-qemu", "where Packer writes the qcow2"),
+        Variable("box_output", "string", "nodeforge-libvirt.box", "Vagrant box path"),
+    ],
+    "amazon-ebs": [
+        Variable("region", "string", "us-east-1", "AWS region"),
+        Variable("instance_type", "string", "c6i.xlarge", "builder instance type"),
+        Variable("subnet_id", "string", "", "subnet for the builder (default VPC when empty)"),
+        Variable("source_os", "string", "debian-12", "debian-12 or ubuntu-22.04 (official publishers' AMIs)"),
+        Variable("arch", "string", "amd64", "amd64 or arm64"),
+        Variable("root_volume_size", "number", 30, "GiB of the encrypted gp3 root volume"),
+        Variable("kms_key_id", "string", "", "KMS key for EBS encryption (AWS-managed key when empty)"),
+        Variable("ami_tags", "map(string)", {}, "extra tags; nodeforge adds the manifest's versions"),
+        Variable("ami_regions", "list(string)", [], "regions to copy the AMI to"),
+    ],
+}
+
+
+def variables_for(target: str) -> list[Variable]:
+    return _common_vars() + TARGET_VARS[target]
+
+
+def _hcl_value(v: object) -> object:
+    if isinstance(v, str):
+        return q(v)
+    if isinstance(v, dict):
+        return {k: _hcl_value(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_hcl_value(x) for x in v]
+    return v
+
+
+def _declare(b: hcl2.Builder, target: str) -> None:
+    for v in variables_for(target):
+        attrs: dict = {"type": "${" + v.type + "}"}
+        if v.default is not None:
+            attrs["default"] = _hcl_value(v.default)
+        if v.description:
+            attrs["description"] = q(v.description)
+        b.block("variable", [q(v.name)], **attrs)
+
+
+def _ansible(build: hcl2.Builder, *, user: str, become: bool) -> None:
+    args = ["--extra-vars", "@${var.extra_vars_file}"]
+    if become:
+        args += ["--become"]
+    build.block(
+        "provisioner",
+        [q("ansible")],
+        playbook_file="${var.playbook_file}",
+        command="${var.ansible_playbook}",
+        user=q(user),
+        # Packer's SSH proxy breaks with current ansible-core; connect directly.
+        use_proxy=False,
+        extra_arguments=[q(a) for a in args],
+        ansible_env_vars=[
+            q("ANSIBLE_CONFIG=${var.ansible_config}"),
+            q("ANSIBLE_HOST_KEY_CHECKING=False"),
+            q("ANSIBLE_FORCE_COLOR=0"),
+        ],
+    )
+
+
+def _local(b: hcl2.Builder) -> None:
+    b.block(
+        "source",
+        [q("null"), q("sandbox")],
+        communicator=q("ssh"),
+        ssh_host=q("127.0.0.1"),
+        ssh_port="${var.ssh_port}",
+        ssh_username=q("root"),
+        ssh_private_key_file="${var.ssh_private_key_file}",
+        ssh_timeout=q("3m"),
+    )
+    build = b.block("build", name=q("nodeforge-local"), sources=[q("source.null.sandbox")])
+    _ansible(build, user="root", become=False)
+
+
+def _qemu(b: hcl2.Builder) -> None:
+    b.block(
+        "source",
+        [q("qemu"), q("node")],
+        iso_url="${var.base_disk}",
+        iso_checksum="${var.base_disk_checksum}",
+        disk_image=True,
+        use_backing_file=False,
+        format=q("qcow2"),
+        disk_size="${var.disk_size}",
+        accelerator="${var.accelerator}",
+        headless=True,
+        memory="${var.memory}",
+        cpus="${var.cpus}",
+        net_device=q("virtio-net"),
+        disk_interface=q("virtio"),
+        communicator=q("ssh"),
+        ssh_username="${var.ssh_username}",
+        ssh_private_key_file="${var.ssh_private_key_file}",
+        ssh_timeout=q("20m"),
+        shutdown_command=q("systemctl poweroff"),
+        output_directory="${var.output_directory}",
+        vm_name=q("nodeforge.qcow2"),
+        # Direct kernel boot for the locally made base disk (it has no boot loader); with
+        # a cloud image leave kernel empty and the disk's own loader is used.
+        qemuargs="${var.kernel == \"\" ? [] : [[\"-kernel\", var.kernel], [\"-initrd\", var.initrd], [\"-append\", \"root=/dev/vda rw console=ttyS0 net.ifnames=0\"]]}",
+    )
+    build = b.block("build", name=q("nodeforge-qemu"), sources=[q("source.qemu.node")])
+    _ansible(build, user="root", become=False)
+    build.block(
+        "post-processor",
+        [q("vagrant")],
+        provider_override=q("libvirt"),
+        output="${var.box_output}",
+        keep_input_artifact=True,
+    )
+
+
+def _amazon(b: hcl2.Builder, modern: bool) -> None:
+    b.block(
+        "locals",
+        build_stamp='${formatdate("YYYYMMDDhhmmss", timestamp())}',
+        source_amis={
+            q("debian-12"): {
+                "owner": q("136693071363"),
+                "name": q("debian-12-%s-*"),
+                "user": q("admin"),
+                "root_device": q("/dev/xvda"),
+            },
+            q("ubuntu-22.04"): {
+                "owner": q("099720109477"),
+                "name": q("ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-%s-server-*"),
+                "user": q("ubuntu"),
+                "root_device": q("/dev/sda1"),
+            },
+        },
+    )
+    src = b.block(
+        "source",
+        [q("amazon-ebs"), q("node")],
+        region="${var.region}",
+        instance_type="${var.instance_type}",
+        subnet_id="${var.subnet_id}",
+        # Unique per build: AMI names must be unique within an account and region.
+        ami_name="${\"${var.image_name}-${var.source_os}-${var.arch}-${local.build_stamp}\"}",
+        ami_description=q("nodeforge Slurm node image (controller/login/compute)"),
+        ami_regions="${var.ami_regions}",
+        ssh_username="${local.source_amis[var.source_os].user}",
+        encrypt_boot=True,
+        kms_key_id="${var.kms_key_id}",
+        **({"imds_support": q("v2.0")} if modern else {}),
+        tags="${merge(var.ami_tags, {\"Name\" = \"${var.image_name}-${local.build_stamp}\", \"nodeforge:image\" = var.image_name, \"nodeforge:source_os\" = var.source_os})}",
+    )
+    src.block(
+        "source_ami_filter",
+        filters={
+            "name": "${format(local.source_amis[var.source_os].name, var.arch == \"amd64\" ? \"amd64\" : \"arm64\")}",
+            q("virtualization-type"): q("hvm"),
+            q("root-device-type"): q("ebs"),
+            "architecture": "${var.arch == \"amd64\" ? \"x86_64\" : \"arm64\"}",
+        },
+        owners=["${local.source_amis[var.source_os].owner}"],
+        most_recent=True,
+    )
+    if modern:
+        # IMDSv2 only: on the builder instance, and registered on the AMI for its instances.
+        src.block("metadata_options", http_endpoint=q("enabled"), http_tokens=q("required"),
+                  http_put_response_hop_limit=1)
+    src.block(
+        "launch_block_device_mappings",
+        device_name="${local.source_amis[var.source_os].root_device}",
+        volume_type=q("gp3"),
+        # gp3 baseline; Packer requires both to be explicit for gp3.
+        iops=3000,
+        throughput=125,
+        volume_size="${var.root_volume_size}",
+        encrypted=True,
+        delete_on_termination=True,
+    )
+    build = b.block("build", name=q("nodeforge-ami"), sources=[q("source.amazon-ebs.node")])
+    _ansible(build, user="${local.source_amis[var.source_os].user}", become=True)
+    if not modern:
+        # Packer 1.6's built-in amazon builder cannot set IMDS options; require IMDSv2 on
+        # the AMI afterwards with the AWS CLI, from the AMI id Packer's manifest records.
+        build.block("post-processor", [q("manifest")], output=q("packer-manifest.json"),
+                    strip_path=True)
+        build.block(
+            "post-processor",
+            [q("shell-local")],
+            inline=[
+                q("set -eu"),
+                q("ami=$(jq -r '.builds[-1].artifact_id' packer-manifest.json | cut -d: -f2)"),
+                q("aws ec2 modify-image-attribute --region ${var.region} --image-id \"$ami\" --imds-support v2.0"),
+            ],
+        )
+
+
+def render_dict(target: str, *, modern: bool = False) -> dict:
+    """*modern*: Packer >= 1.7 with external plugins (newer amazon-ebs options)."""
+    if target not in TARGETS:
+        from nodeforge.errors import NodeforgeError
+
+        raise NodeforgeError(f"unknown target '{target}'; choose one of: {', '.join(TARGETS)}")
+    b = hcl2.Builder()
+    _declare(b, target)
+    if target == "amazon-ebs":
+        _amazon(b, modern)
+    else:
+        {"local": _local, "qemu": _qemu}[target](b)
+    return b.build()
+
+
+def render(target: str, *, modern: bool = False) -> str:
+    """HCL2 text (not yet `packer fmt`-ed; packer.fmt() does that)."""
+    return hcl2.dumps(render_dict(target, modern=modern))
+
+
+@dataclass
+class VarFile:
+    path: str
+    values: dict = field(default_factory=dict)

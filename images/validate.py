@@ -1,0 +1,48 @@
+"""`nodeforge validate`: `packer validate` of every target, offline, with stand-in inputs.
+
+Required variables that only exist during a real build (the sandbox port, the throwaway key,
+the extra-vars file) get harmless stand-ins made here, so validation checks the template and
+the user's var files, not the presence of a build.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from nodeforge import proc
+
+from . import packer, varfile
+from .build import repo_paths
+
+
+def validate_targets(targets: list[str], var_files: list[Path]) -> dict[str, str]:
+    playbook, cfg, _ = repo_paths()
+    pv = packer.version()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="nodeforge-validate-") as tmp:
+        t = Path(tmp)
+        key = t / "stand-in-key"
+        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "validate", "-f", key])
+        ev = t / "extra-vars.json"
+        ev.write_text("{}")
+        disk = t / "base.qcow2"
+        disk.write_bytes(b"")
+        common = {
+            "playbook_file": playbook,
+            "extra_vars_file": ev,
+            "ansible_config": cfg,
+            "ansible_playbook": proc.require_tool("ansible-playbook"),
+        }
+        per_target = {
+            "local": {"ssh_port": 22, "ssh_private_key_file": key},
+            "qemu": {"base_disk": disk, "ssh_private_key_file": key},
+            "amazon-ebs": {},
+        }
+        for target in targets:
+            for vf in var_files:
+                varfile.load(vf, target)
+            f = t / f"{target}.pkr.hcl"
+            f.write_text(packer.render(target, pv))
+            results[target] = packer.validate(f, {**common, **per_target[target]}, var_files)
+    return results

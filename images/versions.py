@@ -1,0 +1,270 @@
+"""The versions file: every URL and version nodeforge downloads, pinned by sha256.
+
+Loading validates the file; fetching verifies checksums and names the artifact and the
+`--artifact-mirror` option when anything goes wrong. Unpinned entries (sha256: null) are
+refused unless the caller explicitly allows them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from nodeforge.errors import NodeforgeError
+
+log = logging.getLogger("nodeforge.versions")
+
+VERSIONS_FILE = Path(__file__).with_name("versions.yaml")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+DOWNLOAD_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Base:
+    name: str
+    suite: str
+    mirror: str
+    slurm: str
+    keyring: str
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str  # key in versions.yaml, e.g. enroot_deb
+    component: str
+    version: str
+    arch: str
+    file: str
+    url: str
+    sha256: str | None
+
+    @property
+    def pinned(self) -> bool:
+        return self.sha256 is not None
+
+
+@dataclass
+class Versions:
+    path: Path
+    bases: dict[str, Base]
+    default_base: str
+    artifacts: dict[str, dict[str, Artifact]]  # name -> arch -> Artifact
+    raw: dict = field(repr=False, default_factory=dict)
+
+    def base(self, name: str | None) -> Base:
+        key = name or self.default_base
+        if key not in self.bases:
+            raise NodeforgeError(
+                f"unknown base '{key}'; choose one of {', '.join(sorted(self.bases))} "
+                f"(defined under 'bases' in {self.path})"
+            )
+        return self.bases[key]
+
+    def for_arch(self, arch: str) -> list[Artifact]:
+        """The artifacts a build for *arch* needs (arch-specific entry, else 'all')."""
+        out = []
+        for name, by_arch in self.artifacts.items():
+            art = by_arch.get(arch) or by_arch.get("all")
+            if art is None:
+                raise NodeforgeError(
+                    f"{self.path}: artifacts.{name} has no entry for architecture '{arch}' "
+                    f"(has: {', '.join(sorted(by_arch))}); add arch.{arch} with url, file and sha256"
+                )
+            out.append(art)
+        return out
+
+    def all_artifacts(self) -> list[Artifact]:
+        return [a for by_arch in self.artifacts.values() for a in by_arch.values()]
+
+
+def _req(d: dict, key: str, where: str, path: Path, typ: type = str):
+    if not isinstance(d, dict) or key not in d:
+        raise NodeforgeError(f"{path}: {where}.{key} is missing")
+    val = d[key]
+    if typ is str and isinstance(val, (int, float)):
+        val = str(val)
+    if not isinstance(val, typ):
+        raise NodeforgeError(f"{path}: {where}.{key} must be a {typ.__name__}, got {val!r}")
+    return val
+
+
+def load(path: Path | None = None) -> Versions:
+    path = Path(path or VERSIONS_FILE)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise NodeforgeError(f"cannot read versions file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise NodeforgeError(f"versions file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise NodeforgeError(f"{path}: expected a mapping at the top level")
+    if raw.get("schema") != 1:
+        raise NodeforgeError(f"{path}: schema must be 1, got {raw.get('schema')!r}")
+    bases = {}
+    for name, b in (_req(raw, "bases", "", path, dict)).items():
+        w = f"bases.{name}"
+        bases[name] = Base(
+            name=name,
+            suite=_req(b, "suite", w, path),
+            mirror=_req(b, "mirror", w, path),
+            slurm=_req(b, "slurm", w, path),
+            keyring=_req(b, "keyring", w, path),
+        )
+    default_base = _req(raw, "default_base", "", path)
+    if default_base not in bases:
+        raise NodeforgeError(f"{path}: default_base '{default_base}' is not one of the bases")
+    artifacts: dict[str, dict[str, Artifact]] = {}
+    for name, a in (_req(raw, "artifacts", "", path, dict)).items():
+        w = f"artifacts.{name}"
+        by_arch = {}
+        for arch, e in _req(a, "arch", w, path, dict).items():
+            wa = f"{w}.arch.{arch}"
+            sha = e.get("sha256") if isinstance(e, dict) else None
+            if sha is not None and not (isinstance(sha, str) and _SHA256.match(sha)):
+                raise NodeforgeError(
+                    f"{path}: {wa}.sha256 must be 64 lowercase hex characters or null "
+                    f"(unpinned), got {sha!r}"
+                )
+            by_arch[arch] = Artifact(
+                name=name,
+                component=_req(a, "component", w, path),
+                version=_req(a, "version", w, path),
+                arch=arch,
+                file=_req(e, "file", wa, path),
+                url=_req(e, "url", wa, path),
+                sha256=sha,
+            )
+        artifacts[name] = by_arch
+    return Versions(path, bases, default_base, artifacts, raw)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _source(art: Artifact, mirror: str | None) -> str:
+    if not mirror:
+        return art.url
+    if re.match(r"^[a-z][a-z0-9+.-]*://", mirror):
+        return mirror.rstrip("/") + "/" + art.file
+    return str(Path(mirror) / art.file)
+
+
+def _download(src: str, dest: Path, art: Artifact, mirror: str | None) -> None:
+    hint = (
+        "serve it from a local copy with --artifact-mirror DIR|URL (the mirror must hold "
+        f"'{art.file}')"
+    )
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        if "://" not in src:
+            if not Path(src).is_file():
+                raise NodeforgeError(
+                    f"artifact {art.name} ({art.component} {art.version}): '{art.file}' is not "
+                    f"in the mirror directory {mirror}; copy it there or fix --artifact-mirror"
+                )
+            shutil.copyfile(src, tmp)
+        else:
+            log.info("download %s", src)
+            req = urllib.request.Request(src, headers={"User-Agent": "nodeforge"})
+            with urllib.request.urlopen(req, timeout=DOWNLOAD_TIMEOUT) as resp, open(tmp, "wb") as fh:
+                shutil.copyfileobj(resp, fh)
+        os.replace(tmp, dest)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        tmp.unlink(missing_ok=True)
+        reason = getattr(exc, "reason", None) or exc
+        raise NodeforgeError(
+            f"download of artifact {art.name} ({art.component} {art.version}) from {src} "
+            f"failed: {reason}; {hint}"
+        ) from exc
+
+
+def fetch(
+    arts: list[Artifact],
+    dest_dir: Path,
+    *,
+    mirror: str | None = None,
+    allow_unpinned: bool = False,
+    versions_path: Path = VERSIONS_FILE,
+) -> dict[str, str]:
+    """Download (or copy from the mirror) and verify each artifact into *dest_dir*.
+
+    Returns {artifact name: sha256 actually seen}. Already present, verified files are reused.
+    """
+    unpinned = [a for a in arts if not a.pinned]
+    if unpinned and not allow_unpinned:
+        names = ", ".join(f"{a.name} ({a.file})" for a in unpinned)
+        raise NodeforgeError(
+            f"unpinned artifacts in {versions_path}: {names}. Pin them on a machine that can "
+            f"reach the URLs with 'nodeforge versions lock' (or 'nodeforge versions lock "
+            f"--artifact-mirror DIR|URL'), which records each sha256; or pass --allow-unpinned "
+            f"to build with whatever the source serves."
+        )
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, str] = {}
+    for art in arts:
+        dest = dest_dir / art.file
+        if dest.exists() and art.pinned and sha256_file(dest) == art.sha256:
+            seen[art.name] = art.sha256
+            continue
+        _download(_source(art, mirror), dest, art, mirror)
+        got = sha256_file(dest)
+        if art.pinned and got != art.sha256:
+            dest.unlink()
+            raise NodeforgeError(
+                f"checksum mismatch for artifact {art.name} ({art.file}) from "
+                f"{_source(art, mirror)}: expected {art.sha256}, got {got}. The file is not the "
+                f"pinned release: fix the mirror (--artifact-mirror) or, if the release was "
+                f"re-published on purpose, re-pin it with 'nodeforge versions lock'."
+            )
+        if not art.pinned:
+            log.warning("artifact %s is unpinned; built with sha256 %s", art.name, got)
+        seen[art.name] = got
+    return seen
+
+
+def lock(versions: Versions, *, mirror: str | None = None, only_missing: bool = False) -> dict[str, str]:
+    """Download every artifact and write its sha256 into the versions file in place.
+
+    The edit is textual (the sha256 line following each url line) so comments survive.
+    Returns {url: sha256}.
+    """
+    text = versions.path.read_text()
+    results: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="nodeforge-lock-") as tmp:
+        for art in versions.all_artifacts():
+            if only_missing and art.pinned:
+                continue
+            dest = Path(tmp) / art.file
+            _download(_source(art, mirror), dest, art, mirror)
+            results[art.url] = sha256_file(dest)
+            dest.unlink()
+    for url, sha in results.items():
+        pat = re.compile(
+            r"(^\s*url:\s*" + re.escape(url) + r"\s*\n\s*sha256:\s*)(\S+)", re.MULTILINE
+        )
+        text, n = pat.subn(lambda m: m.group(1) + sha, text)
+        if n != 1:
+            raise NodeforgeError(
+                f"{versions.path}: expected exactly one 'sha256:' line right after 'url: {url}', "
+                f"found {n}; fix the file layout and run 'nodeforge versions lock' again"
+            )
+    tmpf = versions.path.with_name(f".{versions.path.name}.tmp")
+    tmpf.write_text(text)
+    os.replace(tmpf, versions.path)
+    load(versions.path)  # the edited file must still validate
+    return results
