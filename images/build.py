@@ -24,7 +24,7 @@ from nodeforge import __version__, proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import export, packer, scan, seal, varfile, versions
+from . import export, manifest as manifest_mod, packer, scan, seal, varfile, versions
 from .sandbox import Sandbox, extract, release_mounts
 from .template import TARGETS
 
@@ -239,6 +239,9 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
                 "tools": tools,
                 "phases": dict(phases.durations),
             }
+            problems = manifest_mod.check(manifest, outer=False)
+            if problems:
+                raise NodeforgeError("internal: image manifest is incomplete: " + "; ".join(problems))
             (tree / "etc/nodeforge").mkdir(parents=True, exist_ok=True)
             export.write_json_atomic(tree / "etc/nodeforge/image.json", manifest)
         with phases.phase("export"):
@@ -249,6 +252,9 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
             p.name: {"sha256": versions.sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(partial.iterdir()) if p.is_file() and p.name != "build.log"
         }
+        problems = manifest_mod.check(manifest)
+        if problems:
+            raise NodeforgeError("internal: manifest.json is incomplete: " + "; ".join(problems))
         export.write_json_atomic(partial / "manifest.json", manifest)
         logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
         logfile.close()

@@ -1,0 +1,131 @@
+"""The versions file: validation, pinning, mirror use, checksum and download errors."""
+
+import http.server
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from images import versions
+from nodeforge.errors import NodeforgeError
+
+pytestmark = pytest.mark.unit
+
+
+def test_real_versions_file_loads_and_has_default_components():
+    v = versions.load()
+    assert v.default_base == "debian13"
+    assert v.base(None).suite == "trixie" and v.base("debian12").suite == "bookworm"
+    arts = {a.name: a for a in v.for_arch("amd64")}
+    assert arts["enroot_deb"].version == "4.1.2" and arts["enroot_caps_deb"].file.startswith("enroot+caps_")
+    assert arts["pyxis_src"].version == "0.24.0"
+    for a in v.all_artifacts():
+        # Never an invented checksum: either null (unpinned) or a well-formed sha256.
+        assert a.sha256 is None or len(a.sha256) == 64
+
+
+def _copy(tmp_path) -> Path:
+    dst = tmp_path / "versions.yaml"
+    shutil.copyfile(versions.VERSIONS_FILE, dst)
+    return dst
+
+
+def test_bad_sha_names_the_field(tmp_path):
+    f = _copy(tmp_path)
+    data = yaml.safe_load(f.read_text())
+    data["artifacts"]["pyxis_src"]["arch"]["all"]["sha256"] = "abc"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(NodeforgeError, match=r"artifacts\.pyxis_src\.arch\.all\.sha256"):
+        versions.load(f)
+
+
+def test_unknown_base_lists_choices():
+    with pytest.raises(NodeforgeError, match="unknown base 'centos'.*debian12, debian13"):
+        versions.load().base("centos")
+
+
+def test_unpinned_is_refused_with_how_to_pin(tmp_path):
+    arts = versions.load().for_arch("amd64")
+    with pytest.raises(NodeforgeError, match="nodeforge versions lock.*--allow-unpinned"):
+        versions.fetch(arts, tmp_path / "a")
+
+
+def _mirror(tmp_path, arts):
+    m = tmp_path / "mirror"
+    m.mkdir()
+    for a in arts:
+        (m / a.file).write_bytes(f"content of {a.file}".encode())
+    return m
+
+
+def test_lock_from_mirror_pins_every_artifact_and_keeps_comments(tmp_path):
+    f = _copy(tmp_path)
+    v = versions.load(f)
+    m = _mirror(tmp_path, v.all_artifacts())
+    res = versions.lock(v, mirror=str(m))
+    assert len(res) == len(v.all_artifacts())
+    text = f.read_text()
+    assert "Never write a checksum you did not compute" in text
+    v2 = versions.load(f)
+    assert all(a.pinned for a in v2.all_artifacts())
+    a = v2.artifacts["pyxis_src"]["all"]
+    assert a.sha256 == versions.sha256_file(m / a.file)
+    # Pinned artifacts now fetch from the mirror with verification.
+    got = versions.fetch(v2.for_arch("amd64"), tmp_path / "dl", mirror=str(m))
+    assert got["pyxis_src"] == a.sha256
+
+
+def test_checksum_mismatch_names_artifact_and_fix(tmp_path):
+    f = _copy(tmp_path)
+    v = versions.load(f)
+    m = _mirror(tmp_path, v.all_artifacts())
+    versions.lock(v, mirror=str(m))
+    v2 = versions.load(f)
+    (m / "enroot_4.1.2-1_amd64.deb").write_bytes(b"tampered")
+    with pytest.raises(NodeforgeError, match=r"checksum mismatch for artifact enroot_deb.*--artifact-mirror"):
+        versions.fetch(v2.for_arch("amd64"), tmp_path / "dl", mirror=str(m))
+    assert not (tmp_path / "dl" / "enroot_4.1.2-1_amd64.deb").exists()
+
+
+def test_missing_file_in_mirror_dir(tmp_path):
+    arts = versions.load().for_arch("amd64")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(NodeforgeError, match=r"enroot_deb.*not in the mirror directory"):
+        versions.fetch(arts, tmp_path / "dl", mirror=str(empty), allow_unpinned=True)
+
+
+def test_failed_download_names_artifact_and_mirror_option(tmp_path):
+    # A loopback port we opened and closed again: nothing listens there.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    arts = versions.load().for_arch("amd64")
+    with pytest.raises(NodeforgeError, match=r"download of artifact enroot_deb .*--artifact-mirror"):
+        versions.fetch(arts, tmp_path / "dl", mirror=f"http://127.0.0.1:{port}", allow_unpinned=True)
+
+
+def test_http_mirror(tmp_path):
+    arts = versions.load().for_arch("amd64")
+    m = _mirror(tmp_path, arts)
+
+    class H(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, directory=str(m), **k)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        got = versions.fetch(arts, tmp_path / "dl", mirror=f"http://127.0.0.1:{srv.server_port}/",
+                             allow_unpinned=True)
+    finally:
+        srv.shutdown()
+    assert set(got) == {a.name for a in arts}
+    assert (tmp_path / "dl" / "pyxis-0.24.0.tar.gz").read_bytes() == b"content of pyxis-0.24.0.tar.gz"
