@@ -16,8 +16,9 @@ from typing import IO
 @dataclass(frozen=True)
 class SealItem:
     pattern: str  # glob relative to the tree root
-    action: str  # "remove" | "truncate" | "empty-dir"
+    action: str  # "remove" | "truncate" | "replace"
     reason: str
+    content: str = ""  # for "replace"
 
 
 ITEMS: tuple[SealItem, ...] = (
@@ -33,6 +34,10 @@ ITEMS: tuple[SealItem, ...] = (
     SealItem("etc/ssh/sshd_config.d/00-nodeforge-build.conf", "remove", "build-only sshd port"),
     SealItem("etc/resolv.conf", "truncate",
              "the build host's DNS settings; each node gets its own from DHCP or nspawn"),
+    SealItem("etc/hostname", "remove",
+             "the build host's name; each node takes its name from params, DHCP or nspawn"),
+    SealItem("etc/hosts", "replace", "the build host's entries; nodes write their own",
+             "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
     SealItem("var/log/journal/*", "remove", "journal of the build sandbox's boots"),
     SealItem("var/log/**/*.log", "truncate", "logs of the build; files kept for their owners/modes"),
     SealItem("var/cache/apt/archives/*.deb", "remove", "package cache (was a bind mount; belt and braces)"),
@@ -44,10 +49,14 @@ ITEMS: tuple[SealItem, ...] = (
 )
 
 
-def _apply(path: Path, action: str) -> bool:
+def _apply(path: Path, action: str, content: str = "") -> bool:
     if not (path.exists() or path.is_symlink()):
         return False
-    if action == "truncate":
+    if action == "replace":
+        if path.is_symlink():
+            path.unlink()
+        path.write_text(content)
+    elif action == "truncate":
         if path.is_symlink() or not path.is_file():
             path.unlink()
             path.write_text("")
@@ -65,7 +74,7 @@ def finalize(tree: Path, logfile: IO[str]) -> list[str]:
     done = []
     for item in ITEMS:
         for p in sorted(tree.glob(item.pattern)):
-            if _apply(p, item.action):
+            if _apply(p, item.action, item.content):
                 rel = "/" + str(p.relative_to(tree))
                 done.append(rel)
                 logfile.write(f"seal: {item.action} {rel} — {item.reason}\n")

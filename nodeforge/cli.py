@@ -16,7 +16,13 @@ from . import __version__
 from .errors import NodeforgeError
 
 # Packages whose cli module is optional on a node (the agent image ships without images/).
-_CLI_MODULES = ("images.cli", "bootstrap.cli", "gang.cli", "nodeforge.verify_cli")
+_CLI_MODULES = (
+    "images.cli",
+    "bootstrap.cli",
+    "bootstrap.cluster_cli",
+    "gang.cli",
+    "nodeforge.verify_cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

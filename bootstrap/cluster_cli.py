@@ -1,0 +1,140 @@
+"""CLI: `nodeforge cluster up|add|status|down|exec` — a local cluster of nspawn nodes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cluster", help="a local Slurm cluster of systemd-nspawn nodes from a built image")
+    cs = p.add_subparsers(dest="cluster_cmd", metavar="ACTION")
+    cs.required = True
+
+    def common(sp, with_nodes: bool = True):
+        sp.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
+        if with_nodes:
+            sp.add_argument("--params", type=Path, metavar="FILE.yaml",
+                            help="extra node params merged into each new node's node.yaml")
+            sp.add_argument("--copy", action="append", default=[], metavar="SRC:DEST",
+                            help="copy a host file into each new node before it boots")
+            sp.add_argument("--join-interval", type=float, default=0.0, metavar="S",
+                            help="seconds between two joining computes")
+            sp.add_argument("--timeout", type=float, default=300.0,
+                            help="bound for nodes to become ready (default: %(default)ss)")
+            sp.add_argument("--no-wait", action="store_true", help="return once nodes are started")
+            sp.add_argument("--json", action="store_true")
+
+    s = cs.add_parser("up", help="start a controller and N computes")
+    s.add_argument("--image", type=Path, default=Path("output/local"),
+                   help="output directory of `nodeforge build` (default: %(default)s)")
+    s.add_argument("--computes", type=int, default=2)
+    common(s)
+    s.set_defaults(func=cmd_up)
+
+    s = cs.add_parser("add", help="join K more computes to a running cluster")
+    s.add_argument("count", type=int)
+    s.add_argument("--role", default="compute", choices=("compute", "login"))
+    common(s)
+    s.set_defaults(func=cmd_add)
+
+    s = cs.add_parser("status", help="role, Slurm state, reason and time-to-ready of each node")
+    s.add_argument("--name", default="nf")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+    s = cs.add_parser("down", help="remove every node, namespace, bridge and mount")
+    s.add_argument("--name", default="nf")
+    s.set_defaults(func=cmd_down)
+
+    s = cs.add_parser("exec", help="run a command inside a node")
+    s.add_argument("--name", default="nf")
+    s.add_argument("node")
+    s.add_argument("argv", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_exec)
+
+
+def _inputs(args):
+    import yaml
+
+    from nodeforge.errors import NodeforgeError
+
+    params = None
+    if args.params:
+        try:
+            params = yaml.safe_load(args.params.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise NodeforgeError(f"--params {args.params}: {exc}") from exc
+        if not isinstance(params, dict):
+            raise NodeforgeError(f"--params {args.params}: expected a mapping of node params")
+    copies = []
+    for c in args.copy:
+        src, sep, dest = c.partition(":")
+        if not sep or not dest.startswith("/"):
+            raise NodeforgeError(f"--copy '{c}': expected SRC:/absolute/dest")
+        if not Path(src).is_file():
+            raise NodeforgeError(f"--copy '{c}': {src} is not a file")
+        copies.append((Path(src), dest))
+    return params, copies
+
+
+def _print_status(st: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(st, indent=2))
+        return
+    print(f"cluster {st['cluster']}  image {st['image']}")
+    print(f"{'NODE':<10} {'ROLE':<11} {'ADDRESS':<13} {'AGENT':<9} {'SLURM':<14} {'READY_S':>8}  REASON")
+    for n in st["nodes"]:
+        ttr = f"{n['time_to_ready_s']:.1f}" if n["time_to_ready_s"] is not None else "-"
+        print(f"{n['name']:<10} {n['role']:<11} {n['address']:<13} {n['agent']:<9} "
+              f"{n['slurm_state']:<14} {ttr:>8}  {n['reason']}")
+
+
+def cmd_up(args) -> int:
+    from .localcluster import LocalCluster
+
+    params, copies = _inputs(args)
+    lc = LocalCluster(args.name)
+    lc.up(args.image, args.computes, join_interval=args.join_interval, params=params,
+          copies=copies, wait=not args.no_wait, timeout=args.timeout)
+    _print_status(lc.status(), args.json)
+    return 0
+
+
+def cmd_add(args) -> int:
+    from .localcluster import LocalCluster
+
+    params, copies = _inputs(args)
+    lc = LocalCluster(args.name)
+    lc.add(args.count, join_interval=args.join_interval, params=params, copies=copies,
+           wait=not args.no_wait, timeout=args.timeout, role=args.role)
+    _print_status(lc.status(), args.json)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .localcluster import LocalCluster
+
+    _print_status(LocalCluster(args.name).status(), args.json)
+    return 0
+
+
+def cmd_down(args) -> int:
+    from .localcluster import LocalCluster
+
+    removed = LocalCluster(args.name).down()
+    print(f"removed cluster {args.name}: {', '.join(removed) or 'nothing was running'}",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_exec(args) -> int:
+    from .localcluster import Cluster, node_exec
+
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    cp = node_exec(Cluster.load(args.name).node(args.node), argv or ["sh"], check=False,
+                   timeout=600)
+    sys.stdout.write(cp.stdout)
+    return cp.returncode

@@ -1,0 +1,470 @@
+"""A Slurm cluster on one machine, from a built image: systemd-nspawn nodes on a private bridge.
+
+Every node boots the image's root filesystem through its own overlay (the image tree is the
+shared lower layer, extracted once), in its own network namespace wired to a bridge that lives
+in the cluster's fabric namespace. Params reach each node as /etc/nodeforge/node.yaml written
+into its overlay before boot, exactly as an operator would provide them. Nodes outlive the
+command that started them; `cluster down` removes every process, mount, namespace and file.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from nodeforge import proc
+from nodeforge.errors import NodeforgeError
+
+from .netns import Fabric
+
+log = logging.getLogger("nodeforge.cluster")
+
+STATE_ROOT = Path("/var/lib/nodeforge/clusters")
+IMAGE_CACHE = Path("/var/lib/nodeforge/images")
+SUBNET = ipaddress.ip_network("10.213.0.0/24")  # exists only inside the fabric namespace
+CONTROLLER_NAME = "ctl"
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+STOP_TIMEOUT = 60.0
+READY_STATES = ("idle", "mixed", "allocated", "completing")
+
+
+@dataclass
+class Node:
+    name: str
+    role: str
+    index: int
+    address: str
+    netns: str
+    dir: str  # holds upper/, work/, merged/, console.log
+    pid: int | None = None  # systemd-nspawn
+    started: float = 0.0  # wall clock (epoch seconds)
+    ready_at: float | None = None  # first seen schedulable (IDLE etc.) or controller answering
+
+    @property
+    def merged(self) -> Path:
+        return Path(self.dir) / "merged"
+
+
+@dataclass
+class Cluster:
+    name: str
+    image: str
+    lower: str
+    fabric_ns: str
+    created: float
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def dir(self) -> Path:
+        return STATE_ROOT / self.name
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise NodeforgeError(f"cluster {self.name} has no node '{name}' "
+                             f"(nodes: {', '.join(n.name for n in self.nodes)})")
+
+    @property
+    def controller(self) -> Node:
+        return self.node(CONTROLLER_NAME)
+
+    def fabric(self) -> Fabric:
+        return Fabric(self.fabric_ns, SUBNET)
+
+    # -- persistence --------------------------------------------------------------------
+    def save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / ".cluster.json.tmp"
+        data = asdict(self)
+        tmp.write_text(json.dumps(data, indent=2))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.dir / "cluster.json")
+
+    @classmethod
+    def load(cls, name: str) -> Cluster:
+        f = STATE_ROOT / name / "cluster.json"
+        if not f.is_file():
+            known = sorted(p.name for p in STATE_ROOT.iterdir()) if STATE_ROOT.is_dir() else []
+            raise NodeforgeError(
+                f"no local cluster named '{name}' (known: {', '.join(known) or 'none'}); "
+                "start one with `nodeforge cluster up`"
+            )
+        data = json.loads(f.read_text())
+        nodes = [Node(**n) for n in data.pop("nodes")]
+        return cls(**data, nodes=nodes)
+
+
+# -- helpers ----------------------------------------------------------------------------
+def _require_root_and_tools() -> None:
+    if os.geteuid() != 0:
+        raise NodeforgeError("local clusters need root (network namespaces, overlay mounts, "
+                             "systemd-nspawn); run with sudo")
+    for t in ("systemd-nspawn", "ip", "nsenter", "mount", "umount", "tar", "zstd"):
+        proc.require_tool(t)
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is not alive; nspawn is our child only while `cluster up` runs.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def leader_pid(node: Node) -> int:
+    """PID (on the host) of the node's init: the systemd that nspawn started."""
+    if not _alive(node.pid):
+        raise NodeforgeError(f"node {node.name} is not running (systemd-nspawn pid {node.pid})")
+    for _ in range(50):
+        for task in Path(f"/proc/{node.pid}/task").iterdir():
+            kids = (task / "children").read_text().split()
+            for k in kids:
+                try:
+                    comm = Path(f"/proc/{k}/comm").read_text().strip()
+                except OSError:
+                    continue
+                if comm in ("systemd", "init"):
+                    return int(k)
+        time.sleep(0.1)
+    raise NodeforgeError(f"cannot find the init process of node {node.name} (nspawn pid {node.pid})")
+
+
+def node_exec(node: Node, argv: list[str], *, check: bool = True, timeout: float = 60,
+              input: str | None = None) -> subprocess.CompletedProcess:
+    """Run a command inside a node (all its namespaces, its root filesystem)."""
+    pid = leader_pid(node)
+    return proc.run(
+        ["nsenter", "-t", str(pid), "-a", "--", "env", "-i", f"PATH={NODE_PATH}", "LANG=C.UTF-8",
+         *argv],
+        check=check, timeout=timeout, input=input,
+    )
+
+
+def ensure_lower(image_dir: Path) -> Path:
+    """Extract the image's root filesystem once per image (keyed by the archive's sha256)."""
+    manifest = image_dir / "manifest.json"
+    rootfs = image_dir / "rootfs.tar.zst"
+    for p in (manifest, rootfs):
+        if not p.is_file():
+            raise NodeforgeError(f"{p} not found: --image must be the output directory of "
+                                 "`nodeforge build` (default output/local)")
+    m = json.loads(manifest.read_text())
+    sha = m["artifacts"]["rootfs.tar.zst"]["sha256"]
+    lower = IMAGE_CACHE / sha[:16] / "rootfs"
+    done = lower.parent / ".complete"
+    if done.exists():
+        return lower
+    if lower.exists():
+        shutil.rmtree(lower)
+    lower.mkdir(parents=True)
+    proc.run(["tar", "-C", lower, "--numeric-owner", "--xattrs", "--xattrs-include=*", "-I", "zstd",
+              "-xf", rootfs], timeout=900)
+    done.write_text(sha)
+    return lower
+
+
+def _mount_overlay(lower: Path, node_dir: Path) -> None:
+    for d in ("upper", "work", "merged"):
+        (node_dir / d).mkdir(parents=True, exist_ok=True)
+    merged = node_dir / "merged"
+    if os.path.ismount(merged):
+        return
+    proc.run(["mount", "-t", "overlay", f"nf-{node_dir.name}", "-o",
+              f"lowerdir={lower},upperdir={node_dir / 'upper'},workdir={node_dir / 'work'}",
+              merged])
+
+
+def _hosts_block(cluster: Cluster) -> str:
+    lines = ["# nodeforge local cluster: managed block, rewritten when nodes join"]
+    lines += [f"{n.address}\t{n.name}" for n in cluster.nodes]
+    return "\n".join(lines) + "\n"
+
+
+def _write_hosts(path: Path, cluster: Cluster) -> None:
+    base = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    path.write_text(base + _hosts_block(cluster))
+
+
+class LocalCluster:
+    """Operations on one named local cluster."""
+
+    def __init__(self, name: str = "nf"):
+        if not name.isalnum() or len(name) > 8:
+            raise NodeforgeError(f"cluster name '{name}' must be 1-8 letters/digits "
+                                 "(it prefixes namespace and interface names)")
+        self.name = name
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def up(self, image: Path, computes: int, *, join_interval: float = 0.0,
+           params: dict | None = None, copies: list[tuple[Path, str]] | None = None,
+           wait: bool = True, timeout: float = 300.0) -> Cluster:
+        _require_root_and_tools()
+        if (STATE_ROOT / self.name / "cluster.json").exists():
+            raise NodeforgeError(f"cluster '{self.name}' already exists; add nodes with "
+                                 f"`nodeforge cluster add`, or remove it with "
+                                 f"`nodeforge cluster down --name {self.name}`")
+        lower = ensure_lower(Path(image).resolve())
+        cluster = Cluster(self.name, str(Path(image).resolve()), str(lower),
+                          f"nfc-{self.name}", time.time())
+        cluster.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(cluster.dir, 0o700)
+        # The cluster's munge key: generated here, root-only, handed to nodes as params.
+        key = cluster.dir / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        os.chmod(key, 0o600)
+        cluster.save()
+        try:
+            cluster.fabric().create()
+            self._start(cluster, "controller", CONTROLLER_NAME, params, copies)
+            if wait:
+                self.wait_ready(cluster, [CONTROLLER_NAME], timeout)
+            self._add(cluster, computes, join_interval, params, copies, wait, timeout)
+        except BaseException:
+            log.error("cluster up failed; removing what it made")
+            self.down()
+            raise
+        return cluster
+
+    def add(self, count: int, *, join_interval: float = 0.0, params: dict | None = None,
+            copies: list[tuple[Path, str]] | None = None, wait: bool = True,
+            timeout: float = 300.0, role: str = "compute") -> list[str]:
+        _require_root_and_tools()
+        cluster = Cluster.load(self.name)
+        return self._add(cluster, count, join_interval, params, copies, wait, timeout, role)
+
+    def _add(self, cluster, count, join_interval, params, copies, wait, timeout,
+             role: str = "compute") -> list[str]:
+        prefix = "c" if role == "compute" else "login"
+        used = {n.name for n in cluster.nodes}
+        names = []
+        i = 1
+        while len(names) < count:
+            cand = f"{prefix}{i:03d}"
+            if cand not in used:
+                names.append(cand)
+            i += 1
+        for k, name in enumerate(names):
+            if k and join_interval > 0:
+                time.sleep(join_interval)  # capacity arrives a few nodes at a time
+            self._start(cluster, role, name, params, copies)
+        if wait and names:
+            self.wait_ready(cluster, names, timeout)
+        return names
+
+    def _start(self, cluster: Cluster, role: str, name: str, params: dict | None,
+               copies: list[tuple[Path, str]] | None) -> Node:
+        used_idx = {n.index for n in cluster.nodes}
+        index = next(i for i in range(2, 250) if i not in used_idx)
+        address = str(SUBNET.network_address + index)
+        node_dir = cluster.dir / "nodes" / name
+        node = Node(name, role, index, address, f"nfc-{cluster.name}-{name}", str(node_dir))
+        cluster.nodes.append(node)
+        cluster.save()
+        _mount_overlay(Path(cluster.lower), node_dir)
+        merged = node.merged
+        ctl = cluster.controller
+        doc = {
+            "role": role,
+            "cluster_name": cluster.name,
+            "controller": {"host": ctl.name, "address": ctl.address},
+            "node_name": name,
+            "node_address": address,
+            "munge_key": base64.b64encode((cluster.dir / "munge.key").read_bytes()).decode(),
+        }
+        for k, v in (params or {}).items():
+            if role == "controller" and k in ("hooks", "features", "gres"):
+                continue  # test/operator hooks target the joining nodes
+            doc[k] = v
+        etc = merged / "etc/nodeforge"
+        etc.mkdir(parents=True, exist_ok=True)
+        nf = etc / "node.yaml"
+        nf.write_text(yaml.safe_dump(doc, sort_keys=False))
+        os.chmod(nf, 0o600)  # it carries the munge key
+        for src, dest in copies or []:
+            target = merged / dest.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+        _write_hosts(merged / "etc/hosts", cluster)
+        cluster.fabric().attach(node.netns, index, ipaddress.ip_address(address))
+        console = open(node_dir / "console.log", "ab")
+        argv = [
+            proc.require_tool("systemd-nspawn"), "--quiet", "-D", str(merged), "--boot",
+            "--register=no", "--keep-unit", f"--machine={name}",
+            f"--network-namespace-path=/run/netns/{node.netns}",
+            "--link-journal=no", "--resolv-conf=off", "--timezone=off", "--console=read-only",
+        ]
+        log.info("run: %s", " ".join(argv))
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        console.close()
+        node.pid = p.pid
+        node.started = time.time()
+        cluster.save()
+        self._refresh_hosts(cluster, skip=name)
+        return node
+
+    def _refresh_hosts(self, cluster: Cluster, skip: str) -> None:
+        """Tell running nodes about a newcomer (Slurm resolves node names via /etc/hosts)."""
+        text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + \
+            _hosts_block(cluster)
+        for n in cluster.nodes:
+            if n.name == skip or not _alive(n.pid):
+                continue
+            try:
+                node_exec(n, ["sh", "-c", "cat > /etc/hosts.nf && mv /etc/hosts.nf /etc/hosts"],
+                          input=text, timeout=20)
+            except NodeforgeError as exc:
+                log.warning("could not update /etc/hosts on %s: %s", n.name, exc)
+
+    # -- observation --------------------------------------------------------------------
+    def slurm_nodes(self, cluster: Cluster) -> dict[str, dict]:
+        """{node: {state, reason}} as the controller sees it."""
+        try:
+            cp = node_exec(cluster.controller, ["sinfo", "-h", "-N", "-o", "%N|%T|%E"],
+                           check=False, timeout=20)
+        except NodeforgeError:
+            return {}
+        out = {}
+        if cp.returncode != 0:
+            return out
+        for line in cp.stdout.splitlines():
+            parts = line.split("|", 2)
+            if len(parts) == 3:
+                out[parts[0]] = {"state": parts[1], "reason": parts[2] if parts[2] != "none" else ""}
+        return out
+
+    def agent_state(self, node: Node) -> dict:
+        f = node.merged / "var/lib/nodeforge/state.json"
+        try:
+            return json.loads(f.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _controller_ready(self, cluster: Cluster) -> bool:
+        try:
+            cp = node_exec(cluster.controller, ["scontrol", "ping"], check=False, timeout=15)
+        except NodeforgeError:
+            return False
+        return cp.returncode == 0 and "UP" in cp.stdout
+
+    def wait_ready(self, cluster: Cluster, names: list[str], timeout: float) -> None:
+        """Wait until each node is schedulable (controller: slurmctld answering), bounded.
+
+        A node that is DRAINED because its init failed is reported with its reason at once.
+        """
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending:
+            sn = self.slurm_nodes(cluster) if any(n != CONTROLLER_NAME for n in pending) else {}
+            for name in list(pending):
+                node = cluster.node(name)
+                if not _alive(node.pid):
+                    raise NodeforgeError(f"node {name} exited; see {node.dir}/console.log")
+                if name == CONTROLLER_NAME:
+                    ok = self.agent_state(node).get("status") == "ready" and \
+                        self._controller_ready(cluster)
+                else:
+                    st = sn.get(name, {})
+                    state = st.get("state", "").rstrip("*~#")
+                    ok = state in READY_STATES and self.agent_state(node).get("status") == "ready"
+                    if "drain" in state and self.agent_state(node).get("status") == "failed":
+                        raise NodeforgeError(f"node {name} is drained: {st.get('reason')}")
+                if ok:
+                    node.ready_at = time.time()
+                    pending.remove(name)
+                    cluster.save()
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                raise NodeforgeError(
+                    f"nodes not ready after {timeout:.0f}s: {', '.join(pending)}; see "
+                    f"`nodeforge cluster status --name {cluster.name}` and "
+                    f"{cluster.dir}/nodes/<node>/console.log")
+            time.sleep(0.5)
+
+    def status(self) -> dict:
+        cluster = Cluster.load(self.name)
+        sn = self.slurm_nodes(cluster) if _alive(cluster.controller.pid) else {}
+        rows = []
+        for n in cluster.nodes:
+            ast = self.agent_state(n)
+            slurm = sn.get(n.name, {})
+            rows.append({
+                "name": n.name,
+                "role": n.role,
+                "address": n.address,
+                "running": _alive(n.pid),
+                "agent": ast.get("status", "unknown"),
+                "slurm_state": slurm.get("state", "-" if n.role != "compute" else "unregistered"),
+                "reason": slurm.get("reason", "") or ast.get("error", "") or "",
+                "time_to_ready_s": round(n.ready_at - n.started, 2) if n.ready_at else None,
+                "agent_seconds": ast.get("total_seconds"),
+            })
+        return {"cluster": cluster.name, "image": cluster.image, "nodes": rows}
+
+    # -- teardown -----------------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Remove every node, mount, namespace and file of the cluster. Idempotent."""
+        removed: list[str] = []
+        cdir = STATE_ROOT / self.name
+        try:
+            cluster = Cluster.load(self.name)
+            nodes = cluster.nodes
+        except (NodeforgeError, ValueError, TypeError):
+            cluster, nodes = None, []
+        for n in reversed(nodes):
+            _stop_nspawn(n.pid)
+            removed.append(n.name)
+        for n in nodes:
+            merged = Path(n.dir) / "merged"
+            if os.path.ismount(merged):
+                proc.run(["umount", merged], check=False)
+                if os.path.ismount(merged):
+                    proc.run(["umount", "--lazy", merged], check=False)
+        from .netns import list_namespaces
+
+        fabric = Fabric(f"nfc-{self.name}", SUBNET)
+        for ns in list_namespaces(f"nfc-{self.name}-"):
+            fabric.detach(ns)
+        fabric.destroy()
+        if cdir.exists():
+            shutil.rmtree(cdir)
+        return removed
+
+
+def _stop_nspawn(pid: int | None) -> None:
+    if not _alive(pid):
+        return
+    try:
+        # SIGTERM: nspawn asks the node's systemd to power off cleanly.
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    if _alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+        for _ in range(50):
+            if not _alive(pid):
+                break
+            time.sleep(0.1)

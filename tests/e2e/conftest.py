@@ -1,0 +1,99 @@
+"""E2e fixtures: one real `nodeforge build` of the local target per test session.
+
+The build uses the tests' own FIXTURE artifact mirror (tests/fixtures/mirror.py): upstream
+Enroot/Pyxis are unreachable on test machines. The versions file is copied and pinned to the
+fixture files with `nodeforge versions lock`, so the build runs the real pinned path
+(download from the mirror, sha256 verification). Set NODEFORGE_E2E_IMAGE=<output dir> to
+reuse an image built earlier (developer speed-up; CI always builds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_tools
+
+E2E_ROOT = Path(os.environ.get("NODEFORGE_E2E_DIR", "/var/tmp/nodeforge-e2e"))
+REPO = Path(__file__).resolve().parents[2]
+BUILD_TOOLS = ("packer", "mmdebstrap", "systemd-nspawn", "mkfs.ext4", "qemu-img", "ssh-keygen",
+               "zstd", "dpkg-deb", "ip", "nsenter")
+
+
+def nodeforge(*args: str, timeout: float = 3600, check: bool = True,
+              **kw) -> subprocess.CompletedProcess:
+    cp = subprocess.run([sys.executable, "-m", "nodeforge", *args], capture_output=True,
+                        text=True, timeout=timeout, cwd=REPO, **kw)
+    if check and cp.returncode != 0:
+        pytest.fail(f"nodeforge {' '.join(args)} exited {cp.returncode}\nstdout:\n{cp.stdout}\n"
+                    f"stderr:\n{cp.stderr[-6000:]}", pytrace=False)
+    return cp
+
+
+@pytest.fixture(scope="session")
+def root_required():
+    if os.geteuid() != 0:
+        pytest.fail("the e2e tier needs root (run: sudo scripts/test.sh)", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def fixture_mirror(root_required) -> Path:
+    """FIXTURE Enroot/Pyxis stand-ins for every architecture in the versions file."""
+    from tests.fixtures.mirror import make_mirror
+
+    require_tools("dpkg-deb", "gcc")
+    m = E2E_ROOT / "mirror"
+    if m.exists():
+        shutil.rmtree(m)
+    m.mkdir(parents=True)
+    for arch in ("amd64", "arm64"):
+        make_mirror(m, arch=arch)
+    return m
+
+
+@pytest.fixture(scope="session")
+def pinned_versions(fixture_mirror) -> Path:
+    """A copy of images/versions.yaml pinned to the fixture files by `nodeforge versions lock`."""
+    v = E2E_ROOT / "versions.yaml"
+    shutil.copyfile(REPO / "images/versions.yaml", v)
+    nodeforge("versions", "lock", "--artifact-mirror", str(fixture_mirror), "--versions-file", str(v))
+    return v
+
+
+def build_image(output: Path, mirror: Path, versions: Path, *extra: str) -> tuple[dict, float]:
+    t0 = time.monotonic()
+    cp = nodeforge("build", "--artifact-mirror", str(mirror), "--versions-file", str(versions),
+                   "--output", str(output), "--json", *extra)
+    return json.loads(cp.stdout), time.monotonic() - t0
+
+
+@pytest.fixture(scope="session")
+def built_image(fixture_mirror, pinned_versions) -> Path:
+    """Output directory of a real local build (rootfs.tar.zst, disk.qcow2, manifest.json …)."""
+    reuse = os.environ.get("NODEFORGE_E2E_IMAGE")
+    if reuse:
+        return Path(reuse)
+    require_tools(*BUILD_TOOLS)
+    out = E2E_ROOT / "image"
+    summary, secs = build_image(out, fixture_mirror, pinned_versions)
+    (E2E_ROOT / "cold-build.json").write_text(json.dumps({"seconds": secs, **summary}, indent=2))
+    return out
+
+
+@pytest.fixture(scope="session")
+def image_tree(built_image) -> Path:
+    """The built root filesystem archive, extracted (read-only use)."""
+    tree = E2E_ROOT / "tree"
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
+    subprocess.run(["tar", "-C", str(tree), "--numeric-owner", "--xattrs", "--xattrs-include=*",
+                    "-I", "zstd", "-xf", str(built_image / "rootfs.tar.zst")], check=True)
+    return tree

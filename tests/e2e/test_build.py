@@ -1,0 +1,157 @@
+"""A real build of the local target, checked the way an operator would check an image."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from images import manifest as manifest_mod
+from images import scan
+from images.versions import sha256_file
+
+from .conftest import E2E_ROOT, REPO, build_image
+
+pytestmark = pytest.mark.e2e
+
+BAKED_PACKAGES = ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "sackd", "munge",
+                  "mariadb-server", "docker.io", "enroot", "enroot+caps", "logrotate",
+                  "openssh-server", "python3-yaml", "python3-jinja2")
+DISABLED_AT_BAKE = ("munge", "slurmctld", "slurmd", "slurmdbd", "sackd", "mariadb", "docker",
+                    "containerd")
+
+
+def test_build_outputs_and_manifest(built_image):
+    m = json.loads((built_image / "manifest.json").read_text())
+    assert manifest_mod.check(m) == []
+    assert m["target"] == "local" and m["base"]["suite"] == "trixie"
+    for name in ("rootfs.tar.zst", "disk.qcow2", "vmlinuz", "initrd.img"):
+        f = built_image / name
+        assert f.is_file(), name
+        assert m["artifacts"][name]["sha256"] == sha256_file(f)
+    for pkg in BAKED_PACKAGES:
+        assert pkg in m["packages"], f"{pkg} not installed in the image"
+    assert m["components"]["slurmctld"].startswith("24.11")
+    assert m["inputs"]["pyxis_src"]["pinned"] is True
+    assert (built_image / "build.log").stat().st_size > 0
+    assert not list(built_image.parent.glob(built_image.name + ".partial"))
+
+
+def test_image_json_inside_matches_manifest(built_image, image_tree):
+    outer = json.loads((built_image / "manifest.json").read_text())
+    inner = json.loads((image_tree / "etc/nodeforge/image.json").read_text())
+    assert manifest_mod.check(inner, outer=False) == []
+    assert inner["packages"] == outer["packages"] and inner["name"] == outer["name"]
+
+
+def test_no_secret_or_identity_in_artifact(image_tree):
+    findings = scan.scan(image_tree)
+    assert findings == [], "\n".join(map(str, findings))
+    assert (image_tree / "etc/machine-id").read_text() == ""
+    assert not list((image_tree / "etc/ssh").glob("ssh_host_*"))
+    assert not (image_tree / "etc/munge/munge.key").exists()
+    assert not (image_tree / "etc/slurm/slurmdbd.conf").exists()
+    assert not (image_tree / "usr/sbin/policy-rc.d").exists()
+
+
+def _enabled_units(tree: Path) -> set[str]:
+    out = set()
+    for wants in (tree / "etc/systemd/system").glob("*.wants"):
+        out.update(p.name for p in wants.iterdir())
+    return out
+
+
+def test_services_disabled_at_bake_and_agent_enabled(image_tree):
+    enabled = _enabled_units(image_tree)
+    for unit in DISABLED_AT_BAKE:
+        assert f"{unit}.service" not in enabled, f"{unit} must start per role at first boot"
+    assert "nodeforge-init.service" in enabled
+    assert "nodeforge-ssh-keygen.service" in enabled
+
+
+def test_plugstack_loads_exactly_one_pyxis(image_tree):
+    lines = []
+    for f in [image_tree / "etc/slurm/plugstack.conf",
+              *sorted((image_tree / "etc/slurm/plugstack.conf.d").glob("*.conf"))]:
+        if f.is_file():
+            lines += [ln for ln in f.read_text().splitlines()
+                      if "spank_pyxis" in ln and not ln.lstrip().startswith("#")]
+    assert len(lines) == 1, lines
+    so = image_tree / lines[0].split()[1].lstrip("/")
+    assert so.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_logrotate_config_is_valid(image_tree):
+    cp = subprocess.run(["chroot", str(image_tree), "logrotate", "-d", "/etc/logrotate.conf"],
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert "slurm" in cp.stdout + cp.stderr
+
+
+def test_second_build_reuses_cached_base(built_image, fixture_mirror, pinned_versions):
+    out = E2E_ROOT / "image-warm"
+    summary, secs = build_image(out, fixture_mirror, pinned_versions)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["base"]["cached"] is True
+    assert m["base"]["key"] == json.loads((built_image / "manifest.json").read_text())["base"]["key"]
+    (E2E_ROOT / "warm-build.json").write_text(json.dumps({"seconds": secs, **summary}, indent=2))
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+
+
+def _leftovers(output: Path) -> list[str]:
+    found = [str(p) for p in output.parent.glob(output.name + "*") if not p.name.endswith(".failed-build.log")]
+    work = Path("/var/cache/nodeforge/work")
+    if work.exists():
+        found += [str(p) for p in work.iterdir()]
+    with open("/proc/self/mountinfo") as fh:
+        found += [ln.split()[4] for ln in fh if "/var/cache/nodeforge/work" in ln]
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    found += [ln for ln in ps.splitlines() if "systemd-nspawn" in ln and "nodeforge/work" in ln]
+    return found
+
+
+def test_checksum_mismatch_fails_and_leaves_nothing(fixture_mirror, pinned_versions, tmp_path):
+    bad = tmp_path / "mirror"
+    subprocess.run(["cp", "-a", str(fixture_mirror), str(bad)], check=True)
+    (bad / "pyxis-0.24.0.tar.gz").write_bytes(b"not the pinned tarball")
+    out = E2E_ROOT / "image-bad"
+    cp = subprocess.run([sys.executable, "-m", "nodeforge", "build", "--artifact-mirror", str(bad),
+                         "--versions-file", str(pinned_versions), "--output", str(out)],
+                        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert cp.returncode != 0
+    assert "checksum mismatch for artifact pyxis_src" in cp.stderr
+    assert _leftovers(out) == []
+
+
+def test_interrupt_cleans_up_sandbox_and_mounts(built_image, fixture_mirror, pinned_versions):
+    out = E2E_ROOT / "image-interrupted"
+    p = subprocess.Popen([sys.executable, "-m", "nodeforge", "build", "--artifact-mirror",
+                          str(fixture_mirror), "--versions-file", str(pinned_versions),
+                          "--output", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 600
+    seen = []
+    assert p.stderr is not None
+    for line in p.stderr:
+        seen.append(line)
+        if line.startswith("[provision]"):
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    time.sleep(5)  # let Packer and Ansible get going inside the sandbox
+    p.send_signal(signal.SIGINT)
+    try:
+        rc = p.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("build did not stop within 180 s of SIGINT")
+    rest = p.stderr.read()
+    assert rc == 130, "".join(seen) + rest
+    assert "interrupted" in rest
+    assert _leftovers(out) == []
+    assert not out.exists()
