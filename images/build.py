@@ -222,6 +222,7 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
                     "the sealed tree still holds secrets or per-node identity; refusing to "
                     "export:\n  " + "\n  ".join(str(f) for f in findings)
                 )
+        with phases.phase("export"):
             pkgs = export.dpkg_versions(tree)
             manifest = {
                 "schema": 1,
@@ -244,7 +245,6 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
                 raise NodeforgeError("internal: image manifest is incomplete: " + "; ".join(problems))
             (tree / "etc/nodeforge").mkdir(parents=True, exist_ok=True)
             export.write_json_atomic(tree / "etc/nodeforge/image.json", manifest)
-        with phases.phase("export"):
             export.export_rootfs(tree, partial / export.ROOTFS)
             export.export_disk(tree, partial)
         manifest["phases"] = dict(phases.durations)

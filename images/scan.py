@@ -20,6 +20,7 @@ _HISTORY = {".bash_history", ".python_history", ".mysql_history", ".lesshst", ".
             ".sqlite_history", ".zsh_history"}
 _SKIP_TOP = {"proc", "sys", "dev", "run"}
 _MAX_READ = 4 << 20
+_CONFIG_SUFFIXES = (".conf", ".cnf", ".ini", ".yaml", ".yml", ".env", ".json", ".credentials")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ def scan(tree: Path) -> list[Finding]:
             m = _PRIVATE_KEY.search(data)
             if m:
                 add(rel, "private-key", f"{m.group(0).decode()} in a file no package ships")
+            if not name.endswith(_CONFIG_SUFFIXES):
+                continue  # credentials live in config files; code says "password = …" too
             for rx in (_STORAGE_PASS, _MYCNF_PASS):
                 for mm in rx.finditer(data):
                     val = mm.group(1)

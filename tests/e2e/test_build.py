@@ -104,15 +104,17 @@ def test_second_build_reuses_cached_base(built_image, fixture_mirror, pinned_ver
     subprocess.run(["rm", "-rf", str(out)], check=True)
 
 
-def _leftovers(output: Path) -> list[str]:
-    found = [str(p) for p in output.parent.glob(output.name + "*") if not p.name.endswith(".failed-build.log")]
-    work = Path("/var/cache/nodeforge/work")
+def _leftovers(output: Path, cache: Path = Path("/var/cache/nodeforge")) -> list[str]:
+    """Anything a failed build must not leave: outputs, work trees, mounts, sandboxes."""
+    found = [str(p) for p in output.parent.glob(output.name + "*")
+             if not p.name.endswith(".failed-build.log")]
+    work = cache / "work"
     if work.exists():
         found += [str(p) for p in work.iterdir()]
     with open("/proc/self/mountinfo") as fh:
-        found += [ln.split()[4] for ln in fh if "/var/cache/nodeforge/work" in ln]
+        found += [ln.split()[4] for ln in fh if str(work) in ln]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    found += [ln for ln in ps.splitlines() if "systemd-nspawn" in ln and "nodeforge/work" in ln]
+    found += [ln for ln in ps.splitlines() if "systemd-nspawn" in ln and str(work) in ln]
     return found
 
 
@@ -121,12 +123,16 @@ def test_checksum_mismatch_fails_and_leaves_nothing(fixture_mirror, pinned_versi
     subprocess.run(["cp", "-a", str(fixture_mirror), str(bad)], check=True)
     (bad / "pyxis-0.24.0.tar.gz").write_bytes(b"not the pinned tarball")
     out = E2E_ROOT / "image-bad"
+    # A fresh cache: the shared one already holds the verified pinned tarball and reuses it.
+    cache = tmp_path / "cache"
     cp = subprocess.run([sys.executable, "-m", "nodeforge", "build", "--artifact-mirror", str(bad),
-                         "--versions-file", str(pinned_versions), "--output", str(out)],
+                         "--versions-file", str(pinned_versions), "--output", str(out),
+                         "--cache-dir", str(cache)],
                         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert cp.returncode != 0
     assert "checksum mismatch for artifact pyxis_src" in cp.stderr
-    assert _leftovers(out) == []
+    assert "--artifact-mirror" in cp.stderr
+    assert _leftovers(out, cache) == []
 
 
 def test_interrupt_cleans_up_sandbox_and_mounts(built_image, fixture_mirror, pinned_versions):

@@ -1,0 +1,467 @@
+"""Gang governance bench: a deterministic cluster simulator plus two measurements.
+
+    python bench/gang_sim.py sim       # simulator: wasted node-hours, completions (seeded)
+    python bench/gang_sim.py cycle     # governor cycle cost with 10,000 jobs in the queue
+    python bench/gang_sim.py deadline  # deadline -> requeue delay on a real slurmctld (root)
+    python bench/gang_sim.py all
+
+The simulator replays a congested cluster where nodes join continuously (cloud capacity
+arriving a few at a time, each booting for a while), some never become ready (they stay
+POWERING_UP until Slurm's ResumeTimeout marks them DOWN and they are replaced), and
+multi-node jobs arrive faster than they can run. Every scenario uses the same seed, and the
+governor's decisions come from `gang.policy.decide`: the exact code the daemon runs. Jobs
+that are requeued or held are moved by the simulator the way slurmctld would.
+
+It prints, per scenario: node-hours wasted by allocations that were not ready, useful
+node-hours, jobs completed, and mean submit->completion time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gang import config as gcfg
+from gang.policy import decide
+from gang.slurm import JobObs, Snapshot
+from gang.state import GovState
+
+HOUR = 3600.0
+
+
+@dataclass
+class Node:
+    name: str
+    joined: float  # when slurmctld learned about it (allocatable from then on)
+    boot: float  # boot duration once powering up
+    bad: bool  # never finishes booting
+    boot_started: float | None = None
+    job: str | None = None
+    down: bool = False
+
+    def ready(self, now: float) -> bool:
+        return (
+            not self.bad
+            and not self.down
+            and self.boot_started is not None
+            and now >= self.boot_started + self.boot
+        )
+
+
+@dataclass
+class Job:
+    jid: str
+    size: int
+    runtime: float
+    limit: float
+    submit: float
+    state: str = "PENDING"  # PENDING RUNNING COMPLETED TIMEOUT
+    nodes: list[str] = field(default_factory=list)
+    start: float | None = None
+    ready_at: float | None = None  # all nodes ready (application really starts)
+    eligible: float = 0.0
+    held: bool = False
+    restarts: int = 0
+    admin_comment: str = ""
+    end: float | None = None
+
+
+@dataclass
+class Params:
+    seed: int = 1
+    hours: float = 48.0
+    tick: float = 15.0
+    initial_nodes: int = 48
+    join_every: float = 300.0  # one node joins every 5 min (continuous provisioning)
+    max_nodes: int = 128
+    bad_fraction: float = 0.08
+    boot_min: float = 120.0
+    boot_max: float = 900.0
+    resume_timeout: float = 3600.0  # Slurm marks a never-booting node DOWN after this
+    job_every: float = 300.0  # mean inter-arrival (demand exceeds capacity: congested)
+    sizes: tuple[int, ...] = (2, 4, 4, 8, 8, 16)
+    runtime_min: float = 1800.0
+    runtime_max: float = 3 * HOUR
+
+
+def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
+    rng = random.Random(p.seed)
+    nodes: dict[str, Node] = {}
+    node_seq = 0
+
+    def add_node(t: float) -> None:
+        nonlocal node_seq
+        node_seq += 1
+        nodes[f"n{node_seq:04d}"] = Node(
+            f"n{node_seq:04d}",
+            t,
+            rng.uniform(p.boot_min, p.boot_max),
+            rng.random() < p.bad_fraction,
+        )
+
+    for _ in range(p.initial_nodes):
+        add_node(0.0)
+    # job arrivals, precomputed from the same rng stream for every scenario
+    arrivals: list[Job] = []
+    t = 0.0
+    k = 0
+    while t < p.hours * HOUR:
+        t += rng.expovariate(1.0 / p.job_every)
+        k += 1
+        rt = rng.uniform(p.runtime_min, p.runtime_max)
+        arrivals.append(Job(str(k), rng.choice(p.sizes), rt, rt * 2 + HOUR, t, eligible=t))
+    jobs: dict[str, Job] = {}
+    st = GovState()
+    wasted = useful = 0.0
+    next_join = p.join_every
+    ai = 0
+    steps = int(p.hours * HOUR / p.tick)
+    for step in range(steps + 1):
+        now = step * p.tick
+        # capacity: joins and replacements
+        while next_join <= now:
+            if sum(1 for n in nodes.values() if not n.down) < p.max_nodes:
+                add_node(next_join)
+            next_join += p.join_every
+        while ai < len(arrivals) and arrivals[ai].submit <= now:
+            j = arrivals[ai]
+            j.held = bool(cfg and cfg.block_admission)  # submitted held (sbatch -H)
+            jobs[j.jid] = j
+            ai += 1
+        # node failures: a never-booting node goes DOWN at ResumeTimeout; Slurm requeues
+        # its job (NODE_FAIL) unless --no-kill; it is replaced by a new node.
+        for n in list(nodes.values()):
+            if (
+                n.bad
+                and not n.down
+                and n.boot_started is not None
+                and now >= n.boot_started + p.resume_timeout
+            ):
+                n.down = True
+                add_node(now)
+                if n.job:
+                    _requeue(jobs[n.job], nodes, now, held=False, start_at=now)
+        # running jobs: finish or hit their time limit
+        for j in jobs.values():
+            if j.state != "RUNNING":
+                continue
+            all_ready = all(nodes[x].ready(now) for x in j.nodes)
+            if j.ready_at is None and all_ready:
+                j.ready_at = now
+            if j.ready_at is not None and now >= j.ready_at + j.runtime:
+                _finish(j, nodes, now, "COMPLETED")
+            elif now >= j.start + j.limit:
+                _finish(j, nodes, now, "TIMEOUT")
+        # the governor
+        if cfg is not None:
+            snap = _snapshot(jobs, nodes, now)
+            st, actions = decide(cfg, st, snap, now)
+            for a in actions:
+                j = jobs.get(a.job_id)
+                if j is None:
+                    continue
+                if a.kind == "requeue" and j.state == "RUNNING":
+                    _requeue(j, nodes, now, held=a.hold, start_at=a.start_at or now)
+                elif a.kind == "requeuehold" and j.state == "RUNNING":
+                    _requeue(j, nodes, now, held=True, start_at=now)
+                elif a.kind == "set_start":
+                    j.eligible = a.start_at or now
+                elif a.kind == "hold" and j.state == "PENDING":
+                    j.held = True
+                elif a.kind == "release":
+                    j.held = False
+                elif a.kind == "cancel" and j.state in ("PENDING", "RUNNING"):
+                    _finish(j, nodes, now, "CANCELLED")
+        # the scheduler: priority = submit order; start what fits (backfill style)
+        free = [n for n in nodes.values() if n.job is None and not n.down and n.joined <= now]
+        free.sort(key=lambda n: (not n.ready(now), n.name))  # booted nodes first
+        for j in sorted(
+            (j for j in jobs.values() if j.state == "PENDING"), key=lambda j: (j.submit, int(j.jid))
+        ):
+            if j.held or j.eligible > now or len(free) < j.size:
+                continue
+            take, free = free[: j.size], free[j.size :]
+            for n in take:
+                n.job = j.jid
+                if n.boot_started is None:
+                    n.boot_started = now  # cloud node powers up on first allocation
+            j.state, j.nodes, j.start, j.ready_at = "RUNNING", [n.name for n in take], now, None
+        # accounting for this tick
+        for j in jobs.values():
+            if j.state == "RUNNING":
+                if j.ready_at is None:
+                    wasted += len(j.nodes) * p.tick
+                else:
+                    useful += len(j.nodes) * p.tick
+    done = [j for j in jobs.values() if j.state == "COMPLETED"]
+    return {
+        "wasted_node_hours": wasted / HOUR,
+        "useful_node_hours": useful / HOUR,
+        "completed": len(done),
+        "submitted": len(jobs),
+        "timeouts": sum(1 for j in jobs.values() if j.state == "TIMEOUT"),
+        "requeues": sum(j.restarts for j in jobs.values()),
+        "mean_completion_h": statistics.mean((j.end - j.submit) / HOUR for j in done)
+        if done
+        else 0.0,
+    }
+
+
+def _requeue(j: Job, nodes: dict[str, Node], now: float, held: bool, start_at: float) -> None:
+    for x in j.nodes:
+        nodes[x].job = None
+    j.state, j.nodes, j.start, j.ready_at = "PENDING", [], None, None
+    j.restarts += 1
+    j.held = held
+    j.eligible = start_at
+
+
+def _finish(j: Job, nodes: dict[str, Node], now: float, state: str) -> None:
+    for x in j.nodes:
+        nodes[x].job = None
+    j.state, j.end = state, now
+
+
+def _snapshot(jobs: dict[str, Job], nodes: dict[str, Node], now: float) -> Snapshot:
+    obs = []
+    for j in jobs.values():
+        if j.state == "COMPLETED" and j.end is not None and now - j.end > 2 * HOUR:
+            continue  # purged after MinJobAge
+        obs.append(
+            JobObs(
+                job_id=j.jid,
+                state=j.state,
+                reason="JobHeldUser" if j.held else "None",
+                nodes=tuple(j.nodes),
+                num_nodes=j.size,
+                partition="main",
+                start_time=j.start,
+                submit_time=j.submit,
+                eligible_time=j.eligible,
+                restarts=j.restarts,
+                held=j.held,
+                admin_comment=j.admin_comment,
+            )
+        )
+    node_obs = {}
+    for n in nodes.values():
+        if n.down:
+            flags = {"DOWN", "CLOUD"}
+        elif n.ready(now):
+            flags = {"ALLOCATED" if n.job else "IDLE"}
+        else:
+            flags = {"ALLOCATED" if n.job else "IDLE", "CLOUD", "POWERING_UP"}
+        node_obs[n.name] = frozenset(flags)
+    return Snapshot(jobs=obs, nodes=node_obs, taken_at=now)
+
+
+def scenarios() -> list[tuple[str, gcfg.GangConfig | None]]:
+    common = {
+        "timeout": "20m",
+        "requeuing": {"backoff_base_seconds": 60, "backoff_max_seconds": 1800, "jitter": 0.1},
+    }
+    return [
+        ("no governance", None),
+        ("governance", gcfg.from_dict(common, "sim")),
+        (
+            "governance + block_admission",
+            gcfg.from_dict({**common, "block_admission": True}, "sim"),
+        ),
+    ]
+
+
+def cmd_sim(args) -> None:
+    p = Params(seed=args.seed, hours=args.hours)
+    print(
+        f"# simulator: seed={p.seed} hours={p.hours} tick={p.tick}s nodes {p.initial_nodes}->"
+        f"{p.max_nodes} (+1 per {p.join_every:.0f}s) bad={p.bad_fraction:.0%} "
+        f"boot {p.boot_min:.0f}-{p.boot_max:.0f}s ResumeTimeout={p.resume_timeout:.0f}s"
+    )
+    print(
+        f"{'scenario':<32} {'wasted_nh':>10} {'useful_nh':>10} {'completed':>10} {'requeues':>9} {'mean_done_h':>11}"
+    )
+    base = None
+    for name, cfg in scenarios():
+        t0 = time.perf_counter()
+        r = simulate(p, cfg)
+        base = base or r
+        print(
+            f"{name:<32} {r['wasted_node_hours']:>10.1f} {r['useful_node_hours']:>10.1f} "
+            f"{r['completed']:>5}/{r['submitted']:<4} {r['requeues']:>9} {r['mean_completion_h']:>11.2f}"
+            f"   ({time.perf_counter() - t0:.1f}s)"
+        )
+    # determinism check: same seed, same numbers
+    assert simulate(Params(seed=p.seed, hours=min(p.hours, 6)), scenarios()[1][1]) == simulate(
+        Params(seed=p.seed, hours=min(p.hours, 6)), scenarios()[1][1]
+    )
+    print("# deterministic: re-run with the same seed gives identical results")
+
+
+def cmd_cycle(args) -> None:
+    """Governor cycle cost with N jobs: parse `scontrol show job -o` text + decide()."""
+    from gang.slurm import parse_jobs, parse_nodes
+
+    n = args.jobs
+    rng = random.Random(args.seed)
+    lines, nlines = [], []
+    for i in range(1, 2001):
+        nlines.append(
+            f"NodeName=n{i:04d} Arch=x86_64 CPUAlloc=0 State={'ALLOCATED' if i % 3 else 'IDLE+CLOUD+POWERING_UP'} Partitions=main"
+        )
+    for i in range(1, n + 1):
+        state = rng.choice(["PENDING"] * 6 + ["RUNNING"] * 3 + ["CONFIGURING"])
+        nn = rng.choice([1, 2, 4, 8])
+        first = rng.randint(1, 1990)
+        nl = f"n[{first:04d}-{first + nn - 1:04d}]" if state != "PENDING" else "(null)"
+        lines.append(
+            f"JobId={i} JobName=j{i} UserId=u(1000) GroupId=g(1000) Priority={1000 + i} QOS=normal "
+            f"JobState={state} Reason={'Prolog' if state == 'CONFIGURING' else 'None'} Requeue=1 "
+            f"Restarts=0 BatchFlag=1 SubmitTime=2026-12-02T10:00:00 EligibleTime=2026-12-02T10:00:00 "
+            f"StartTime=2026-12-02T20:00:00 Partition=main NodeList={nl} NumNodes={nn} NumCPUs={nn} "
+            f"AdminComment=(null) Comment=(null) Command=/home/u/train.sh WorkDir=/home/u"
+        )
+    job_txt, node_txt = "\n".join(lines), "\n".join(nlines)
+    cfg = gcfg.from_dict({"timeout": 300, "recovery_timeout": 60}, "bench")
+    now = time.mktime(time.strptime("2026-12-02T20:03:00", "%Y-%m-%dT%H:%M:%S"))
+
+    cache: dict = {}
+
+    def one(st, cached=True):
+        nonlocal job_txt
+        # ~1% of the queue changes between cycles (state, reason, restarts)
+        ls = job_txt.split("\n")
+        for k in rng.sample(range(len(ls)), len(ls) // 100):
+            ls[k] = ls[k].replace("Restarts=", "Restarts=1", 1) if "Restarts=0" in ls[k] else ls[k]
+        job_txt = "\n".join(ls)
+        t0 = time.perf_counter()
+        jobs = parse_jobs(job_txt, cache if cached else None)
+        nodes = parse_nodes(node_txt)
+        t1 = time.perf_counter()
+        st2, acts = decide(cfg, st, Snapshot(jobs, nodes, now), now)
+        t2 = time.perf_counter()
+        return st2, acts, t1 - t0, t2 - t1
+
+    # the first cycle creates the records (no parse cache)
+    st, _acts, cold_parse, cold_dec = one(GovState(), cached=False)
+    parse_t, dec_t = [], []
+    for _ in range(args.repeat):
+        st, _acts, a, b = one(st)
+        parse_t.append(a)
+        dec_t.append(b)
+    gangs = len(st.jobs)
+    pm, dm = statistics.median(parse_t), statistics.median(dec_t)
+    print(
+        f"# cycle cost: {n} jobs in the queue ({gangs} gangs), 2000 nodes, median of {args.repeat}"
+    )
+    print(
+        f"cold first cycle: parse {cold_parse * 1000:.1f} ms + decide {cold_dec * 1000:.1f} ms"
+        " (no parse cache, every record new)"
+    )
+    print(
+        f"parse scontrol output: {pm * 1000:7.1f} ms  (parse cache, ~1% of lines changed per cycle)"
+    )
+    print(f"policy.decide:         {dm * 1000:7.1f} ms")
+    print(
+        f"total (excl. scontrol): {(pm + dm) * 1000:6.1f} ms   goal <= 100 ms: "
+        f"{'OK' if pm + dm <= 0.1 else 'MISSED'}  (ratio {(pm + dm) / 0.1:.2f} of budget)"
+    )
+
+
+def cmd_deadline(args) -> None:
+    """Deadline -> requeue delay on a real slurmctld (tests/e2e/slurmlab.py, needs root)."""
+    import tempfile
+    import threading
+
+    from gang.events import read_events
+    from gang.governor import Governor
+    from gang.slurm import SlurmCli
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+    from slurmlab import Lab
+
+    lab = Lab(nodes=2, cloud_nodes=0)
+    tmp = Path(tempfile.mkdtemp(prefix="nfg-gang-bench-"))
+    try:
+        lab.start()
+        lab.set_prolog("gn2", "hang")
+        cfg = gcfg.from_dict(
+            {
+                "timeout": 3,
+                "interval_seconds": args.interval,
+                "requeuing": {"backoff_base_seconds": 1, "backoff_max_seconds": 1, "jitter": 0},
+                "state_file": str(tmp / "s.json"),
+                "event_log": str(tmp / "e.jsonl"),
+                "metrics_file": str(tmp / "m.prom"),
+            },
+            "bench",
+        )
+        gov = Governor(cfg, SlurmCli(prefix=lab.prefix(), env=lab.env, timeout=10))
+        th = threading.Thread(target=gov.run, kwargs={"duration": 300}, daemon=True)
+        th.start()
+        delays, slurm_delays = [], []
+
+        def requeues(job_id: int) -> list[dict]:
+            return [e for e in read_events(cfg.event_log, str(job_id)) if e["action"] == "requeue"]
+
+        def gone(job_id: int) -> bool:
+            out = lab.run("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).stdout.strip()
+            return out in ("", "CANCELLED")
+
+        for _ in range(args.rounds):
+            (lab.base / "prolog" / "release").unlink(missing_ok=True)
+            j = lab.sbatch("-N2", "-w", "gn1,gn2")
+            Lab.wait(lambda j=j: requeues(j), 30, "requeue")
+            ev = requeues(j)[0]
+            delays.append(ev["requeued_at"] - ev["deadline"])
+            slurm_delays.append(int(lab.job(j)["Restarts"]))
+            lab.release_prologs()
+            lab.run("scancel", str(j), check=False)
+            Lab.wait(lambda j=j: gone(j), 30, "job gone")
+            lab.wait_nodes_idle(["gn1", "gn2"], 30)
+        gov.stop()
+        th.join(timeout=20)
+        print(
+            f"# deadline -> requeue on a real slurmctld (Slurm 22.05 lab), interval={args.interval}s,"
+            f" {args.rounds} rounds"
+        )
+        print("delays (s): " + " ".join(f"{d:.2f}" for d in delays))
+        print(
+            f"median {statistics.median(delays):.2f} s, max {max(delays):.2f} s   goal <= 2 s: "
+            f"{'OK' if max(delays) <= 2 else 'MISSED'}  (Restarts after each: {slurm_delays})"
+        )
+    finally:
+        lab.close()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("what", choices=["sim", "cycle", "deadline", "all"], nargs="?", default="sim")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--hours", type=float, default=48.0)
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--interval", type=float, default=0.5)
+    args = ap.parse_args()
+    if args.what in ("sim", "all"):
+        cmd_sim(args)
+    if args.what in ("cycle", "all"):
+        cmd_cycle(args)
+    if args.what in ("deadline", "all"):
+        cmd_deadline(args)
+
+
+if __name__ == "__main__":
+    main()
