@@ -415,9 +415,9 @@ class LocalCluster:
                 "running": _alive(n.pid),
                 "agent": ast.get("status", "unknown"),
                 "slurm_state": slurm.get("state", "-" if n.role != "compute" else "unregistered"),
-                "reason": slurm.get("reason", "") or ast.get("error", "") or "",
+                "reason": slurm.get("reason", "") or ast.get("last_error") or "",
                 "time_to_ready_s": round(n.ready_at - n.started, 2) if n.ready_at else None,
-                "agent_seconds": ast.get("total_seconds"),
+                "agent_seconds": _agent_seconds(ast),
             })
         return {"cluster": cluster.name, "image": cluster.image, "nodes": rows}
 
@@ -449,6 +449,14 @@ class LocalCluster:
         if cdir.exists():
             shutil.rmtree(cdir)
         return removed
+
+
+def _agent_seconds(state: dict) -> float | None:
+    """The agent's own share of time-to-ready: the sum of its step durations."""
+    steps = state.get("steps") or {}
+    durs = [s.get("duration") for s in steps.values() if isinstance(s, dict)]
+    durs = [d for d in durs if isinstance(d, (int, float))]
+    return round(sum(durs), 2) if durs else None
 
 
 def _stop_nspawn(pid: int | None) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,8 +14,7 @@ import pytest
 from images import manifest as manifest_mod
 from images import scan
 from images.versions import sha256_file
-
-from .conftest import E2E_ROOT, REPO, build_image
+from tests.helpers import E2E_ROOT, REPO, build_image
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,226 @@
+"""A real local cluster from the built image: joins, jobs, hooks and the readiness gate.
+
+Nodes are systemd-nspawn containers from `nodeforge cluster`; every command runs inside a
+node with `nodeforge cluster exec` (only addresses in the cluster's own namespaces are used).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import require_tools
+from tests.helpers import E2E_ROOT, REPO, nodeforge
+
+pytestmark = pytest.mark.e2e
+CLUSTER = "e2e"
+
+
+def cx(node: str, *cmd: str, check: bool = True, timeout: float = 120) -> str:
+    cp = subprocess.run([sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER,
+                         node, "--", *cmd], capture_output=True, text=True, timeout=timeout,
+                        cwd=REPO)
+    if check and cp.returncode != 0:
+        pytest.fail(f"[{node}] {' '.join(cmd)} exited {cp.returncode}: {cp.stdout}{cp.stderr}",
+                    pytrace=False)
+    return cp.stdout
+
+
+def wait_for(what: str, pred, timeout: float = 120, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})", pytrace=False)
+
+
+def node_state(node: str) -> tuple[str, str]:
+    out = cx("ctl", "sinfo", "-h", "-N", "-n", node, "-o", "%T|%E", check=False).strip()
+    if not out:
+        return "unregistered", ""
+    state, _, reason = out.splitlines()[0].partition("|")
+    return state, reason
+
+
+def status() -> dict:
+    cp = nodeforge("cluster", "status", "--name", CLUSTER, "--json")
+    return {n["name"]: n for n in json.loads(cp.stdout)["nodes"]}
+
+
+def add_node(tmp_path: Path, hooks: list[dict], scripts: dict[str, str], *, wait: bool) -> str:
+    """Join one compute with the given extension hooks; return its name."""
+    copies = []
+    for name, body in scripts.items():
+        f = tmp_path / name
+        f.write_text(body)
+        f.chmod(0o755)
+        copies += ["--copy", f"{f}:/opt/e2e-hooks/{name}"]
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"hooks": hooks, "hook_retries": 0}))
+    before = set(status())
+    args = ["cluster", "add", "1", "--name", CLUSTER, "--params", str(params), *copies, "--json"]
+    if not wait:
+        args.append("--no-wait")
+    cp = nodeforge(*args, check=wait)
+    new = set(n["name"] for n in json.loads(cp.stdout)["nodes"]) - before if cp.stdout else set()
+    assert len(new) == 1, cp.stdout + cp.stderr
+    return new.pop()
+
+
+@pytest.fixture(scope="module")
+def cluster(built_image):
+    require_tools("systemd-nspawn", "ip", "nsenter")
+    nodeforge("cluster", "down", "--name", CLUSTER, check=False)
+    t0 = time.monotonic()
+    nodeforge("cluster", "up", "--name", CLUSTER, "--image", str(built_image), "--computes", "2",
+              "--join-interval", "2", "--timeout", "400")
+    (E2E_ROOT / "cluster-up.json").write_text(json.dumps(
+        {"seconds": time.monotonic() - t0, "nodes": status()}, indent=2))
+    yield CLUSTER
+    nodeforge("cluster", "down", "--name", CLUSTER)
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"nfc-{CLUSTER}" not in left
+
+
+def test_two_node_job_runs_and_is_accounted(cluster):
+    out = cx("ctl", "sbatch", "--parsable", "-N2", "-o", "/tmp/job-%j.out", "--wrap",
+             "srun hostname").strip()
+    job = out.split(";")[0]
+    wait_for("job to complete", lambda: "COMPLETED" in cx(
+        "ctl", "sacct", "-n", "-X", "-j", job, "-o", "State", check=False), timeout=120)
+    # The output lives on the batch host (first compute of the allocation).
+    nodes = cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "NodeList%40").strip()
+    batch_host = "c001" if "c001" in nodes else nodes.split(",")[0]
+    hosts = cx(batch_host, "cat", f"/tmp/job-{job}.out").split()
+    assert sorted(hosts) == ["c001", "c002"]
+
+
+def test_computes_have_distinct_identity(cluster):
+    ids = {n: cx(n, "cat", "/etc/machine-id").strip() for n in ("ctl", "c001", "c002")}
+    assert len(set(ids.values())) == 3 and all(len(v) == 32 for v in ids.values())
+    keys = {n: cx(n, "ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+            for n in ("c001", "c002")}
+    assert keys["c001"] != keys["c002"]
+
+
+def test_live_join_is_schedulable_only_after_its_hook(cluster, tmp_path):
+    hook = "#!/bin/sh\nsleep 12\ntouch /var/lib/e2e-hook-ran\n"
+    name = add_node(tmp_path, [{"uri": "file:///opt/e2e-hooks/10-slow.sh", "timeout": 120}],
+                    {"10-slow.sh": hook}, wait=False)
+    # A job that can only run on the newcomer, submitted while its hook still runs.
+    wait_for(f"{name} to register drained", lambda: "drain" in node_state(name)[0], timeout=180,
+             every=0.5)
+    job = cx("ctl", "sbatch", "--parsable", "-w", name, "--wrap", "date +%s.%N").strip()
+    seen = set()
+
+    def ran():
+        st, _ = node_state(name)
+        seen.add(st)
+        done = subprocess.run([sys.executable, "-m", "nodeforge", "cluster", "exec", "--name",
+                               CLUSTER, name, "--", "test", "-e", "/var/lib/e2e-hook-ran"],
+                              cwd=REPO, capture_output=True, timeout=30).returncode == 0
+        if not done:
+            assert st.rstrip("*") not in ("idle", "mixed", "allocated"), \
+                f"{name} schedulable ({st}) before its hook finished"
+        return done and st.rstrip("*") in ("idle", "mixed", "allocated", "completing")
+
+    wait_for(f"{name} hook and resume", ran, timeout=180, every=0.5)
+    wait_for("pinned job to complete", lambda: "COMPLETED" in cx(
+        "ctl", "sacct", "-n", "-X", "-j", job, "-o", "State", check=False), timeout=120)
+    hook_done = float(cx(name, "stat", "-c", "%Y", "/var/lib/e2e-hook-ran").strip())
+    start = cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "Start", "-P").strip()
+    started = float(cx("ctl", "date", "-d", start, "+%s").strip())
+    assert started >= hook_done - 1, (start, hook_done, seen)
+
+
+@pytest.mark.parametrize("case", ["fails", "hangs", "bad-sha256"])
+def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
+    if case == "fails":
+        scripts = {"20-fail.sh": "#!/bin/sh\necho failing on purpose >&2\nexit 3\n"}
+        hook = {"uri": "file:///opt/e2e-hooks/20-fail.sh"}
+        expect = "hook 20-fail.sh failed (exit 3)"
+    elif case == "hangs":
+        scripts = {"30-hang.sh": "#!/bin/sh\nsleep 600\n"}
+        hook = {"uri": "file:///opt/e2e-hooks/30-hang.sh", "timeout": 5}
+        expect = "hook 30-hang.sh timed out after 5s"
+    else:
+        body = "#!/bin/sh\nexit 0\n"
+        scripts = {"40-sha.sh": body}
+        wrong = hashlib.sha256(b"something else").hexdigest()
+        hook = {"uri": "file:///opt/e2e-hooks/40-sha.sh", "sha256": wrong}
+        expect = "hook 40-sha.sh sha256 mismatch"
+    name = add_node(tmp_path, [hook], scripts, wait=False)
+    st = wait_for(f"{name} drained with a reason", lambda: (
+        lambda s: s if "drain" in s[0] and "nodeforge: hook" in s[1] else None)(node_state(name)),
+        timeout=240)
+    assert expect in st[1], st
+    reasons = cx("ctl", "sinfo", "-R", "-h", "-o", "%n|%E")
+    assert any(line.startswith(name + "|") and expect in line for line in reasons.splitlines())
+    assert status()[name]["agent"] == "failed"
+
+
+def test_malformed_params_name_the_field_and_keep_node_out(cluster, tmp_path):
+    params = tmp_path / "bad.yaml"
+    params.write_text(yaml.safe_dump({"features": ["ok", "not ok!"]}))
+    before = set(status())
+    nodeforge("cluster", "add", "1", "--name", CLUSTER, "--params", str(params), "--no-wait")
+    name = (set(status()) - before).pop()
+    st = wait_for("agent to fail on params", lambda: (
+        lambda s: s if s["agent"] == "failed" else None)(status()[name]), timeout=120)
+    assert "features[1]" in st["reason"], st
+    time.sleep(3)
+    assert node_state(name)[0] in ("unregistered",) or "drain" in node_state(name)[0]
+
+
+def test_node_init_again_changes_nothing(cluster):
+    def snapshot():
+        return cx("c001", "sh", "-c",
+                  "cat /etc/machine-id /etc/ssh/ssh_host_*_key.pub /etc/munge/munge.key "
+                  "/etc/systemd/system/slurmd.service.d/*.conf 2>/dev/null | sha256sum")
+    before = snapshot()
+    cx("c001", "nodeforge", "node", "init")
+    assert snapshot() == before
+    st = json.loads(cx("c001", "nodeforge", "node", "status", "--json"))
+    assert st["status"] == "ready"
+    assert node_state("c001")[0].rstrip("*") in ("idle", "mixed", "allocated")
+
+
+def test_accounting_survives_slurmdbd_and_mariadb_restart(cluster):
+    def count():
+        return len(cx("ctl", "sacct", "-n", "-X", "-a", "-S", "2000-01-01", "-o", "JobID").split())
+    n = count()
+    assert n > 0
+    cx("ctl", "systemctl", "restart", "mariadb")
+    cx("ctl", "systemctl", "restart", "slurmdbd")
+    wait_for("slurmdbd to answer", lambda: cx("ctl", "sacctmgr", "-n", "show", "cluster",
+                                               check=False).strip(), timeout=60)
+    assert count() == n
+
+
+def test_forced_logrotate_under_load_loses_no_slurmctld_lines(cluster):
+    # Every submitted job is logged by slurmctld ("_slurm_rpc_submit_batch_job: JobId=N").
+    cx("ctl", "scontrol", "setdebug", "verbose")
+    load = ("for i in $(seq 1 60); do sbatch --hold --parsable --wrap true; done")
+    p = subprocess.Popen([sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER,
+                          "ctl", "--", "sh", "-c", load], cwd=REPO, stdout=subprocess.PIPE,
+                         text=True)
+    time.sleep(2)
+    cx("ctl", "logrotate", "-f", "/etc/logrotate.conf")
+    out, _ = p.communicate(timeout=300)
+    jobs = [j.split(";")[0] for j in out.split()]
+    assert len(jobs) == 60
+    logs = cx("ctl", "sh", "-c", "cat /var/log/slurm/slurmctld.log.1 /var/log/slurm/slurmctld.log")
+    missing = [j for j in jobs if f"JobId={j} " not in logs and f"JobId={j}\n" not in logs]
+    cx("ctl", "scancel", *jobs)
+    assert missing == [], f"{len(missing)} of 60 submissions missing from slurmctld logs"
+    assert cx("ctl", "systemctl", "is-active", "slurmctld").strip() == "active"
