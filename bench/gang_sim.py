@@ -68,6 +68,7 @@ class Job:
     ready_at: float | None = None  # all nodes ready (application really starts)
     eligible: float = 0.0
     held: bool = False
+    hung: bool = False  # a node's prolog hangs (container import stuck): never ready
     restarts: int = 0
     admin_comment: str = ""
     end: float | None = None
@@ -85,6 +86,7 @@ class Params:
     boot_min: float = 120.0
     boot_max: float = 900.0
     resume_timeout: float = 3600.0  # Slurm marks a never-booting node DOWN after this
+    prolog_hang: float = 0.01  # per node per allocation: prolog hangs until the job ends
     job_every: float = 300.0  # mean inter-arrival (demand exceeds capacity: congested)
     sizes: tuple[int, ...] = (2, 4, 4, 8, 8, 16)
     runtime_min: float = 1800.0
@@ -93,6 +95,7 @@ class Params:
 
 def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
     rng = random.Random(p.seed)
+    hang_rng = random.Random(p.seed * 7919 + 1)  # own stream: arrivals identical in all scenarios
     nodes: dict[str, Node] = {}
     node_seq = 0
 
@@ -152,7 +155,7 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
         for j in jobs.values():
             if j.state != "RUNNING":
                 continue
-            all_ready = all(nodes[x].ready(now) for x in j.nodes)
+            all_ready = not j.hung and all(nodes[x].ready(now) for x in j.nodes)
             if j.ready_at is None and all_ready:
                 j.ready_at = now
             if j.ready_at is not None and now >= j.ready_at + j.runtime:
@@ -193,6 +196,7 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
                 if n.boot_started is None:
                     n.boot_started = now  # cloud node powers up on first allocation
             j.state, j.nodes, j.start, j.ready_at = "RUNNING", [n.name for n in take], now, None
+            j.hung = any(hang_rng.random() < p.prolog_hang for _ in take)
         # accounting for this tick
         for j in jobs.values():
             if j.state == "RUNNING":
@@ -238,7 +242,7 @@ def _snapshot(jobs: dict[str, Job], nodes: dict[str, Node], now: float) -> Snaps
             JobObs(
                 job_id=j.jid,
                 state=j.state,
-                reason="JobHeldUser" if j.held else "None",
+                reason="JobHeldUser" if j.held else ("Prolog" if j.hung else "None"),
                 nodes=tuple(j.nodes),
                 num_nodes=j.size,
                 partition="main",
@@ -282,7 +286,9 @@ def cmd_sim(args) -> None:
     print(
         f"# simulator: seed={p.seed} hours={p.hours} tick={p.tick}s nodes {p.initial_nodes}->"
         f"{p.max_nodes} (+1 per {p.join_every:.0f}s) bad={p.bad_fraction:.0%} "
-        f"boot {p.boot_min:.0f}-{p.boot_max:.0f}s ResumeTimeout={p.resume_timeout:.0f}s"
+        f"boot {p.boot_min:.0f}-{p.boot_max:.0f}s ResumeTimeout={p.resume_timeout:.0f}s\n"
+        f"#   prolog hangs {p.prolog_hang:.0%} per node per allocation; a job every "
+        f"{p.job_every:.0f}s on average; jobs' time limit = 2 x runtime + 1 h"
     )
     print(
         f"{'scenario':<32} {'wasted_nh':>10} {'useful_nh':>10} {'completed':>10} {'requeues':>9} {'mean_done_h':>11}"

@@ -209,7 +209,7 @@ def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
 class GroupResult:
     """Outcome of `run_group`: exit status, or the signal, or a timeout."""
 
-    __slots__ = ("returncode", "timed_out", "duration")
+    __slots__ = ("duration", "returncode", "timed_out")
 
     def __init__(self, returncode: int, timed_out: bool, duration: float):
         self.returncode = returncode  # negative = killed by that signal (subprocess convention)

@@ -1,0 +1,289 @@
+"""`nodeforge node init`: the first-boot agent, step by step, resumable.
+
+Steps: params → identity → munge → role → hooks → ready. Each is recorded in state.json with
+start/end/duration/status/error. On a rerun (a reboot, or the operator after a fix) a step that
+is done is verified cheaply and skipped; `params` and `ready` always run (both are cheap and
+must reflect this boot). The agent starts the Slurm daemons itself every boot (they are not
+enabled), so the readiness gate is applied again before slurmd comes back after a reboot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeforge.errors import NodeforgeError
+
+from . import hooks as hooks_mod
+from . import identity, munge
+from .host import Host, write_atomic
+from .params import Params
+from .params_sources import Loaded, SourceConfig, load_params
+from .paths import Paths
+from .readiness import Gate
+from .roles import RoleContext, compute, controller, login
+from .slurm import SlurmFeatures, read_features
+from .state import State, now, uptime
+
+log = logging.getLogger("nodeforge.agent")
+
+ROLE_MODULES = {"controller": controller, "compute": compute, "login": login}
+
+
+class StepFailed(NodeforgeError):
+    exit_code = 1
+
+
+@dataclass
+class Agent:
+    paths: Paths = field(default_factory=Paths)
+    host: Host = field(default_factory=Host)
+    sources: SourceConfig | None = None
+    hostname: Callable[[], str] = socket.gethostname
+    hook_sleep: Callable[[float], None] | None = None
+    hook_grace: float = 5.0
+
+    # filled while running
+    state: State = field(init=False)
+    loaded: Loaded | None = field(init=False, default=None)
+    features: SlurmFeatures | None = field(init=False, default=None)
+    node: str = field(init=False, default="")
+    address: str = field(init=False, default="")
+
+    @property
+    def params(self) -> Params:
+        assert self.loaded is not None
+        return self.loaded.params
+
+    # -- main ---------------------------------------------------------------------------------
+    def init(self) -> State:
+        self.state = State.load(self.paths.state_file)
+        st = self.state
+        t0 = now()
+        st.first_started = st.first_started or t0
+        st.last_started = t0
+        st.boots += 1
+        st.status, st.last_error = "running", None
+        self._save()
+        try:
+            self._step("params", self._params, always=True)
+            self._step("identity", self._identity, verify=self._identity_ok)
+            self._step("munge", self._munge, verify=self._munge_ok)
+            self._step("role", self._role, verify=self._role_ok)
+            self._step("hooks", self._hooks, verify=lambda: True)
+            self._step("ready", self._ready, always=True)
+        except Exception:  # StepFailed, or a crash already logged with its traceback
+            st.status = "failed"
+            self._save()
+            raise
+        st.status = "ready"
+        st.ready_at = st.steps["ready"].ended
+        if st.time_to_ready is None and st.ready_at and st.first_started:
+            # first readiness only (first `node init` -> ready); reboots: uptime_at_ready
+            st.time_to_ready = round(st.ready_at - st.first_started, 3)
+        st.uptime_at_ready = uptime(self.paths.root / "proc")
+        self._save()
+        return st
+
+    def _save(self) -> None:
+        self.state.save(self.paths.state_file)
+
+    def _step(
+        self,
+        name: str,
+        fn: Callable[[], dict[str, Any] | None],
+        *,
+        verify: Callable[[], bool] | None = None,
+        always: bool = False,
+    ) -> None:
+        rec = self.state.steps[name]
+        if not always and rec.status in ("done", "skipped") and verify is not None:
+            t0 = now()
+            try:
+                ok = verify()
+            except NodeforgeError as exc:
+                log.info("step %s: verify failed (%s); running it again", name, exc)
+                ok = False
+            if ok:
+                # This run's record: the cheap verification (so durations add up to this run).
+                rec.status, rec.error = "skipped", None
+                rec.started, rec.ended = t0, now()
+                rec.duration = round(rec.ended - t0, 3)
+                self._save()
+                log.info("step %s: done before, verified, skipped", name)
+                return
+        self.state.begin(name, now())
+        self._save()
+        log.info("step %s: start", name)
+        try:
+            detail = fn() or {}
+        except StepFailed:
+            raise  # already recorded by the step itself
+        except NodeforgeError as exc:
+            self._fail(name, str(exc))
+            raise StepFailed(f"step {name} failed: {exc}") from exc
+        except Exception as exc:
+            log.error("step %s crashed:\n%s", name, traceback.format_exc())
+            self._fail(name, f"{type(exc).__name__}: {exc}")
+            raise
+        rec.detail = detail
+        self.state.end(name, now())
+        self._save()
+        log.info("step %s: done in %.2fs", name, rec.duration or 0.0)
+
+    def _fail(self, name: str, error: str, reason: str | None = None) -> None:
+        self.state.end(name, now(), "failed", error)
+        self._save()
+        log.error("step %s failed: %s", name, error)
+        if self.loaded is not None and name in ("role", "hooks", "ready"):
+            first = error.strip().splitlines()[0] if error.strip() else "error"
+            self._drain(reason or f"{name} step failed: {first}")
+
+    def _drain(self, reason: str) -> None:
+        """Leave a compute/login node drained with *reason* (best effort, never raises)."""
+        if self.loaded is None or self.params.role == "controller":
+            return
+        if not self.paths.slurm_client_conf.exists():
+            return  # the node was never announced to slurmctld: it cannot get a job
+        Gate(self.host, self.node, self.paths.slurm_client_conf, timeout=15).fail(reason)
+
+    # -- steps --------------------------------------------------------------------------------
+    def _params(self) -> dict:
+        cfg = self.sources or SourceConfig(self.paths)
+        self.loaded = load_params(cfg)
+        p = self.params
+        st = self.state
+        if st.role and st.role != p.role:
+            raise NodeforgeError(
+                f"{self.loaded.source}: role: this node was initialised as {st.role!r} and params "
+                f"now say {p.role!r}; a node does not change role. Boot a fresh copy of the image "
+                f"(or, to start over on purpose, remove {self.paths.state_file})"
+            )
+        self.features = read_features(self.paths)
+        current = self.hostname()
+        self.node = identity.node_name(p, current)
+        self.address = self._address()
+        st.role, st.node, st.cluster, st.source = (
+            p.role,
+            self.node,
+            p.cluster_name,
+            self.loaded.source,
+        )
+        self.paths.params_json.parent.mkdir(parents=True, exist_ok=True)
+        public = p.public_dict() | {
+            "node": self.node,
+            "address": self.address,
+            "source": self.loaded.source,
+            "slurm_version": self.features.slurm_version,
+        }
+        if p.users_keypair is not None:
+            # hooks get the PATH of the root-only private key, never the key itself
+            public["users_keypair_file"] = str(identity.users_keypair_paths(self.paths)[0])
+        write_atomic(self.paths.params_json, json.dumps(public, indent=2) + "\n", 0o640)
+        return {
+            "source": self.loaded.source,
+            "role": p.role,
+            "node": self.node,
+            "address": self.address,
+        }
+
+    def _address(self) -> str:
+        p = self.params
+        if p.node_address:
+            return p.node_address
+        if p.role == "controller" and p.controller.address:
+            return p.controller.address
+        target = p.controller.address if p.role != "controller" else ""
+        return identity.detect_address(self.host, target)
+
+    def _hosts(self) -> dict[str, str]:
+        p = self.params
+        out: dict[str, str] = {}
+        if p.controller.host and p.controller.address and p.role != "controller":
+            out[p.controller.host] = p.controller.address
+        if self.address and (p.node_address or p.role == "controller"):
+            out[self.node] = self.address
+        return out
+
+    def _identity(self) -> dict:
+        return identity.run(self.host, self.paths, self.params, self.hostname(), self._hosts())
+
+    def _identity_ok(self) -> bool:
+        return identity.verify(self.paths, self.params, self.hostname(), self._hosts())
+
+    def _munge(self) -> dict:
+        return munge.run(
+            self.host, self.paths, self.params, self.loaded.source if self.loaded else ""
+        )
+
+    def _munge_ok(self) -> bool:
+        return munge.verify(
+            self.host, self.paths, self.params, self.loaded.source if self.loaded else ""
+        )
+
+    def _ctx(self) -> RoleContext:
+        assert self.features is not None
+        return RoleContext(
+            self.host, self.paths, self.params, self.features, self.node, self.address
+        )
+
+    def _role(self) -> dict:
+        detail = ROLE_MODULES[self.params.role].run(self._ctx())
+        detail["role"] = self.params.role
+        return detail
+
+    def _role_ok(self) -> bool:
+        return ROLE_MODULES[self.params.role].verify(self._ctx())
+
+    def _hooks(self) -> dict:
+        p = self.params
+        hooks = hooks_mod.discover(self.paths, p)
+        controller_name = p.controller.target if p.role != "controller" else self.node
+        results: list[dict[str, Any]] = []
+
+        def record(res: hooks_mod.HookResult) -> None:
+            results.append(
+                {
+                    "name": res.name,
+                    "status": res.status,
+                    "attempts": res.attempts,
+                    "exit": res.exit_code,
+                    "signal": res.signal,
+                    "duration": round(res.duration, 3),
+                    "log": res.log,
+                }
+            )
+            self.state.steps["hooks"].detail["results"] = results
+            self._save()
+
+        runner = hooks_mod.Runner(
+            self.paths,
+            hooks_mod.HookEnv(
+                p.role, p.cluster_name, self.node, controller_name, self.paths.params_json
+            ),
+            sleep=self.hook_sleep or self.host.sleep,
+            backoff=p.hook_backoff,
+            backoff_max=p.hook_backoff_max,
+            grace=self.hook_grace,
+            on_result=record,
+        )
+        report = runner.run_all(hooks)
+        failure = report.failure
+        if failure is not None:
+            self.state.steps["hooks"].detail["results"] = results
+            self._fail("hooks", failure.reason + f"; see {failure.log}", reason=failure.reason)
+            raise StepFailed(f"step hooks failed: {failure.reason}; see {failure.log}")
+        return {"results": results, "count": len(results)}
+
+    def _ready(self) -> dict:
+        p = self.params
+        if p.role == "compute":
+            return {"slurm": compute.gate(self._ctx()).release()}
+        if p.role == "login" and not login.uses_sackd(self._ctx()):
+            return {"slurm": "kept drained (login node)"}
+        return {}

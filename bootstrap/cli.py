@@ -1,0 +1,89 @@
+"""CLI for the first-boot agent: `nodeforge node init|status` (and later `nodeforge cluster …`).
+
+Imports only the standard library at import time; the agent runs on nodes with python3,
+python3-yaml and python3-jinja2 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    node = subparsers.add_parser("node", help="first-boot agent on this node (init, status)")
+    nsub = node.add_subparsers(dest="node_command", metavar="ACTION")
+    nsub.required = True
+
+    p = nsub.add_parser(
+        "init",
+        help="turn this booted image into a controller/compute/login node (idempotent, resumable)",
+    )
+    p.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--no-imds",
+        action="store_true",
+        help="do not ask the EC2 metadata service for user-data",
+    )
+    p.add_argument(
+        "--imds-url", default=None, help="IMDS base URL (default http://169.254.169.254)"
+    )
+    p.set_defaults(func=_init)
+
+    s = nsub.add_parser("status", help="steps, durations, time-to-ready and the last error")
+    s.add_argument("--json", action="store_true", help="print state.json")
+    s.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    s.set_defaults(func=_status)
+    # `nodeforge cluster up/add/status/down` (local nspawn cluster) registers here later.
+
+
+def _paths(root: Path):
+    from .paths import Paths
+
+    return Paths() if root == Path("/") else Paths.under(root)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from .agent import Agent, StepFailed
+    from .params_sources import IMDS_URL, SourceConfig
+
+    paths = _paths(args.root)
+    paths.log_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(paths.log_dir / "agent.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root_log = logging.getLogger("nodeforge")
+    root_log.addHandler(handler)
+    root_log.setLevel(logging.DEBUG)
+    root_log.propagate = False
+    console = logging.StreamHandler(sys.stderr)  # journald when run by nodeforge-init.service
+    console.setLevel(logging.INFO)
+    console.setFormatter(logging.Formatter("nodeforge: %(message)s"))
+    root_log.addHandler(console)
+    imds = None if args.no_imds else (args.imds_url or IMDS_URL)
+    agent = Agent(paths=paths, sources=SourceConfig(paths, imds_url=imds))
+    try:
+        state = agent.init()
+    except StepFailed as exc:
+        print(f"nodeforge: node init failed: {exc}", file=sys.stderr)
+        print(
+            "nodeforge: `nodeforge node status` shows the steps; fix and rerun `nodeforge node init`",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"nodeforge: {state.node} ready as {state.role} of {state.cluster} "
+        f"(time-to-ready {state.time_to_ready or 0:.1f}s)"
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from .state import State
+    from .status import as_json, as_text
+
+    paths = _paths(args.root)
+    state = State.load(paths.state_file)
+    sys.stdout.write(as_json(state) + "\n" if args.json else as_text(state))
+    return 0 if state.status in ("ready", "new", "running") else 1

@@ -1,0 +1,133 @@
+"""The side effects the agent has on its machine, behind one injectable object.
+
+Role steps, munge, identity and the readiness gate call `host.run(...)` (default:
+`nodeforge.proc.run`), `host.chown`, `host.sleep` and `host.monotonic`, so unit tests swap in a
+recorder and check ORDER and idempotence without root, systemd or Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nodeforge import proc
+from nodeforge.errors import CommandError, NodeforgeError
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+def _chown(path: Path, user: str, group: str) -> None:
+    shutil.chown(path, user, group)
+
+
+def _source_address(target: str) -> str | None:
+    """The local address the kernel would use to reach *target* (a UDP connect sends nothing)."""
+    import socket
+
+    fam = socket.AF_INET6 if ":" in target else socket.AF_INET
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def _sethostname(name: str) -> None:
+    import socket
+
+    socket.sethostname(name)
+
+
+@dataclass
+class Host:
+    run: Runner = proc.run
+    chown: Callable[[Path, str, str], None] = _chown
+    sleep: Callable[[float], None] = time.sleep
+    monotonic: Callable[[], float] = time.monotonic
+    source_address: Callable[[str], str | None] = _source_address
+    sethostname: Callable[[str], None] = _sethostname
+
+    def ok(self, argv: Sequence[str], **kw: Any) -> bool:
+        """True when the command exits 0 (never raises on a non-zero exit)."""
+        try:
+            cp = self.run(list(argv), check=False, **kw)
+        except CommandError:  # timeout
+            return False
+        return cp.returncode == 0
+
+    def wait_until(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        *,
+        timeout: float,
+        interval: float = 1.0,
+        hint: str = "",
+    ) -> float:
+        """Poll *check* until it is true; raise a NodeforgeError naming *what* after *timeout* s.
+
+        Returns the seconds waited. Every wait in the agent goes through here, so none is unbounded.
+        """
+        start = self.monotonic()
+        while True:
+            if check():
+                return self.monotonic() - start
+            if self.monotonic() - start >= timeout:
+                msg = f"{what} did not happen within {timeout:g}s"
+                raise NodeforgeError(f"{msg}. {hint}".strip())
+            self.sleep(interval)
+
+    # -- systemd ------------------------------------------------------------------------------
+    def systemctl(self, *args: str, timeout: float = 120) -> None:
+        self.run(["systemctl", *args], timeout=timeout)
+
+    def start(self, unit: str, timeout: float = 180) -> None:
+        self.run(
+            ["systemctl", "start", unit],
+            timeout=timeout,
+            hint=f"see `journalctl -u {unit}` and `systemctl status {unit}`",
+        )
+
+    def is_active(self, unit: str) -> bool:
+        return self.ok(["systemctl", "is-active", "--quiet", unit], timeout=30)
+
+
+def private_dir(path: Path) -> Path:
+    """Create *path* (and parents) and make sure it is 0700, whatever it was before."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> bool:
+    """Write *path* atomically with *mode* (set before the content lands). Returns False if unchanged."""
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        if path.read_bytes() == raw and (path.stat().st_mode & 0o7777) == mode:
+            return False
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return True

@@ -1,0 +1,129 @@
+"""Identity step: SSH host keys, machine-id, hostname, /etc/hosts, the cluster users' keypair.
+
+All of these are sealed out of the image; each is created only if absent, so a rerun is a no-op.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .host import Host, private_dir, write_atomic
+from .params import Params
+from .paths import Paths
+
+HOSTS_BEGIN = "# BEGIN nodeforge (managed by nodeforge node init)"
+HOSTS_END = "# END nodeforge"
+
+
+def host_keys_present(paths: Paths) -> bool:
+    return any(paths.ssh_etc.glob("ssh_host_*_key"))
+
+
+def machine_id_present(paths: Paths) -> bool:
+    try:
+        return bool(paths.machine_id.read_text().strip())
+    except OSError:
+        return False
+
+
+def node_name(params: Params, current_hostname: str) -> str:
+    return params.node_name or current_hostname.split(".")[0]
+
+
+def users_keypair_paths(paths: Paths) -> tuple[Path, Path]:
+    return paths.secrets / "users_id_ed25519", paths.secrets / "users_id_ed25519.pub"
+
+
+def run(host: Host, paths: Paths, params: Params, hostname: str, hosts: dict[str, str]) -> dict:
+    """Create what is missing. *hosts* maps names to addresses for the managed /etc/hosts block."""
+    done: dict[str, object] = {}
+    if not host_keys_present(paths):
+        argv = ["ssh-keygen", "-A"]
+        if paths.root != Path("/"):
+            argv += ["-f", str(paths.root)]
+        paths.ssh_etc.mkdir(parents=True, exist_ok=True)
+        host.run(argv, timeout=120)
+        done["ssh_host_keys"] = "generated"
+    if not machine_id_present(paths):
+        argv = ["systemd-machine-id-setup"]
+        if paths.root != Path("/"):
+            argv.append(f"--root={paths.root}")
+        host.run(argv, timeout=60)
+        done["machine_id"] = "generated"
+    name = node_name(params, hostname)
+    if params.node_name and (_read(paths.hostname_file) != name or hostname != name):
+        write_atomic(paths.hostname_file, name + "\n", 0o644)
+        host.sethostname(name)
+        done["hostname"] = name
+    if hosts and update_hosts(paths.hosts_file, hosts):
+        done["hosts"] = sorted(hosts)
+    if params.users_keypair is not None:
+        priv, pub = users_keypair_paths(paths)
+        private_dir(paths.secrets)
+        changed = write_atomic(priv, params.users_keypair.private, 0o600)
+        changed |= write_atomic(pub, params.users_keypair.public + "\n", 0o644)
+        if changed:
+            done["users_keypair"] = str(priv)
+    return done
+
+
+def verify(paths: Paths, params: Params, hostname: str, hosts: dict[str, str]) -> bool:
+    if not (host_keys_present(paths) and machine_id_present(paths)):
+        return False
+    if params.node_name and hostname != params.node_name:
+        return False
+    if hosts and _hosts_text(_read(paths.hosts_file), hosts) != _read(paths.hosts_file):
+        return False  # someone rewrote /etc/hosts: the controller's name must resolve
+    return params.users_keypair is None or users_keypair_paths(paths)[0].exists()
+
+
+def update_hosts(path: Path, entries: dict[str, str]) -> bool:
+    """Keep a managed block `address name` in /etc/hosts; other lines are left alone."""
+    text = _read(path)
+    new = _hosts_text(text, entries)
+    if new == text:
+        return False
+    write_atomic(path, new, 0o644)
+    return True
+
+
+def _hosts_text(text: str, entries: dict[str, str]) -> str:
+    block = "\n".join([HOSTS_BEGIN, *(f"{a} {n}" for n, a in sorted(entries.items())), HOSTS_END])
+    pat = re.compile(re.escape(HOSTS_BEGIN) + r".*?" + re.escape(HOSTS_END), re.DOTALL)
+    if pat.search(text):
+        return pat.sub(lambda _m: block, text)
+    return (text.rstrip("\n") + "\n" if text.strip() else "") + block + "\n"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip("\n") if path.name == "hostname" else path.read_text()
+    except OSError:
+        return ""
+
+
+def detect_address(host: Host, target: str) -> str:
+    """This node's address: the source of the route to *target* (nothing is sent), else the
+    first IPv4 address `hostname -I` reports."""
+    import ipaddress
+
+    if target:
+        try:
+            ipaddress.ip_address(target)
+        except ValueError:
+            target = ""
+    if target:
+        src = host.source_address(target)
+        if src and not src.startswith("127."):
+            return src
+    cp = host.run(["hostname", "-I"], check=False, timeout=10)
+    addrs = [a for a in (cp.stdout or "").split() if ":" not in a]
+    if not addrs:
+        from nodeforge.errors import NodeforgeError
+
+        raise NodeforgeError(
+            "cannot find this node's address (no route to the controller, `hostname -I` empty); "
+            "set node_address in params"
+        )
+    return addrs[0]

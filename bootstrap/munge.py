@@ -1,0 +1,76 @@
+"""Munge step: the cluster's shared key (0400 munge:munge), then munged started and answering."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from pathlib import Path
+
+from nodeforge.errors import NodeforgeError
+
+from .host import Host, write_atomic
+from .params import Params
+from .paths import Paths
+
+
+def key_bytes(params: Params, source_label: str) -> bytes | None:
+    if params.munge_key is not None:
+        return params.munge_key_bytes()
+    if params.munge_key_file:
+        p = Path(params.munge_key_file)
+        try:
+            raw = p.read_bytes()
+        except OSError as exc:
+            raise NodeforgeError(
+                f"{source_label}: munge_key_file: cannot read {p}: {exc.strerror}; "
+                "put the cluster's munge key there (0400) or give munge_key (base64) instead"
+            ) from exc
+        # Accept either the raw key or its base64 text.
+        try:
+            dec = base64.b64decode(raw.strip(), validate=True)
+            if len(dec) >= 32 and raw.strip().isascii():
+                raw = dec
+        except (binascii.Error, ValueError):
+            pass
+        if len(raw) < 32:
+            raise NodeforgeError(
+                f"{source_label}: munge_key_file: {p} holds {len(raw)} bytes; munge needs ≥ 32"
+            )
+        return raw
+    return None
+
+
+def run(host: Host, paths: Paths, params: Params, source_label: str) -> dict:
+    key = key_bytes(params, source_label)
+    detail: dict[str, object] = {}
+    if key is None:
+        if not paths.munge_key.exists():
+            raise NodeforgeError(
+                f"{source_label}: munge_key: missing and {paths.munge_key} does not exist; give the "
+                "cluster's key as munge_key (base64 -w0 /etc/munge/munge.key) or munge_key_file"
+            )
+        detail["key"] = "kept existing"
+    else:
+        changed = write_atomic(paths.munge_key, key, 0o400)
+        host.chown(paths.munge_key, "munge", "munge")
+        detail["key"] = "written" if changed else "unchanged"
+        if changed and host.is_active("munge.service"):
+            host.systemctl("restart", "munge.service")
+    host.start("munge.service", timeout=60)
+    host.wait_until(
+        "munge answering (munge -n)",
+        lambda: host.ok(["munge", "-n"], timeout=10),
+        timeout=min(params.wait_timeout, 60),
+        hint="see `journalctl -u munge`",
+    )
+    return detail
+
+
+def verify(host: Host, paths: Paths, params: Params, source_label: str) -> bool:
+    key = key_bytes(params, source_label)
+    try:
+        if key is not None and paths.munge_key.read_bytes() != key:
+            return False
+    except OSError:
+        return False
+    return host.is_active("munge.service")

@@ -1,0 +1,166 @@
+"""Controller role step.
+
+Order (each waits for the previous to answer, every wait bounded by params.wait_timeout):
+MariaDB → accounting database + `slurm` DB user with a generated password (root-only file) →
+slurmdbd.conf → slurm.conf (sacctmgr reads it to find slurmdbd) → slurmdbd ANSWERING
+(`sacctmgr -n show cluster`) → cluster registered (`sacctmgr -i add cluster`) → slurmctld →
+nodeforge-gang.service. Starting slurmctld only after the cluster exists in slurmdbd prevents
+the "no TRES" / CLUSTER ID MISMATCH race. With accounting: false, only slurmctld is started.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from nodeforge.errors import NodeforgeError
+
+from ..host import private_dir, write_atomic
+from ..slurm import render
+from . import RoleContext
+
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurm"
+PASS_FILE = "slurmdbd_storage_pass"
+GANG_UNIT = "nodeforge-gang.service"
+
+
+def password(ctx: RoleContext) -> str:
+    """The DB password: generated once, kept in a root-only 0600 file, never logged."""
+    path = ctx.paths.secrets / PASS_FILE
+    try:
+        pw = path.read_text().strip()
+        if pw:
+            return pw
+    except FileNotFoundError:
+        pass
+    private_dir(ctx.paths.secrets)
+    pw = secrets.token_urlsafe(32)  # [A-Za-z0-9_-]: safe inside SQL single quotes
+    write_atomic(path, pw + "\n", 0o600)
+    return pw
+
+
+def slurm_conf_context(ctx: RoleContext) -> dict:
+    p = ctx.params
+    gres_types = list(p.gres_types) or sorted({g.split(":", 1)[0] for g in p.gres})
+    prolog_flags = ["Alloc"]
+    if ctx.features.force_requeue_on_fail:
+        prolog_flags.append("ForceRequeueOnFail")
+    return {
+        "cluster_name": p.cluster_name,
+        "controller_host": ctx.node,
+        "controller_addr": ctx.address,
+        "max_node_count": p.max_node_count,
+        "slurm_version": ctx.features.slurm_version,
+        "partitions": [
+            {"name": x.name, "default": x.default, "max_time": x.max_time} for x in p.partitions
+        ],
+        "gres_types": gres_types,
+        "prolog_flags": prolog_flags,
+        "accounting": p.accounting,
+        "dbd_host": ctx.node,
+    }
+
+
+def run(ctx: RoleContext) -> dict:
+    h, paths, p = ctx.host, ctx.paths, ctx.params
+    detail: dict[str, object] = {}
+    if p.accounting:
+        h.start("mariadb.service", timeout=p.wait_timeout)
+        detail["mariadb_wait_s"] = round(
+            h.wait_until(
+                "MariaDB answering (mariadb-admin ping)",
+                lambda: h.ok(["mariadb-admin", "--protocol=socket", "ping"], timeout=10),
+                timeout=p.wait_timeout,
+                hint="see `journalctl -u mariadb`",
+            ),
+            2,
+        )
+        pw = password(ctx)
+        sql = (
+            f"CREATE DATABASE IF NOT EXISTS {DB_NAME};\n"
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{pw}';\n"
+            f"ALTER USER '{DB_USER}'@'localhost' IDENTIFIED BY '{pw}';\n"
+            f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost';\n"
+            "FLUSH PRIVILEGES;\n"
+        )
+        # The password goes through stdin, never argv (visible in ps) nor a log line.
+        h.run(["mariadb", "--protocol=socket", "-u", "root"], input=sql, timeout=60, redact=[pw])
+        dbd = render(
+            paths,
+            "slurmdbd.conf.j2",
+            {
+                "dbd_host": ctx.node,
+                "storage_host": "localhost",
+                "storage_user": DB_USER,
+                "storage_pass": pw,
+                "storage_loc": DB_NAME,
+            },
+        )
+        dbd_path = paths.slurm_etc / "slurmdbd.conf"
+        write_atomic(dbd_path, dbd, 0o600)
+        h.chown(dbd_path, "slurm", "slurm")
+    _write_slurm_conf(ctx)
+    if p.accounting:
+        h.start("slurmdbd.service", timeout=p.wait_timeout)
+        detail["slurmdbd_wait_s"] = round(
+            h.wait_until(
+                "slurmdbd answering (sacctmgr -n show cluster)",
+                lambda: h.ok(["sacctmgr", "-n", "show", "cluster"], timeout=15),
+                timeout=p.wait_timeout,
+                interval=1.0,
+                hint="see `journalctl -u slurmdbd` and /var/log/slurm/slurmdbd.log",
+            ),
+            2,
+        )
+        if not cluster_registered(ctx):
+            h.run(["sacctmgr", "-i", "add", "cluster", p.cluster_name], timeout=60)
+            detail["cluster"] = "registered"
+        else:
+            detail["cluster"] = "already registered"
+    h.start("slurmctld.service", timeout=p.wait_timeout)
+    detail["slurmctld_wait_s"] = round(
+        h.wait_until(
+            "slurmctld answering (scontrol ping)",
+            lambda: _ping(ctx),
+            timeout=p.wait_timeout,
+            hint="see `journalctl -u slurmctld` and /var/log/slurm/slurmctld.log",
+        ),
+        2,
+    )
+    if paths.unit_exists(GANG_UNIT):
+        # --no-block: the gang unit is ordered After=nodeforge-init.service, i.e. after us
+        h.systemctl("enable", "--now", "--no-block", GANG_UNIT)
+        detail["gang"] = "enabled"
+    else:
+        detail["gang"] = f"{GANG_UNIT} not installed"
+    return detail
+
+
+def _write_slurm_conf(ctx: RoleContext) -> None:
+    text = render(ctx.paths, "slurm.conf.j2", slurm_conf_context(ctx))
+    write_atomic(ctx.paths.slurm_etc / "slurm.conf", text, 0o644)
+
+
+def cluster_registered(ctx: RoleContext) -> bool:
+    cp = ctx.host.run(
+        ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], timeout=30, check=False
+    )
+    if cp.returncode != 0:
+        raise NodeforgeError(f"sacctmgr show cluster failed: {(cp.stdout or '').strip()}")
+    return ctx.params.cluster_name in {line.strip() for line in (cp.stdout or "").splitlines()}
+
+
+def _ping(ctx: RoleContext) -> bool:
+    try:
+        cp = ctx.host.run(["scontrol", "ping"], check=False, timeout=15)
+    except NodeforgeError:
+        return False
+    return cp.returncode == 0 and " is UP" in (cp.stdout or "")
+
+
+def verify(ctx: RoleContext) -> bool:
+    h = ctx.host
+    units = ["slurmctld.service"]
+    if ctx.params.accounting:
+        units = ["mariadb.service", "slurmdbd.service", *units]
+    return all(h.is_active(u) for u in units) and _ping(ctx)

@@ -1,0 +1,182 @@
+"""What the agent needs to know about and do with the installed Slurm.
+
+- `SlurmFeatures` from /etc/nodeforge/slurm-features.json (written at bake by role slurm).
+- Rendering the first-boot templates (Jinja2 imported lazily: it is a node-only dependency).
+- A minimal client slurm.conf so `scontrol` can reach slurmctld from a configless node before
+  slurmd has fetched the real config.
+- systemd drop-ins for slurmd / sackd that override ExecStart (keeping `--systemd`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nodeforge.errors import NodeforgeError
+
+from .host import Host, write_atomic
+from .params import Params
+from .paths import Paths
+
+SLURMCTLD_PORT = 6817
+SLURM_USER = "slurm"  # contracts.md: SlurmUser=slurm (Debian's slurmctld unit runs as slurm)
+DROPIN_NAME = "nodeforge.conf"
+
+
+@dataclass(frozen=True)
+class SlurmFeatures:
+    slurm_version: str
+    sackd: bool
+    force_requeue_on_fail: bool
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        out = []
+        for part in self.slurm_version.split(".")[:3]:
+            digits = "".join(ch for ch in part if ch.isdigit())
+            out.append(int(digits or 0))
+        return tuple(out)
+
+    @property
+    def has_sackd(self) -> bool:
+        return self.sackd and self.version_tuple >= (23, 11)
+
+    @property
+    def needs_tree_width(self) -> bool:
+        """22.05 dynamic nodes need TreeWidth=65533 (fixed in 23.02)."""
+        return self.version_tuple < (23, 2)
+
+
+def read_features(paths: Paths) -> SlurmFeatures:
+    p = paths.slurm_features
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise NodeforgeError(
+            f"{p}: missing; the image's slurm role writes it at bake time "
+            '({"slurm_version": "24.11.5", "sackd": true, "force_requeue_on_fail": true}); rebuild the image'
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise NodeforgeError(f"{p}: not valid JSON ({exc}); rebuild the image") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("slurm_version"), str):
+        raise NodeforgeError(f'{p}: slurm_version: expected a string like "24.11.5"')
+    return SlurmFeatures(
+        raw["slurm_version"],
+        bool(raw.get("sackd", False)),
+        bool(raw.get("force_requeue_on_fail", False)),
+    )
+
+
+def render(paths: Paths, template: str, context: dict[str, Any]) -> str:
+    import jinja2  # node dependency (python3-jinja2); imported here to keep cli import light
+
+    tdir = paths.templates
+    if not (tdir / template).exists():
+        raise NodeforgeError(
+            f"{tdir / template}: missing template; the image's roles install it; rebuild the image"
+        )
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(tdir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    try:
+        return env.get_template(template).render(**context)
+    except jinja2.TemplateError as exc:
+        raise NodeforgeError(f"{tdir / template}: cannot render: {exc}") from exc
+
+
+def client_conf(paths: Paths, params: Params) -> Path:
+    """A minimal slurm.conf for scontrol on a compute/login node (0644, /run/nodeforge).
+
+    SlurmUser matters: clients restrict their munge credential to SlurmUser's uid, so without
+    it slurmctld (running as slurm) rejects them ("Unauthorized credential for client").
+    """
+    c = params.controller
+    host = c.host or c.address
+    line = f"SlurmctldHost={host}({c.address})" if c.address and c.host else f"SlurmctldHost={host}"
+    text = (
+        "# written by nodeforge node init: lets scontrol reach slurmctld before slurmd has the config\n"
+        f"ClusterName={params.cluster_name}\n{line}\nSlurmUser={SLURM_USER}\nAuthType=auth/munge\n"
+    )
+    write_atomic(paths.slurm_client_conf, text, 0o644)
+    return paths.slurm_client_conf
+
+
+def conf_server(params: Params) -> str:
+    return f"{params.controller.target}:{SLURMCTLD_PORT}"
+
+
+def dropin(paths: Paths, unit: str, exec_start: list[str]) -> bool:
+    """Write /etc/systemd/system/<unit>.d/nodeforge.conf overriding ExecStart. True if changed."""
+    cmd = " ".join(_sd_quote(a) for a in exec_start)
+    text = (
+        "# written by nodeforge node init (role step); do not edit, rerun `nodeforge node init`\n"
+        "[Service]\nExecStart=\n"
+        f"ExecStart={cmd}\n"
+    )
+    return write_atomic(paths.systemd_etc / f"{unit}.d" / DROPIN_NAME, text, 0o644)
+
+
+def _sd_quote(arg: str) -> str:
+    if arg.startswith("$"):
+        return arg  # $VAR expansion of EnvironmentFile= variables, left as systemd sees it
+    if arg and all(ch.isalnum() or ch in "-_./:=,@+" for ch in arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def node_conf(params: Params, extra_features: tuple[str, ...] = ()) -> str:
+    """The --conf string for `slurmd -Z`: features, gres, and optional CPUs/RealMemory."""
+    parts = []
+    feats = list(dict.fromkeys([*params.features, *extra_features]))
+    if feats:
+        parts.append("Feature=" + ",".join(feats))
+    if params.gres:
+        parts.append("Gres=" + ",".join(params.gres))
+    if params.cpus:
+        parts.append(f"CPUs={params.cpus}")
+    if params.real_memory:
+        parts.append(f"RealMemory={params.real_memory}")
+    return " ".join(parts)
+
+
+def hardware_spec(host: Host, params: Params) -> dict[str, str]:
+    """`slurmd -C` (this node's detected hardware) with params overrides."""
+    cp = host.run(["slurmd", "-C"], timeout=60)
+    spec: dict[str, str] = {}
+    for word in shlex.split(cp.stdout.splitlines()[0] if cp.stdout else ""):
+        if "=" in word:
+            k, v = word.split("=", 1)
+            if k in (
+                "CPUs",
+                "Boards",
+                "SocketsPerBoard",
+                "CoresPerSocket",
+                "ThreadsPerCore",
+                "RealMemory",
+            ):
+                spec[k] = v
+    if params.cpus:
+        spec["CPUs"] = str(params.cpus)
+    if params.real_memory:
+        spec["RealMemory"] = str(params.real_memory)
+    return spec
+
+
+def parse_node(text: str) -> dict[str, str]:
+    """Parse `scontrol show node -o X` (one line of Key=Value; Reason may hold spaces)."""
+    out: dict[str, str] = {}
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if "Reason=" in line:
+        line, reason = line.split("Reason=", 1)
+        out["Reason"] = reason.strip()
+    for word in line.split():
+        if "=" in word:
+            k, v = word.split("=", 1)
+            out[k] = v
+    return out

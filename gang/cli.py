@@ -1,0 +1,151 @@
+"""`nodeforge gang run|status|ready`. Imports only stdlib (+yaml via config) at import time."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+DEFAULT_CONFIG = "/etc/nodeforge/gang.yaml"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("gang", help="gang readiness governor (controller)")
+    sub = p.add_subparsers(dest="gang_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    r = sub.add_parser("run", help="run the governor daemon (nodeforge-gang.service)")
+    r.add_argument("--config", default=DEFAULT_CONFIG)
+    r.add_argument("--once", action="store_true", help="one cycle, then exit")
+    r.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    r.set_defaults(func=_run)
+
+    s = sub.add_parser("status", help="list gang jobs: phase, counter, next eligible time")
+    s.add_argument("--config", default=DEFAULT_CONFIG)
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--all", action="store_true", help="include finished jobs")
+    s.set_defaults(func=_status)
+
+    q = sub.add_parser("ready", help="app readiness probe: run inside a job (batch script)")
+    q.add_argument("--config", default=DEFAULT_CONFIG)
+    q.add_argument(
+        "--local",
+        action="store_true",
+        help="only check this node (what the job-wide probe runs on every node)",
+    )
+    q.add_argument("--timeout", type=float, default=None)
+    q.set_defaults(func=_ready)
+
+
+def _load(path: str):
+    from .config import load
+
+    return load(path)
+
+
+def _run(args) -> int:
+    import logging
+    import signal
+
+    from .governor import Governor
+
+    cfg = _load(args.config)
+    logging.getLogger("nodeforge").setLevel(logging.INFO)
+    gov = Governor(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: gov.stop())
+    signal.signal(signal.SIGINT, lambda *_: gov.stop())
+    gov.run(max_cycles=1 if args.once else None, duration=args.duration)
+    return 0
+
+
+def _fmt_ts(ts) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts))
+
+
+def _status(args) -> int:
+    from . import state as st_mod
+
+    cfg = _load(args.config)
+    st = st_mod.load(cfg.state_file)
+    rows = []
+    for r in sorted(st.jobs.values(), key=lambda r: (len(r.job_id), r.job_id)):
+        if r.phase == st_mod.DONE and not args.all:
+            continue
+        rows.append(
+            {
+                "job_id": r.job_id,
+                "phase": r.phase,
+                "count": r.count,
+                "next_eligible": r.next_eligible,
+                "admitted_at": r.admitted_at,
+                "ready_at": r.ready_at,
+                "partition": r.partition,
+                "why": r.why,
+            }
+        )
+    if args.json:
+        json.dump({"state_file": cfg.state_file, "gangs": rows}, sys.stdout, indent=2)
+        print()
+        return 0
+    if not rows:
+        print(f"no gang jobs (state: {cfg.state_file})")
+        return 0
+    print(f"{'JOBID':<10} {'PHASE':<18} {'COUNT':>5} {'NEXT_ELIGIBLE':<20} WHY")
+    for r in rows:
+        print(
+            f"{r['job_id']:<10} {r['phase']:<18} {r['count']:>5} {_fmt_ts(r['next_eligible']):<20} {r['why']}"
+        )
+    return 0
+
+
+def _ready(args) -> int:
+    from nodeforge import proc
+    from nodeforge.errors import NodeforgeError
+
+    from .readiness import READY_MARK, ready_marker
+    from .slurm import SlurmCli
+
+    cfg = _load(args.config)
+    timeout = args.timeout if args.timeout is not None else cfg.probe.timeout
+    if args.local:
+        if cfg.probe.command:
+            proc.run(
+                list(cfg.probe.command),
+                timeout=timeout,
+                hint=f"probe.command in {args.config} failed on {os.uname().nodename}",
+            )
+        return 0
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise NodeforgeError(
+            "`nodeforge gang ready` runs inside a Slurm job (SLURM_JOB_ID unset); "
+            "call it from the batch script, or use --local on a node"
+        )
+    nnodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
+    cmd = [
+        "srun",
+        f"--nodes={nnodes}",
+        "--ntasks-per-node=1",
+        f"--ntasks={nnodes}",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "nodeforge.cli",
+        "gang",
+        "ready",
+        "--local",
+        "--config",
+        args.config,
+    ]
+    proc.run(cmd, timeout=timeout, hint="the gang readiness probe failed on a node")
+    slurm = SlurmCli(timeout=cfg.command_timeout)
+    job = slurm.show_job(job_id)
+    if job is None:
+        raise NodeforgeError(f"job {job_id} not found by scontrol; cannot record readiness")
+    toks = [t for t in job.comment.split() if not t.startswith(READY_MARK)]
+    slurm.set_comment(job_id, " ".join(toks + [ready_marker(job.restarts)]))
+    print(f"gang ready: job {job_id} ({nnodes} nodes) marked {ready_marker(job.restarts)}")
+    return 0

@@ -1,0 +1,191 @@
+"""Governor configuration: `/etc/nodeforge/gang.yaml`, validated into typed dataclasses.
+
+Knobs follow Kueue's `waitForPodsReady` (names in snake_case); defaults are documented in
+docs/gang.md and are the dataclass defaults below. Unknown keys and wrong types are errors
+that name the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nodeforge.errors import NodeforgeError
+
+DEFAULT_PATH = Path("/etc/nodeforge/gang.yaml")
+
+
+class ConfigError(NodeforgeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Requeuing:
+    timestamp: str = "eviction"  # eviction | creation: order of the admission queue
+    backoff_base_seconds: float = 60.0
+    backoff_max_seconds: float = 3600.0
+    backoff_limit_count: int | None = None  # None = requeue forever
+    jitter: float = 0.0001  # fraction: delay * (1 + jitter * u), u in [0, 1)
+
+
+@dataclass(frozen=True)
+class Gangs:
+    min_nodes: int = 2  # jobs with at least this many nodes are gangs; 0 turns the rule off
+    partitions: tuple[str, ...] = ()
+    qos: tuple[str, ...] = ()
+    comment_flag: str = ""  # a job whose Comment contains this token is a gang
+
+
+@dataclass(frozen=True)
+class Probe:
+    mode: str = "none"  # none | command (`nodeforge gang ready` marks the job)
+    command: tuple[str, ...] = ()  # run on every node by `gang ready --local`
+    timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class GangConfig:
+    timeout: float = 300.0
+    recovery_timeout: float = 0.0  # 0 disables
+    block_admission: bool = False
+    requeuing: Requeuing = field(default_factory=Requeuing)
+    gangs: Gangs = field(default_factory=Gangs)
+    probe: Probe = field(default_factory=Probe)
+    not_requeueable: str = "record"  # record | cancel
+    interval_seconds: float = 1.0
+    command_timeout: float = 15.0
+    state_file: str = "/var/lib/nodeforge/gang/state.json"
+    event_log: str = "/var/log/nodeforge/gang-events.jsonl"
+    metrics_file: str = "/var/lib/nodeforge/gang/metrics.prom"
+    seed: int = 0  # jitter seed (jitter is a pure function of seed, job and attempt)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_ENUMS = {
+    "requeuing.timestamp": ("eviction", "creation"),
+    "probe.mode": ("none", "command"),
+    "not_requeueable": ("record", "cancel"),
+}
+_DURATIONS = {
+    "timeout",
+    "recovery_timeout",
+    "interval_seconds",
+    "command_timeout",
+    "requeuing.backoff_base_seconds",
+    "requeuing.backoff_max_seconds",
+    "probe.timeout",
+}
+
+
+def _duration(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected seconds (number or '30s'/'5m'/'1h'), got {value!r}")
+    if isinstance(value, (int, float)):
+        v = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        v = float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}[m.group(2)]
+    else:
+        raise ConfigError(f"{where}: expected seconds (number or '30s'/'5m'/'1h'), got {value!r}")
+    if v < 0:
+        raise ConfigError(f"{where}: must be >= 0, got {value!r}")
+    return v
+
+
+def _build(cls, data: Any, prefix: str, src: str):
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{src}: '{prefix or 'top level'}' must be a mapping, got {type(data).__name__}"
+        )
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(map(str, data)) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{src}: unknown key(s) {', '.join(repr(prefix + k) for k in unknown)}; "
+            f"allowed here: {', '.join(sorted(fields))} (see docs/gang.md)"
+        )
+    kw: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        key = prefix + name
+        where = f"{src}: '{key}'"
+        v = data[name]
+        sub = (
+            {"requeuing": Requeuing, "gangs": Gangs, "probe": Probe}.get(name)
+            if not prefix
+            else None
+        )
+        if sub is not None:
+            kw[name] = _build(sub, v, name + ".", src)
+        elif key in _DURATIONS:
+            kw[name] = _duration(v, where)
+        elif key in _ENUMS:
+            if v not in _ENUMS[key]:
+                raise ConfigError(f"{where}: must be one of {', '.join(_ENUMS[key])}, got {v!r}")
+            kw[name] = v
+        elif name in ("partitions", "qos", "command"):
+            if isinstance(v, str):
+                v = [v] if name != "command" else v.split()
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ConfigError(f"{where}: expected a list of strings, got {v!r}")
+            kw[name] = tuple(v)
+        elif f.type in ("bool",):
+            if not isinstance(v, bool):
+                raise ConfigError(f"{where}: expected true or false, got {v!r}")
+            kw[name] = v
+        elif name in ("min_nodes", "seed", "backoff_limit_count"):
+            if v is None and name == "backoff_limit_count":
+                kw[name] = None
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{where}: expected a non-negative integer, got {v!r}")
+            kw[name] = v
+        elif name == "jitter":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ConfigError(f"{where}: expected a number between 0 and 1, got {v!r}")
+            kw[name] = float(v)
+        else:  # plain strings
+            if not isinstance(v, str) or (name != "comment_flag" and not v):
+                raise ConfigError(f"{where}: expected a string, got {v!r}")
+            if name == "comment_flag" and any(c.isspace() for c in v):
+                raise ConfigError(f"{where}: must not contain spaces, got {v!r}")
+            kw[name] = v
+    return cls(**kw)
+
+
+def from_dict(data: Any, src: str = "<config>") -> GangConfig:
+    cfg = _build(GangConfig, data, "", src)
+    if cfg.timeout <= 0:
+        raise ConfigError(f"{src}: 'timeout' must be > 0 seconds, got {cfg.timeout}")
+    if cfg.interval_seconds <= 0:
+        raise ConfigError(f"{src}: 'interval_seconds' must be > 0, got {cfg.interval_seconds}")
+    r = cfg.requeuing
+    if r.backoff_max_seconds < r.backoff_base_seconds:
+        raise ConfigError(
+            f"{src}: 'requeuing.backoff_max_seconds' ({r.backoff_max_seconds}) must be >= "
+            f"'requeuing.backoff_base_seconds' ({r.backoff_base_seconds})"
+        )
+    if cfg.probe.mode == "command" and not cfg.probe.command:
+        # `gang ready --local` with no command only proves the node runs a job step.
+        pass
+    return cfg
+
+
+def load(path: str | Path = DEFAULT_PATH, *, missing_ok: bool = True) -> GangConfig:
+    import yaml
+
+    p = Path(path)
+    if not p.exists():
+        if missing_ok and p == DEFAULT_PATH:
+            return GangConfig()
+        raise ConfigError(f"{p}: config file not found (create it, or pass --config PATH)")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    return from_dict(data, str(p))

@@ -1,0 +1,124 @@
+"""Prometheus text-format metrics (node_exporter textfile collector), Kueue names where they fit.
+
+Kueue names used: kueue_evicted_workloads_total{cluster_queue,reason},
+kueue_pods_ready_to_evicted_time_seconds, kueue_admitted_until_ready_wait_time_seconds,
+kueue_pending_workloads{cluster_queue,status}, kueue_admitted_active_workloads{cluster_queue}.
+`cluster_queue` is the Slurm partition. nodeforge-only: nodeforge_gang_*.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .state import ADMITTED, BACKOFF, DEACTIVATED, PENDING, READY, RECOVERING, WAITING, GovState
+
+BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+HISTOGRAMS = {
+    "kueue_admitted_until_ready_wait_time_seconds": "Time from admission (allocation) to all nodes ready",
+    "kueue_pods_ready_to_evicted_time_seconds": "Time from ready to eviction (recovery_timeout path)",
+    "nodeforge_gang_admitted_to_evicted_time_seconds": "Time from admission to eviction (timeout path)",
+    "nodeforge_gang_deadline_to_requeue_seconds": "Delay between a deadline and the requeue reaching slurmctld",
+}
+
+
+def observe(st: GovState, name: str, value: float) -> None:
+    h = st.counters.hist.setdefault(name, [0.0, 0.0] + [0.0] * len(BUCKETS))
+    h[0] += value
+    h[1] += 1
+    for i, b in enumerate(BUCKETS):
+        if value <= b:
+            h[2 + i] += 1
+
+
+def inc_evicted(st: GovState, reason: str, queue: str) -> None:
+    k = f"{reason}|{queue}"
+    st.counters.evicted[k] = st.counters.evicted.get(k, 0) + 1
+
+
+def render(st: GovState, cycle_seconds: float | None = None, up: bool = True) -> str:
+    L: list[str] = []
+
+    def head(name: str, typ: str, help_: str) -> None:
+        L.append(f"# HELP {name} {help_}")
+        L.append(f"# TYPE {name} {typ}")
+
+    head("kueue_evicted_workloads_total", "counter", "Workloads evicted (requeued or deactivated)")
+    for k, v in sorted(st.counters.evicted.items()):
+        reason, q = k.split("|", 1)
+        L.append(f'kueue_evicted_workloads_total{{cluster_queue="{q}",reason="{reason}"}} {v}')
+    for name, help_ in HISTOGRAMS.items():
+        head(name, "histogram", help_)
+        h = st.counters.hist.get(name, [0.0, 0.0] + [0.0] * len(BUCKETS))
+        for i, b in enumerate(BUCKETS):
+            L.append(f'{name}_bucket{{le="{b}"}} {int(h[2 + i])}')
+        L.append(f'{name}_bucket{{le="+Inf"}} {int(h[1])}')
+        L.append(f"{name}_sum {h[0]:.3f}")
+        L.append(f"{name}_count {int(h[1])}")
+    pend: dict[tuple[str, str], int] = {}
+    adm: dict[str, int] = {}
+    phases: dict[str, int] = {}
+    for r in st.jobs.values():
+        phases[r.phase] = phases.get(r.phase, 0) + 1
+        q = r.partition or ""
+        if r.phase in (PENDING, WAITING):
+            pend[(q, "active")] = pend.get((q, "active"), 0) + 1
+        elif r.phase in (BACKOFF, DEACTIVATED):
+            pend[(q, "inadmissible")] = pend.get((q, "inadmissible"), 0) + 1
+        elif r.phase in (ADMITTED, READY, RECOVERING):
+            adm[q] = adm.get(q, 0) + 1
+    head(
+        "kueue_pending_workloads",
+        "gauge",
+        "Gang jobs pending (active) or in backoff/deactivated (inadmissible)",
+    )
+    for (q, s), v in sorted(pend.items()):
+        L.append(f'kueue_pending_workloads{{cluster_queue="{q}",status="{s}"}} {v}')
+    head("kueue_admitted_active_workloads", "gauge", "Gang jobs holding an allocation")
+    for q, v in sorted(adm.items()):
+        L.append(f'kueue_admitted_active_workloads{{cluster_queue="{q}"}} {v}')
+    head("nodeforge_gang_jobs", "gauge", "Gang jobs by governor phase")
+    for ph, v in sorted(phases.items()):
+        L.append(f'nodeforge_gang_jobs{{phase="{ph}"}} {v}')
+    c = st.counters
+    for name, v, help_ in (
+        (
+            "nodeforge_gang_deactivated_total",
+            c.deactivated,
+            "Gang jobs put in requeuehold over backoff_limit_count",
+        ),
+        (
+            "nodeforge_gang_admission_released_total",
+            c.released,
+            "Gang jobs released by block_admission",
+        ),
+        (
+            "nodeforge_gang_not_requeueable_total",
+            c.not_requeueable,
+            "Timed-out gang jobs that could not be requeued",
+        ),
+        (
+            "nodeforge_gang_action_errors_total",
+            c.requeue_errors,
+            "Slurm commands of the governor that failed",
+        ),
+    ):
+        head(name, "counter", help_)
+        L.append(f"{name} {v}")
+    head("nodeforge_gang_up", "gauge", "1 if the last cycle read slurmctld")
+    L.append(f"nodeforge_gang_up {1 if up else 0}")
+    if cycle_seconds is not None:
+        head("nodeforge_gang_cycle_seconds", "gauge", "Duration of the last governor cycle")
+        L.append(f"nodeforge_gang_cycle_seconds {cycle_seconds:.6f}")
+    return "\n".join(L) + "\n"
+
+
+def write(path: str | os.PathLike, text: str) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".metrics-", dir=p.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, p)

@@ -1,0 +1,116 @@
+"""Governor state: one record per gang job, persisted atomically (write, fsync, rename).
+
+Losing the file is survivable: the counter, phase and next eligible time are also written to
+the job's AdminComment (see events.encode_admin), and deadlines derive from Slurm's own
+StartTime; Slurm's Restarts counter tells whether an interrupted requeue went through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodeforge.errors import NodeforgeError
+
+# Phases (Kueue wording in brackets)
+PENDING = "pending"  # waiting for Slurm to allocate [queued]
+WAITING = "waiting_admission"  # held by block_admission until the cluster has no unready gang
+ADMITTED = "admitted"  # allocation granted, not all ready yet [admitted, PodsReady=false]
+READY = "ready"  # [PodsReady=true]
+RECOVERING = "recovering"  # was ready, lost readiness; recovery_timeout running
+BACKOFF = "backoff"  # requeued; StartTime pushed to next_eligible [requeued w/ backoff]
+DEACTIVATED = "deactivated"  # over backoff_limit_count: requeuehold [deactivated]
+NOT_REQUEUEABLE = "not_requeueable"  # timed out but cannot be requeued (recorded, maybe cancelled)
+DONE = "done"
+
+PHASES = (
+    PENDING,
+    WAITING,
+    ADMITTED,
+    READY,
+    RECOVERING,
+    BACKOFF,
+    DEACTIVATED,
+    NOT_REQUEUEABLE,
+    DONE,
+)
+
+
+@dataclass
+class GangRecord:
+    job_id: str
+    phase: str = PENDING
+    count: int = 0  # own requeue counter n (timeouts acted on); reset by `scontrol release`
+    admitted_at: float | None = None  # Slurm StartTime of the current allocation
+    ready_at: float | None = None
+    lost_at: float | None = None
+    next_eligible: float | None = None
+    last_evicted_at: float | None = None
+    restarts_at_action: int | None = None  # Slurm Restarts before our last requeue
+    restarts_seen: int | None = None  # Slurm Restarts explained so far (ours + noted)
+    released_by_us: bool = False
+    submit_time: float | None = None
+    partition: str = ""
+    why: str = ""
+    updated: float = 0.0
+    done_at: float | None = None
+
+
+@dataclass
+class Counters:
+    evicted: dict[str, int] = field(default_factory=dict)  # "reason|queue" -> n
+    deactivated: int = 0
+    released: int = 0
+    not_requeueable: int = 0
+    requeue_errors: int = 0
+    # histogram sums/counts: name -> [sum, count, bucket counts...]
+    hist: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class GovState:
+    jobs: dict[str, GangRecord] = field(default_factory=dict)
+    counters: Counters = field(default_factory=Counters)
+    version: int = 1
+
+
+def to_json(st: GovState) -> dict:
+    return dataclasses.asdict(st)
+
+
+def from_json(d: dict) -> GovState:
+    jobs = {k: GangRecord(**v) for k, v in d.get("jobs", {}).items()}
+    c = d.get("counters", {})
+    return GovState(jobs=jobs, counters=Counters(**c), version=d.get("version", 1))
+
+
+def load(path: str | os.PathLike) -> GovState:
+    p = Path(path)
+    if not p.exists():
+        return GovState()
+    try:
+        return from_json(json.loads(p.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise NodeforgeError(
+            f"{p}: governor state is unreadable ({exc}); move it aside and restart "
+            "`nodeforge gang run` (counters are recovered from the jobs' AdminComment)"
+        ) from exc
+
+
+def save(st: GovState, path: str | os.PathLike) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(to_json(st), f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

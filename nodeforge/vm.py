@@ -1,0 +1,607 @@
+"""Boot a built nodeforge disk in qemu, reachable over SSH on a loopback port.
+
+What this module guarantees:
+
+* The artifact is never touched: the VM runs on a copy-on-write overlay
+  (``qemu-img create -f qcow2 -b disk.qcow2 -F qcow2``) in its own work directory.
+* Networking is qemu user-mode (slirp) with ``hostfwd=tcp:127.0.0.1:<free port>-:22``: only
+  the loopback address is ever opened on the host, and the guest reaches nothing of ours.
+* The serial console goes to ``<workdir>/console.log``; a VM that fails to come up reports
+  the console tail and how long it waited.
+* KVM is used only when a guest actually boots under it (`probe_accel`): on the project's
+  machines /dev/kvm opens but nested guests hang or reboot-loop, so presence proves nothing.
+  The probe result is cached for the life of the process.
+* Every wait is bounded; `VM.stop()` (also on context exit, interpreter exit and SIGTERM when
+  used as a context manager) kills qemu and deletes the overlay.
+
+Injection (the sealed image has no authorized_keys and may carry no params): everything goes
+on the kernel command line, nothing is written into the disk:
+
+* root's SSH key as the systemd credential ``ssh.authorized_keys.root`` (systemd >= 252 ships
+  tmpfiles.d/provision.conf, which writes /root/.ssh/authorized_keys from it);
+* node params as /etc/nodeforge/node.yaml (the agent's first params source), written by
+  systemd-tmpfiles from the ``tmpfiles.extra`` credential (``f~`` line, base64 content)
+  before any service starts; or, alternatively, ``nodeforge.*`` keys (the agent's kernel
+  command line source) via `VMConfig.cmdline_params`;
+* optionally (``compat_net``) a systemd-networkd DHCP config for images that do not ship one,
+  as the ``network.network.*`` credential plus ``systemd.wants=systemd-networkd.service``;
+* optionally (``compat_keygen``) a ``ssh-keygen -A`` unit (``systemd.extra-unit.*`` credential,
+  systemd >= 256) for images without their own first-boot host-key unit. Debian's
+  sshd-keygen.service is no help: it has ConditionFirstBoot=yes, which is false here.
+
+A debugfs -w edit was considered and rejected: debugfs cannot write through a qcow2 overlay
+(only raw images), and converting the overlay to raw copies the whole disk.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import proc
+from .errors import CommandError, NodeforgeError
+
+log = logging.getLogger("nodeforge.vm")
+
+QEMU = "qemu-system-x86_64"
+# x86 COMMAND_LINE_SIZE; the kernel silently truncates beyond it.
+CMDLINE_MAX = 2048
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
+
+# ---------------------------------------------------------------------------- small helpers
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on *host* right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def console_tail(path: Path, lines: int = 40) -> str:
+    """The last *lines* lines of a serial console log, without terminal escapes."""
+    try:
+        raw = path.read_bytes()[-200_000:]
+    except OSError:
+        return "(no console output: the log file does not exist)"
+    text = _ANSI.sub("", raw.decode(errors="replace"))
+    out = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    return "\n".join(out[-lines:]) if out else "(console log is empty)"
+
+
+def ssh_banner(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> str | None:
+    """The SSH identification string if an sshd answers on host:port within *timeout*, else None.
+
+    With slirp the TCP connect always succeeds (qemu accepts), so only the banner proves
+    that sshd inside the guest is up.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            data = b""
+            while b"\n" not in data and len(data) < 256:
+                chunk = s.recv(256)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return None
+    line = data.decode(errors="replace").strip()
+    return line if line.startswith("SSH-") else None
+
+
+# ---------------------------------------------------------------------------- accel probe
+
+# Markers of real progress on the console during the probe boot (see `probe_accel`).
+_PROBE_USERSPACE = ("Run /nodeforge-probe-init as init process", "Freeing unused kernel")
+_PROBE_PANIC = "Kernel panic"
+_ACCEL_CACHE: dict[str, "AccelDecision"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class AccelDecision:
+    accel: str  # "kvm" or "tcg"
+    reason: str
+    probe_seconds: float = 0.0
+
+
+def decide_accel(
+    kvm_usable: bool, console: str, exited: bool, timed_out: bool, elapsed: float
+) -> AccelDecision:
+    """Pure decision from a probe boot's evidence.
+
+    The probe boots the image's kernel under KVM with ``rdinit=`` pointing at a program that
+    does not exist and ``panic=-1`` + ``-no-reboot``: a working guest prints the kernel banner,
+    reaches "Run ... as init process", panics and qemu exits, all in a second or two. A guest
+    that hangs (no exit within the bound) or resets before reaching userspace (qemu exits
+    without the marker: the reboot-loop case) means KVM is not usable here.
+    """
+    if not kvm_usable:
+        return AccelDecision("tcg", "/dev/kvm is absent or not openable read-write", elapsed)
+    text = _ANSI.sub("", console)
+    boots = text.count("Linux version")
+    reached = any(m in text for m in _PROBE_USERSPACE)
+    if timed_out:
+        what = "no kernel output at all" if boots == 0 else "kernel started but stalled"
+        return AccelDecision("tcg", f"KVM probe hung ({what}) for {elapsed:.0f}s", elapsed)
+    if boots > 1:
+        return AccelDecision("tcg", f"KVM guest reboot-looped ({boots} kernel banners)", elapsed)
+    if exited and reached:
+        return AccelDecision("kvm", f"KVM guest reached userspace in {elapsed:.1f}s", elapsed)
+    if exited and boots == 0:
+        return AccelDecision("tcg", "KVM guest reset before printing the kernel banner", elapsed)
+    return AccelDecision("tcg", "KVM guest stopped before reaching userspace", elapsed)
+
+
+def kvm_usable(dev: str = "/dev/kvm") -> bool:
+    try:
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+Runner = Callable[..., Any]
+
+
+def probe_accel(
+    kernel: Path,
+    initrd: Path | None,
+    workdir: Path,
+    *,
+    bound: float = 25.0,
+    runner: Runner | None = None,
+    kvm_check: Callable[[], bool] = kvm_usable,
+    use_cache: bool = True,
+) -> AccelDecision:
+    """Decide between KVM and TCG by booting *kernel* under KVM for at most *bound* seconds.
+
+    ``NODEFORGE_VM_ACCEL=kvm|tcg`` skips the probe. *runner* is `proc.run` (tests pass a fake).
+    """
+    forced = os.environ.get("NODEFORGE_VM_ACCEL", "").strip().lower()
+    if forced in ("kvm", "tcg"):
+        return AccelDecision(forced, "forced by NODEFORGE_VM_ACCEL")
+    key = str(Path(kernel).resolve())
+    if use_cache and key in _ACCEL_CACHE:
+        return _ACCEL_CACHE[key]
+    run = runner or proc.run
+    start = time.monotonic()
+    if not kvm_check():
+        d = decide_accel(False, "", False, False, 0.0)
+    else:
+        workdir.mkdir(parents=True, exist_ok=True)
+        log_path = workdir / "kvm-probe-console.log"
+        log_path.unlink(missing_ok=True)
+        argv = [
+            QEMU, "-machine", "q35,accel=kvm", "-cpu", "host", "-m", "512", "-smp", "1",
+            "-nodefaults", "-display", "none", "-no-reboot",
+            "-serial", f"file:{log_path}", "-kernel", str(kernel),
+        ]  # fmt: skip
+        if initrd:
+            argv += ["-initrd", str(initrd)]
+        argv += ["-append", "console=ttyS0 panic=-1 rdinit=/nodeforge-probe-init init=/nodeforge-probe-init"]
+        timed_out = False
+        exited = False
+        try:
+            run(argv, check=False, timeout=bound)
+            exited = True
+        except CommandError:  # proc.run raises on timeout (the child is killed)
+            timed_out = True
+        elapsed = time.monotonic() - start
+        try:
+            console = log_path.read_text(errors="replace")
+        except OSError:
+            console = ""
+        d = decide_accel(True, console, exited, timed_out, elapsed)
+    log.info("accelerator: %s (%s)", d.accel, d.reason)
+    if use_cache:
+        _ACCEL_CACHE[key] = d
+    return d
+
+
+# ---------------------------------------------------------------------------- injection
+
+
+def tmpfiles_write_line(path: str, content: bytes, mode: str = "0600") -> str:
+    """A tmpfiles.d line that creates *path* with *content* (``f~``: argument is base64)."""
+    if any(c.isspace() for c in path):
+        raise NodeforgeError(f"VM injection: path {path!r} must not contain whitespace")
+    return f"f~ {path} {mode} root root - {base64.b64encode(content).decode()}"
+
+
+def credential_arg(name: str, value: bytes) -> str:
+    return f"systemd.set_credential_binary={name}:{base64.b64encode(value).decode()}"
+
+
+VM_NETWORK = b"""[Match]
+Virtualization=!container
+Name=en* eth*
+
+[Network]
+DHCP=yes
+"""
+
+
+# For images without a first-boot host key unit (systemd >= 256 reads systemd.extra-unit.*).
+VM_KEYGEN_UNIT = b"""[Unit]
+Description=nodeforge VM harness: generate missing SSH host keys
+ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
+Before=ssh.service ssh.socket
+After=local-fs.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -A
+"""
+
+
+def cmdline_from_params(params: dict[str, Any]) -> list[str]:
+    """``nodeforge.<key>=<value>`` words for the agent's kernel command line source."""
+    words = []
+    for k, v in params.items():
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, (list, tuple)):
+            v = ",".join(str(x) for x in v)
+        elif isinstance(v, dict):
+            raise NodeforgeError(
+                f"VM params: {k}: mappings cannot go on the kernel command line; use node_yaml"
+            )
+        v = str(v)
+        if any(c.isspace() for c in v):
+            raise NodeforgeError(f"VM params: {k}: value {v!r} contains whitespace")
+        words.append(f"nodeforge.{k}={v}")
+    return words
+
+
+# ---------------------------------------------------------------------------- VM
+
+
+@dataclasses.dataclass
+class VMConfig:
+    image_dir: Path  # holds disk.qcow2, vmlinuz, initrd.img (the `nodeforge build` output)
+    workdir: Path  # overlay, console log, pid file, key (created; removed on stop unless keep)
+    name: str = "vm"
+    memory_mb: int = 2048
+    cpus: int = 2
+    accel: str = "auto"  # auto | kvm | tcg
+    node_yaml: str | None = None  # written as /etc/nodeforge/node.yaml
+    cmdline_params: dict[str, Any] | None = None  # nodeforge.* kernel command line params
+    authorized_key: str | None = None  # None: generate a key pair in workdir
+    compat_net: bool = False  # inject a networkd DHCP config (image without one)
+    compat_keygen: bool = False  # pull in sshd-keygen.service (image without a keygen unit)
+    # Private link between VMs of one test (qemu socket netdev: one VM listens on a loopback
+    # port, the others connect). A static address is set by a networkd credential matched by MAC.
+    link_listen: int | None = None  # 127.0.0.1 port this VM listens on
+    link_connect: int | None = None  # 127.0.0.1 port of the listening VM
+    link_ip: str | None = None  # e.g. "10.77.0.10/24"
+    link_mac: str = "52:54:00:4e:46:10"
+    extra_append: Sequence[str] = ()
+    extra_files: dict[str, bytes] = dataclasses.field(default_factory=dict)  # path -> content
+    boot_timeout: float = 420.0  # to SSH login
+    probe_bound: float = 20.0
+    keep: bool = False  # keep the work dir (console log) after stop
+    qemu: str = QEMU
+
+    @property
+    def disk(self) -> Path:
+        return self.image_dir / "disk.qcow2"
+
+    @property
+    def kernel(self) -> Path:
+        return self.image_dir / "vmlinuz"
+
+    @property
+    def initrd(self) -> Path:
+        return self.image_dir / "initrd.img"
+
+
+class BootTimeout(NodeforgeError):
+    """The VM did not become reachable; carries the console tail and the time waited."""
+
+
+_LIVE: "set[VM]" = set()
+
+
+def _stop_all() -> None:
+    for vm in list(_LIVE):
+        try:
+            vm.stop()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+atexit.register(_stop_all)
+
+
+class VM:
+    """One qemu guest. Use as a context manager; `start()` then `wait_ssh()`."""
+
+    def __init__(self, cfg: VMConfig, *, runner: Runner | None = None):
+        self.cfg = cfg
+        self.run = runner or proc.run
+        self.workdir = Path(cfg.workdir)
+        self.overlay = self.workdir / f"{cfg.name}.qcow2"
+        self.console = self.workdir / "console.log"
+        self.pidfile = self.workdir / "qemu.pid"
+        self.key = self.workdir / "id_ed25519"
+        self.port: int | None = None
+        self.pid: int | None = None
+        self.accel: AccelDecision | None = None
+        self.started_at: float | None = None  # monotonic, when qemu was started
+        self.started_wall: float | None = None
+        self.ready_after: float | None = None  # seconds from start to SSH login
+        self._prev_term = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> "VM":
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            self._prev_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._prev_term is not None:
+            signal.signal(signal.SIGTERM, self._prev_term)
+
+    def check_inputs(self) -> None:
+        for tool in (self.cfg.qemu, "qemu-img"):
+            proc.require_tool(tool)
+        for p in (self.cfg.disk, self.cfg.kernel, self.cfg.initrd):
+            if not p.is_file():
+                raise NodeforgeError(
+                    f"VM image: {p} is missing; point at a `nodeforge build` output directory "
+                    "(disk.qcow2, vmlinuz, initrd.img)"
+                )
+
+    def start(self) -> None:
+        cfg = self.cfg
+        self.check_inputs()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        _LIVE.add(self)
+        if cfg.accel == "auto":
+            self.accel = probe_accel(cfg.kernel, cfg.initrd, self.workdir, bound=cfg.probe_bound)
+        else:
+            self.accel = AccelDecision(cfg.accel, "chosen by the caller")
+        self.run(
+            ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(cfg.disk.resolve()),
+             "-F", "qcow2", str(self.overlay)],
+            timeout=60,
+        )  # fmt: skip
+        if cfg.authorized_key is None:
+            if not self.key.exists():
+                self.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                          f"nodeforge-vm-{cfg.name}", "-f", str(self.key)], timeout=30)  # fmt: skip
+            pub = (self.key.with_suffix(".pub")).read_text().strip()
+        else:
+            pub = cfg.authorized_key.strip()
+        self.port = free_port()
+        self.console.unlink(missing_ok=True)
+        self.pidfile.unlink(missing_ok=True)
+        argv = self.qemu_argv(pub)
+        self.started_at = time.monotonic()
+        self.started_wall = time.time()
+        # -daemonize: qemu returns once the guest is set up (errors such as a bad disk come
+        # back here with their message); the pid file lets stop() end it.
+        self.run(argv, timeout=60, hint="qemu could not start the VM")
+        try:
+            self.pid = int(self.pidfile.read_text().strip())
+        except (OSError, ValueError) as exc:
+            raise NodeforgeError(f"qemu started but wrote no pid file {self.pidfile}") from exc
+        (self.workdir / "vm.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
+        log.info("VM %s: qemu pid %s, ssh 127.0.0.1:%s, accel %s", cfg.name, self.pid,
+                 self.port, self.accel.accel)  # fmt: skip
+
+    def kernel_append(self, pubkey: str) -> str:
+        cfg = self.cfg
+        words = ["root=/dev/vda", "rw", "console=ttyS0"]
+        words.append(credential_arg("ssh.authorized_keys.root", (pubkey + "\n").encode()))
+        lines = []
+        if cfg.node_yaml is not None:
+            lines.append(tmpfiles_write_line("/etc/nodeforge/node.yaml", cfg.node_yaml.encode()))
+        for path, content in cfg.extra_files.items():
+            lines.append(tmpfiles_write_line(path, content))
+        if lines:
+            words.append(credential_arg("tmpfiles.extra", ("\n".join(lines) + "\n").encode()))
+        if cfg.compat_net:
+            words.append(credential_arg("network.network.50-nodeforge-vm", VM_NETWORK))
+            # systemd-network-generator copies network.network.* credentials to /run/systemd/network.
+            words.append("systemd.wants=systemd-network-generator.service")
+            words.append("systemd.wants=systemd-networkd.service")
+        if cfg.link_ip:
+            net = f"[Match]\nMACAddress={cfg.link_mac}\n\n[Network]\nAddress={cfg.link_ip}\n"
+            words.append(credential_arg("network.network.05-nodeforge-link", net.encode()))
+            if not cfg.compat_net:
+                words.append("systemd.wants=systemd-network-generator.service")
+        if cfg.compat_keygen:
+            words.append(credential_arg("systemd.extra-unit.nodeforge-vm-keygen.service", VM_KEYGEN_UNIT))
+            words.append("systemd.wants=nodeforge-vm-keygen.service")
+        if cfg.cmdline_params:
+            words += cmdline_from_params(cfg.cmdline_params)
+        words += list(cfg.extra_append)
+        text = " ".join(words)
+        if len(text) >= CMDLINE_MAX:
+            raise NodeforgeError(
+                f"VM kernel command line is {len(text)} bytes (limit {CMDLINE_MAX - 1}): "
+                "shorten node_yaml / extra_files"
+            )
+        return text
+
+    def qemu_argv(self, pubkey: str) -> list[str]:
+        cfg = self.cfg
+        assert self.accel is not None and self.port is not None
+        accel = self.accel.accel
+        argv = [
+            cfg.qemu, "-name", cfg.name,
+            "-machine", f"q35,accel={accel}", "-cpu", "host" if accel == "kvm" else "max",
+            "-m", str(cfg.memory_mb), "-smp", str(cfg.cpus),
+            "-nodefaults", "-display", "none", "-vga", "none",
+            "-serial", f"file:{self.console}",
+            "-kernel", str(cfg.kernel), "-initrd", str(cfg.initrd),
+            "-append", self.kernel_append(pubkey),
+            "-drive", f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe",
+            "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
+            "-device", "virtio-net-pci,netdev=n0",
+            "-device", "virtio-rng-pci",
+        ]  # fmt: skip
+        if cfg.link_listen or cfg.link_connect:
+            how = (f"listen=127.0.0.1:{cfg.link_listen}" if cfg.link_listen
+                   else f"connect=127.0.0.1:{cfg.link_connect}")  # fmt: skip
+            argv += ["-netdev", f"socket,id=n1,{how}",
+                     "-device", f"virtio-net-pci,netdev=n1,mac={cfg.link_mac}"]  # fmt: skip
+        argv += [
+            "-daemonize", "-pidfile", str(self.pidfile),
+        ]  # fmt: skip
+        return argv
+
+    def alive(self) -> bool:
+        if not self.pid:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:
+            return Path(f"/proc/{self.pid}/stat").read_text().split()[2] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Kill qemu (SIGTERM, then SIGKILL) and remove the overlay. Idempotent."""
+        if self.pid and self.alive():
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + grace
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.alive():
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.pid = None
+        self.overlay.unlink(missing_ok=True)
+        if not self.cfg.keep and self.workdir.exists():
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        _LIVE.discard(self)
+
+    # -- readiness ---------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return 0.0 if self.started_at is None else time.monotonic() - self.started_at
+
+    def boot_failure(self, what: str, waited: float) -> BootTimeout:
+        accel = self.accel.accel if self.accel else "?"
+        return BootTimeout(
+            f"VM {self.cfg.name} ({accel}): {what} after waiting {waited:.0f}s "
+            f"(limit {self.cfg.boot_timeout:.0f}s); console log {self.console}, last lines:\n"
+            + console_tail(self.console)
+        )
+
+    def ssh_argv(self, *command: str, connect_timeout: int = 10) -> list[str]:
+        assert self.port is not None
+        return [
+            "ssh", "-F", "/dev/null", "-i", str(self.key), "-p", str(self.port),
+            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            "-o", f"ConnectTimeout={connect_timeout}", "root@127.0.0.1", *command,
+        ]  # fmt: skip
+
+    def ssh(self, command: str, timeout: float = 120, check: bool = True):
+        """Run a shell command in the guest as root; returns the CompletedProcess."""
+        return self.run(self.ssh_argv(command), timeout=timeout, check=check,
+                        hint=f"(in VM {self.cfg.name})")  # fmt: skip
+
+    def wait_ssh(self, timeout: float | None = None) -> float:
+        """Wait until root can log in over SSH; returns the seconds since qemu started."""
+        limit = self.cfg.boot_timeout if timeout is None else timeout
+        assert self.started_at is not None and self.port is not None
+        deadline = self.started_at + limit
+        last = ""
+        while True:
+            if not self.alive():
+                raise self.boot_failure("qemu exited", self.elapsed())
+            if time.monotonic() > deadline:
+                raise self.boot_failure(f"no SSH login on 127.0.0.1:{self.port} ({last})",
+                                        self.elapsed())  # fmt: skip
+            banner = ssh_banner(self.port, timeout=min(5.0, max(1.0, deadline - time.monotonic())))
+            if banner is None:
+                last = "sshd never answered"
+                time.sleep(2)
+                continue
+            try:
+                cp = self.ssh("true", timeout=30, check=False)
+            except CommandError as exc:
+                last = f"ssh login timed out: {exc.output[-200:]}"
+                continue
+            if cp.returncode == 0:
+                self.ready_after = self.elapsed()
+                return self.ready_after
+            last = f"sshd answers ({banner}) but login fails: {(cp.stdout or '').strip()[-200:]}"
+            time.sleep(2)
+
+    def wait_unit(self, unit: str, timeout: float = 300) -> str:
+        """Wait until *unit* leaves activating/inactive-with-pending-job; return its state."""
+        deadline = time.monotonic() + timeout
+        state = "unknown"
+        while time.monotonic() < deadline:
+            cp = self.ssh(f"systemctl show -P ActiveState {unit}; systemctl list-jobs --no-legend {unit}",
+                          timeout=60, check=False)  # fmt: skip
+            lines = (cp.stdout or "").strip().splitlines()
+            state = lines[0].strip() if lines else "unknown"
+            pending = len(lines) > 1
+            if state in ("active", "failed") or (state == "inactive" and not pending):
+                return state
+            time.sleep(3)
+        raise self.boot_failure(f"unit {unit} still {state}", self.elapsed())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.cfg.name,
+            "pid": self.pid,
+            "ssh": f"ssh://root@127.0.0.1:{self.port}",
+            "port": self.port,
+            "key": str(self.key) if self.cfg.authorized_key is None else None,
+            "accel": self.accel.accel if self.accel else None,
+            "accel_reason": self.accel.reason if self.accel else None,
+            "console": str(self.console),
+            "overlay": str(self.overlay),
+            "image_dir": str(self.cfg.image_dir),
+        }
+
+    @property
+    def host_spec(self) -> str:
+        return f"ssh://root@127.0.0.1:{self.port}?key={self.key}&name={self.cfg.name}"
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def image_id(image_dir: Path) -> str:
+    """Short id of an image (for work dir names): sha256 prefix of its manifest or disk path."""
+    m = Path(image_dir) / "manifest.json"
+    data = m.read_bytes() if m.exists() else str(Path(image_dir).resolve()).encode()
+    return hashlib.sha256(data).hexdigest()[:10]

@@ -1,0 +1,606 @@
+"""Agent, role steps and readiness gate against a fake machine (no root, no systemd, no Slurm).
+
+`FakeMachine.run` stands in for `nodeforge.proc.run`: it records every command and models just
+enough of systemd, MariaDB, slurmdbd/sacctmgr and slurmctld/scontrol to check ORDER,
+idempotence, resume after a reboot and the readiness gate.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bootstrap.agent import Agent, StepFailed
+from bootstrap.host import Host
+from bootstrap.params_sources import SourceConfig
+from bootstrap.paths import Paths
+from bootstrap.state import State
+from bootstrap.status import as_json, as_text
+from nodeforge.errors import CommandError
+
+pytestmark = pytest.mark.unit
+
+KEY = base64.b64encode(b"m" * 1024).decode()
+
+SLURM_CONF_J2 = """ClusterName={{ cluster_name }}
+SlurmctldHost={{ controller_host }}({{ controller_addr }})
+MaxNodeCount={{ max_node_count }}
+{% if slurm_version.startswith('22.05') %}TreeWidth=65533
+{% endif %}PrologFlags={{ prolog_flags | join(',') }}
+{% if gres_types %}GresTypes={{ gres_types | join(',') }}
+{% endif %}{% if accounting %}AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost={{ dbd_host }}
+{% endif %}{% for p in partitions %}PartitionName={{ p.name }} Nodes=ALL Default={{ 'YES' if p.default else 'NO' }} MaxTime={{ p.max_time }}
+{% endfor %}"""
+SLURMDBD_CONF_J2 = """DbdHost={{ dbd_host }}
+StorageHost={{ storage_host }}
+StorageUser={{ storage_user }}
+StoragePass={{ storage_pass }}
+StorageLoc={{ storage_loc }}
+"""
+
+
+class FakeMachine:
+    """Records commands; models services, the accounting DB and slurmctld's node table."""
+
+    def __init__(self, root: Path, hostname: str = "node1"):
+        self.root = root
+        self.hostname = hostname
+        self.calls: list[list[str]] = []
+        self.inputs: list[str] = []
+        self.active: set[str] = set()
+        self.clusters: set[str] = set()
+        self.nodes: dict[str, dict[str, str]] = {}
+        self.ctl_up = True  # for compute/login tests (the controller is elsewhere)
+        self.dbd_polls_before_answer = 2
+        self.fail_on: dict[str, int] = {}  # argv prefix (joined) -> exit code
+        self.events: list[str] = []
+
+    # -- what the agent calls --
+    def run(self, argv, check=True, timeout=None, env=None, input=None, redact=(), hint="", **kw):
+        argv = [str(a) for a in argv]
+        self.calls.append(argv)
+        if input is not None:
+            self.inputs.append(input)
+        rc, out = self._answer(argv, env or {})
+        for prefix, code in self.fail_on.items():
+            if " ".join(argv).startswith(prefix):
+                rc, out = code, f"forced failure of {prefix}"
+        if check and rc != 0:
+            raise CommandError(argv, rc, out)
+        return subprocess.CompletedProcess(argv, rc, out, None)
+
+    def _answer(self, a, env):
+        j = " ".join(a)
+        if a[0] == "systemctl":
+            if a[1] in ("start", "restart"):
+                self.active.add(a[2])
+                self.events.append(f"start {a[2]}")
+                if a[2] == "slurmd.service":
+                    self._register()
+                return 0, ""
+            if a[1] == "enable":
+                self.active.add(a[-1])
+                self.events.append(f"enable {a[-1]}")
+                return 0, ""
+            if a[1] == "is-active":
+                return (0 if a[-1] in self.active else 3), ""
+            return 0, ""
+        if a[0] == "ssh-keygen":
+            d = self.root / "etc/ssh"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "ssh_host_ed25519_key").write_text("k")
+            return 0, ""
+        if a[0] == "systemd-machine-id-setup":
+            (self.root / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+            return 0, ""
+        if a == ["hostname", "-I"]:
+            return 0, "10.9.0.7 fd00::5\n"
+        if a[0] == "munge":
+            return (0 if "munge.service" in self.active else 1), "cred"
+        if a[0] == "mariadb-admin":
+            return (0 if "mariadb.service" in self.active else 1), "mysqld is alive"
+        if a[0] == "mariadb":
+            if "mariadb.service" not in self.active:
+                return 1, "cannot connect"
+            self.events.append("db+password")
+            return 0, ""
+        if a[0] == "sacctmgr":
+            if "slurmdbd.service" not in self.active:
+                return 1, "sacctmgr: error: slurmdbd: Connection refused"
+            if a[1:4] == ["-n", "show", "cluster"]:
+                if self.dbd_polls_before_answer > 0:
+                    self.dbd_polls_before_answer -= 1
+                    return 1, "Connection refused"
+                self.events.append("slurmdbd answering")
+                return 0, ""
+            if "format=cluster" in j:
+                return 0, "".join(c + "\n" for c in sorted(self.clusters))
+            if a[1:4] == ["-i", "add", "cluster"]:
+                self.clusters.add(a[4])
+                self.events.append(f"cluster {a[4]} registered")
+                return 0, ""
+        if a[0] == "slurmd" and a[1] == "-C":
+            return (
+                0,
+                "NodeName=x CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=7900\nUpTime=0-00:01:00\n",
+            )
+        if a[0] == "scontrol":
+            return self._scontrol(a[1:])
+        return 0, ""
+
+    def _scontrol(self, a):
+        up = self.ctl_up or "slurmctld.service" in self.active
+        if not up:
+            return 1, "Slurmctld(primary) at ctl is DOWN"
+        if a == ["ping"]:
+            return 0, "Slurmctld(primary) at ctl is UP"
+        if a[:4] == ["--future", "-o", "show", "node"]:
+            n = self.nodes.get(a[4])
+            if n is None:
+                return 1, f"Node {a[4]} not found"
+            words = " ".join(f"{k}={v}" for k, v in n.items() if k != "Reason")
+            return 0, f"NodeName={a[4]} {words} Reason={n.get('Reason', 'none')} [root@now]\n"
+        if a[0] == "create":
+            kv = dict(w.split("=", 1) for w in a[1:])
+            name = kv.pop("NodeName")
+            if name in self.nodes:
+                return 1, "Node already exists"
+            self.nodes[name] = {**kv, "State": "FUTURE"}
+            self.events.append(f"create {name} FUTURE")
+            return 0, ""
+        if a[0] == "update":
+            kv = dict(w.split("=", 1) for w in a[1:])
+            n = self.nodes[kv["NodeName"]]
+            if kv["State"] == "DRAIN":
+                base = n["State"].split("+")[0]
+                n["State"] = f"{base}+DRAIN"
+                n["Reason"] = kv["Reason"]
+                self.events.append(f"drain {kv['NodeName']}: {kv['Reason']}")
+            elif kv["State"] == "RESUME":
+                n["State"] = n["State"].split("+")[0]
+                n.pop("Reason", None)
+                self.events.append(f"resume {kv['NodeName']}")
+            return 0, ""
+        return 0, ""
+
+    def _register(self):
+        # slurmd -Z registers: a FUTURE node becomes IDLE, keeps DRAIN, loses its Reason text
+        # (what Slurm 22.05.8 does; see docs/agent.md).
+        for name, n in self.nodes.items():
+            flags = n["State"].split("+")[1:]
+            n["State"] = "+".join(["IDLE", *flags])
+            n.pop("Reason", None)
+            self.events.append(f"slurmd registered {name}")
+
+    def sethostname(self, name):
+        self.hostname = name
+
+    def reboot(self):
+        self.active.clear()
+        self.events.append("reboot")
+
+
+def make(tmp_path, node_yaml: dict, hostname="node1", slurm_version="22.05.8", sackd=False):
+    paths = Paths.under(tmp_path)
+    fm = FakeMachine(tmp_path, hostname)
+    paths.node_yaml.parent.mkdir(parents=True, exist_ok=True)
+    paths.node_yaml.write_text(json.dumps(node_yaml))
+    paths.slurm_features.write_text(
+        json.dumps({"slurm_version": slurm_version, "sackd": sackd, "force_requeue_on_fail": False})
+    )
+    paths.templates.mkdir(parents=True)
+    (paths.templates / "slurm.conf.j2").write_text(SLURM_CONF_J2)
+    (paths.templates / "slurmdbd.conf.j2").write_text(SLURMDBD_CONF_J2)
+    paths.machine_id.write_text("")  # sealed: empty
+    chowns: list = []
+    host = Host(
+        run=fm.run,
+        chown=lambda p, u, g: chowns.append((str(p), u, g)),
+        sleep=lambda s: None,
+        source_address=lambda target: "10.9.0.5",
+        sethostname=fm.sethostname,
+    )
+    agent = Agent(
+        paths=paths,
+        host=host,
+        sources=SourceConfig(paths, imds_url=None),
+        hostname=lambda: fm.hostname,
+        hook_sleep=lambda s: None,
+        hook_grace=0.5,
+    )
+    return agent, fm, paths, chowns
+
+
+CTL = {
+    "role": "controller",
+    "cluster_name": "demo",
+    "node_name": "ctl",
+    "node_address": "10.9.0.2",
+    "munge_key": KEY,
+    "max_node_count": 64,
+}
+COMPUTE = {
+    "role": "compute",
+    "cluster_name": "demo",
+    "controller": {"host": "ctl", "address": "10.9.0.2"},
+    "node_name": "c1",
+    "munge_key": KEY,
+    "features": ["gpu", "nvme"],
+    "gres": ["gpu:1"],
+}
+
+
+# -- controller -------------------------------------------------------------------------------
+def test_controller_order_and_secrets(tmp_path, caplog):
+    caplog.set_level("DEBUG")
+    agent, fm, paths, chowns = make(tmp_path, CTL)
+    state = agent.init()
+    assert state.status == "ready"
+    ev = [e for e in fm.events if not e.startswith("start munge")]
+    assert ev == [
+        "start mariadb.service",
+        "db+password",
+        "start slurmdbd.service",
+        "slurmdbd answering",
+        "cluster demo registered",
+        "start slurmctld.service",
+    ], ev
+    # slurmctld starts only after the cluster exists in slurmdbd
+    i_ctld = next(
+        i for i, c in enumerate(fm.calls) if c[:3] == ["systemctl", "start", "slurmctld.service"]
+    )
+    i_reg = next(i for i, c in enumerate(fm.calls) if c[:4] == ["sacctmgr", "-i", "add", "cluster"])
+    assert i_reg < i_ctld
+    pw = (paths.secrets / "slurmdbd_storage_pass").read_text().strip()
+    assert len(pw) >= 40
+    assert (paths.secrets / "slurmdbd_storage_pass").stat().st_mode & 0o777 == 0o600
+    dbd = paths.slurm_etc / "slurmdbd.conf"
+    assert f"StoragePass={pw}" in dbd.read_text() and dbd.stat().st_mode & 0o777 == 0o600
+    assert (str(dbd), "slurm", "slurm") in chowns
+    assert (str(paths.munge_key), "munge", "munge") in chowns
+    assert (
+        paths.munge_key.read_bytes() == b"m" * 1024
+        and paths.munge_key.stat().st_mode & 0o777 == 0o400
+    )
+    # the password is passed on stdin, never in argv, never logged
+    assert all(pw not in " ".join(c) for c in fm.calls)
+    assert any(pw in i for i in fm.inputs)
+    assert pw not in caplog.text and pw not in paths.state_file.read_text()
+    conf = (paths.slurm_etc / "slurm.conf").read_text()
+    assert (
+        "SlurmctldHost=ctl(10.9.0.2)" in conf
+        and "TreeWidth=65533" in conf
+        and "MaxNodeCount=64" in conf
+    )
+    assert "PrologFlags=Alloc\n" in conf
+    # identity: host keys, machine-id, hostname
+    assert (
+        paths.ssh_etc / "ssh_host_ed25519_key"
+    ).exists() and paths.machine_id.read_text().strip()
+    assert fm.hostname == "ctl" and paths.hostname_file.read_text() == "ctl\n"
+    assert "10.9.0.2 ctl" in paths.hosts_file.read_text()
+
+
+def test_controller_rerun_is_idempotent_and_reboot_resumes(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, CTL)
+    agent.init()
+    pw = (paths.secrets / "slurmdbd_storage_pass").read_text()
+    n_calls = len(fm.calls)
+    # Second run, same boot: every step verified and skipped; nothing restarted.
+    state = agent.init()
+    assert [state.steps[s].status for s in ("identity", "munge", "role", "hooks")] == [
+        "skipped"
+    ] * 4
+    assert all(state.steps[s].duration < 1 for s in ("identity", "munge", "role", "hooks"))
+    first_ttr = state.time_to_ready
+    assert not any(c[:2] == ["systemctl", "start"] for c in fm.calls[n_calls:])
+    # Reboot: services are down, the role step runs again, password and cluster are reused.
+    fm.reboot()
+    fm.dbd_polls_before_answer = 1
+    state = agent.init()
+    assert state.status == "ready" and state.boots == 3
+    assert state.time_to_ready == first_ttr  # first readiness; a reboot does not change it
+    assert state.steps["role"].runs == 2 and state.steps["identity"].runs == 1
+    assert (paths.secrets / "slurmdbd_storage_pass").read_text() == pw
+    assert not any(c[:4] == ["sacctmgr", "-i", "add", "cluster"] for c in fm.calls[n_calls:])
+    assert fm.events[-1] == "start slurmctld.service"
+
+
+def test_controller_slurmdbd_wait_is_bounded(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, {**CTL, "wait_timeout": 5})
+    fm.dbd_polls_before_answer = 10**9
+    clock = iter(range(10**6))
+    agent.host.monotonic = lambda: float(next(clock))
+    with pytest.raises(
+        StepFailed,
+        match=r"slurmdbd answering \(sacctmgr -n show cluster\) did not happen within 5s",
+    ):
+        agent.init()
+    st = State.load(paths.state_file)
+    assert st.status == "failed" and st.steps["role"].status == "failed"
+    assert "slurmctld.service" not in fm.active
+
+
+def test_controller_enables_gang_when_installed(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, CTL)
+    paths.systemd_lib[0].mkdir(parents=True)
+    (paths.systemd_lib[0] / "nodeforge-gang.service").write_text("[Unit]\n")
+    st = agent.init()
+    assert fm.events[-1] == "enable nodeforge-gang.service"
+    assert st.steps["role"].detail["gang"] == "enabled"
+
+
+def test_controller_without_accounting(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, {**CTL, "accounting": False})
+    agent.init()
+    assert "start mariadb.service" not in fm.events and "start slurmdbd.service" not in fm.events
+    assert "AccountingStorageType" not in (paths.slurm_etc / "slurm.conf").read_text()
+
+
+# -- compute + readiness gate -----------------------------------------------------------------
+def test_compute_gate_order_and_resume(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    hook_seen = tmp_path / "hook-saw-state"
+    paths.on_init_d.mkdir(parents=True)
+    (paths.on_init_d / "10-check").write_text(
+        f"#!/bin/sh\necho $NODEFORGE_NODE $NODEFORGE_CONTROLLER > {hook_seen}\n"
+    )
+    (paths.on_init_d / "10-check").chmod(0o755)
+    state = agent.init()
+    assert state.status == "ready"
+    ev = [e for e in fm.events if not e.startswith("start munge")]
+    assert ev == [
+        "create c1 FUTURE",
+        "drain c1: nodeforge: initializing",
+        "start slurmd.service",
+        "slurmd registered c1",
+        "drain c1: nodeforge: running hooks",
+        "resume c1",
+    ], ev
+    assert hook_seen.read_text().split() == ["c1", "10.9.0.2"]
+    node = fm.nodes["c1"]
+    assert node["State"] == "IDLE"
+    assert node["NodeAddr"] == "10.9.0.5" and node["CPUs"] == "4" and node["Feature"] == "gpu,nvme"
+    assert node["Gres"] == "gpu:1"
+    dropin = (paths.systemd_etc / "slurmd.service.d" / "nodeforge.conf").read_text()
+    assert "ExecStart=\n" in dropin
+    assert (
+        "ExecStart=/usr/sbin/slurmd --systemd -Z --conf-server 10.9.0.2:6817 "
+        '--conf "Feature=gpu,nvme Gres=gpu:1" -N c1 $SLURMD_OPTIONS\n'
+    ) in dropin
+    # scontrol talks to the controller through the minimal client config
+    client = paths.slurm_client_conf.read_text()
+    assert "SlurmctldHost=ctl(10.9.0.2)" in client and "ClusterName=demo" in client
+    assert "SlurmUser=slurm" in client  # else slurmctld rejects the munge credential
+    assert "10.9.0.2 ctl" in paths.hosts_file.read_text()
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ("exit 4", "nodeforge: hook 20-bad failed (exit 4)"),
+        ("kill -KILL $$", "nodeforge: hook 20-bad killed by signal 9 (SIGKILL)"),
+        ("sleep 30", "nodeforge: hook 20-bad timed out after 0.5s"),
+    ],
+)
+def test_failed_hook_leaves_node_drained_with_reason(tmp_path, body, reason):
+    agent, fm, paths, _ = make(tmp_path, {**COMPUTE, "hook_timeout": 0.5, "hook_retries": 0})
+    paths.on_init_d.mkdir(parents=True)
+    (paths.on_init_d / "20-bad").write_text(f"#!/bin/sh\n{body}\n")
+    (paths.on_init_d / "20-bad").chmod(0o755)
+    with pytest.raises(StepFailed):
+        agent.init()
+    node = fm.nodes["c1"]
+    assert "DRAIN" in node["State"] and node["Reason"] == reason
+    assert not any(e.startswith("resume") for e in fm.events)
+    st = State.load(paths.state_file)
+    assert (
+        st.status == "failed"
+        and st.steps["hooks"].status == "failed"
+        and st.steps["ready"].status == "pending"
+    )
+    assert reason.removeprefix("nodeforge: ") in st.last_error
+    text = as_text(st)
+    assert (
+        "hooks      failed" in text
+        and "20-bad" in text
+        and "last error: hooks: hook 20-bad" in text
+    )
+
+    # The operator fixes the hook and reruns: hooks run again, the node is resumed.
+    (paths.on_init_d / "20-bad").write_text("#!/bin/sh\nexit 0\n")
+    st = agent.init()
+    assert st.status == "ready" and fm.nodes["c1"]["State"] == "IDLE"
+    assert st.steps["hooks"].runs == 2 and st.steps["role"].status == "skipped"
+
+
+def test_sha_mismatch_drains(tmp_path):
+    src = tmp_path / "ext.sh"
+    src.write_text("#!/bin/sh\ntrue\n")
+    agent, fm, _paths, _ = make(
+        tmp_path, {**COMPUTE, "hooks": [{"uri": f"file://{src}", "sha256": "f" * 64}]}
+    )
+    with pytest.raises(StepFailed, match="sha256 mismatch"):
+        agent.init()
+    assert fm.nodes["c1"]["Reason"] == "nodeforge: hook ext.sh sha256 mismatch (not run)"
+
+
+def test_compute_reboot_redrains_before_slurmd(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    fm.reboot()
+    fm.events.clear()
+    st = agent.init()
+    ev = [e for e in fm.events if not e.startswith("start munge")]
+    assert ev == [
+        "drain c1: nodeforge: initializing",
+        "start slurmd.service",
+        "slurmd registered c1",
+        "drain c1: nodeforge: running hooks",
+        "resume c1",
+    ], ev
+    assert st.steps["hooks"].status == "skipped" and st.steps["hooks"].runs == 1
+
+
+def test_hosts_block_restored_on_rerun(tmp_path):
+    agent, _fm, paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    paths.hosts_file.write_text("127.0.0.1 localhost\n")  # e.g. rewritten by a container manager
+    st = agent.init()
+    assert st.steps["identity"].runs == 2
+    assert paths.hosts_file.read_text().count("10.9.0.2 ctl") == 1
+
+
+def test_admin_drain_is_not_undone(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    fm.nodes["c1"].update(State="IDLE+DRAIN", Reason="bad dimm (admin)")
+    agent.init()
+    assert fm.nodes["c1"]["State"] == "IDLE+DRAIN"
+
+
+def test_compute_waits_for_controller_bounded(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, {**COMPUTE, "wait_timeout": 10})
+    fm.ctl_up = False
+    clock = iter(range(10**6))
+    agent.host.monotonic = lambda: float(next(clock))
+    with pytest.raises(
+        StepFailed,
+        match=r"slurmctld at 10.9.0.2:6817 answering \(scontrol ping\) did not happen within 10s",
+    ):
+        agent.init()
+    assert "slurmd.service" not in fm.active and fm.nodes == {}
+
+
+def test_role_change_refused(tmp_path):
+    agent, _fm, paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    paths.node_yaml.write_text(json.dumps({**COMPUTE, "role": "login"}))
+    with pytest.raises(StepFailed, match="initialised as 'compute' and params now say 'login'"):
+        agent.init()
+
+
+# -- login --------------------------------------------------------------------------------------
+def test_login_with_sackd(tmp_path):
+    agent, fm, paths, _ = make(
+        tmp_path,
+        {**COMPUTE, "role": "login", "node_name": "login1"},
+        slurm_version="24.11.5",
+        sackd=True,
+    )
+    st = agent.init()
+    assert st.status == "ready" and fm.nodes == {}
+    assert "start sackd.service" in fm.events and "start slurmd.service" not in fm.events
+    d = (paths.systemd_etc / "sackd.service.d" / "nodeforge.conf").read_text()
+    assert "ExecStart=/usr/sbin/sackd --systemd --conf-server 10.9.0.2:6817 $SACKD_OPTIONS" in d
+
+
+def test_login_on_2205_is_a_drained_slurmd(tmp_path):
+    agent, fm, _paths, _ = make(
+        tmp_path, {**COMPUTE, "role": "login", "node_name": "login1", "features": []}
+    )
+    st = agent.init()
+    assert st.status == "ready"
+    n = fm.nodes["login1"]
+    assert "DRAIN" in n["State"] and n["Reason"] == "nodeforge: login node (no jobs)"
+    assert n["Feature"] == "nodeforge_login"
+
+
+# -- status ---------------------------------------------------------------------------------------
+def test_status_text_and_json(tmp_path, capsys):
+    agent, _fm, paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    st = State.load(paths.state_file)
+    text = as_text(st)
+    assert "role compute" in text and "status    ready" in text and "time-to-ready" in text
+    for step in ("params", "identity", "munge", "role", "hooks", "ready"):
+        assert f"\n{step:<10} done" in text
+    data = json.loads(as_json(st))
+    assert data["status"] == "ready" and data["time_to_ready"] is not None
+    for step in data["steps"].values():
+        assert (
+            step["status"] == "done"
+            and step["duration"] is not None
+            and step["started"] <= step["ended"]
+        )
+    from nodeforge.cli import main
+
+    assert main(["node", "status", "--json", "--root", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["node"] == "c1"
+    assert main(["node", "status", "--root", str(tmp_path)]) == 0
+    assert "STEP" in capsys.readouterr().out
+
+
+def test_state_survives_crash_mid_step(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    fm.fail_on["systemctl start slurmd.service"] = 1
+    with pytest.raises(StepFailed):
+        agent.init()
+    st = State.load(paths.state_file)
+    assert st.steps["role"].status == "failed" and "slurmd.service" in st.steps["role"].error
+    # the node was announced drained, and its reason now names the failed step
+    assert fm.nodes["c1"]["Reason"].startswith("nodeforge: role step failed: command failed")
+    del fm.fail_on["systemctl start slurmd.service"]
+    st = agent.init()
+    assert st.status == "ready" and st.steps["role"].runs == 2 and st.steps["identity"].runs == 1
+
+
+def test_uptime_is_since_pid1_started(tmp_path):
+    import os
+
+    from bootstrap.state import uptime
+
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    (proc / "uptime").write_text("1000.50 1.0\n")
+    hz = os.sysconf("SC_CLK_TCK")
+    fields = ["S"] + ["0"] * 18 + [str(990 * hz)] + ["0"] * 10
+    (proc / "1/stat").write_text("1 (systemd) " + " ".join(fields) + "\n")
+    assert uptime(proc) == 10.5
+    (proc / "1/stat").unlink()
+    assert uptime(proc) == 1000.5
+    assert uptime(tmp_path / "nope") is None
+
+
+def test_address_detection(tmp_path):
+    from bootstrap.identity import detect_address
+
+    fm = FakeMachine(tmp_path)
+    host = Host(run=fm.run, source_address=lambda t: "10.9.0.5" if t == "10.9.0.2" else None)
+    assert detect_address(host, "10.9.0.2") == "10.9.0.5"
+    assert detect_address(host, "ctl") == "10.9.0.7"  # a name: fall back to hostname -I
+    assert detect_address(Host(run=fm.run), "127.0.0.1") == "10.9.0.7"  # loopback is never it
+
+
+def test_real_role_templates_render_with_agent_context(tmp_path):
+    """The agent's template variables match what roles/slurm and roles/accounting ship."""
+    import shutil
+
+    repo = Path(__file__).resolve().parents[2]
+    agent, _fm, paths, _ = make(tmp_path, {**CTL, "gres_types": ["gpu"]})
+    shutil.copy(repo / "roles/slurm/templates/slurm.conf.j2", paths.templates / "slurm.conf.j2")
+    shutil.copy(
+        repo / "roles/accounting/templates/slurmdbd.conf.j2", paths.templates / "slurmdbd.conf.j2"
+    )
+    agent.init()
+    conf = (paths.slurm_etc / "slurm.conf").read_text()
+    for line in (
+        "ClusterName=demo",
+        "SlurmctldHost=ctl(10.9.0.2)",
+        "MaxNodeCount=64",
+        "TreeWidth=65533",
+        "SlurmctldParameters=enable_configless",
+        "PrologFlags=Alloc",
+        "GresTypes=gpu",
+        "AccountingStorageHost=ctl",
+        "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+    ):
+        assert line in conf, line
+    dbd = (paths.slurm_etc / "slurmdbd.conf").read_text()
+    pw = (paths.secrets / "slurmdbd_storage_pass").read_text().strip()
+    assert f"StoragePass={pw}" in dbd and "DbdHost=ctl" in dbd and "StorageLoc=slurm_acct_db" in dbd

@@ -1,0 +1,310 @@
+"""gang.policy: the pure decision function, exact timings."""
+
+from __future__ import annotations
+
+import pytest
+
+from gang import config as gcfg
+from gang.events import decode_admin, encode_admin
+from gang.policy import backoff_delay, decide, is_gang
+from gang.slurm import JobObs, Snapshot
+from gang.state import GovState
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_000_000.0
+OK = frozenset({"ALLOCATED"})
+
+
+def cfg(**kw):
+    base = {
+        "timeout": 10,
+        "requeuing": {"backoff_base_seconds": 5, "backoff_max_seconds": 40, "jitter": 0},
+    }
+    for k, v in kw.items():
+        if isinstance(v, dict):
+            base.setdefault(k, {}).update(v)
+        else:
+            base[k] = v
+    return gcfg.from_dict(base, "t")
+
+
+def job(jid="1", state="RUNNING", nodes=("a", "b"), start=T0, restarts=0, held=False, **kw):
+    return JobObs(
+        job_id=jid,
+        state=state,
+        reason=kw.pop("reason", "None"),
+        nodes=tuple(nodes),
+        num_nodes=kw.pop("num_nodes", len(nodes) or 2),
+        start_time=start,
+        submit_time=kw.pop("submit", T0 - 100),
+        restarts=restarts,
+        held=held,
+        partition="main",
+        **kw,
+    )
+
+
+def snap(*jobs, nodes=None):
+    return Snapshot(
+        jobs=list(jobs), nodes=nodes if nodes is not None else {"a": OK, "b": OK, "c": OK, "d": OK}
+    )
+
+
+def run(c, st, s, now):
+    return decide(c, st, s, now)
+
+
+def test_is_gang_rules():
+    c = cfg(gangs={"min_nodes": 2, "partitions": ["gpu"], "qos": ["gang"], "comment_flag": "gang"})
+    assert is_gang(c, job(nodes=("a", "b")))
+    assert not is_gang(c, job(nodes=("a",)))
+    assert is_gang(c, job(nodes=("a",), comment="x gang"))
+    assert is_gang(c, JobObs("2", "PENDING", "None", (), 1, partition="gpu"))
+    assert is_gang(c, JobObs("2", "PENDING", "None", (), 1, qos="gang"))
+    assert not is_gang(cfg(gangs={"min_nodes": 0}), job(nodes=("a", "b")))
+
+
+def test_backoff_is_exponential_capped_and_jitter_deterministic():
+    c = cfg()
+    assert [backoff_delay(c, "1", n) for n in range(1, 6)] == [5, 10, 20, 40, 40]
+    cj = cfg(requeuing={"jitter": 0.5}, seed=7)
+    d1 = backoff_delay(cj, "1", 1)
+    assert 5 <= d1 < 7.5 and d1 == backoff_delay(cj, "1", 1)
+    assert backoff_delay(cj, "1", 1) != backoff_delay(cj, "2", 1)
+
+
+def test_ready_before_timeout_no_action():
+    c = cfg()
+    st, acts = run(c, GovState(), snap(job()), T0 + 1)
+    assert st.jobs["1"].phase == "ready"
+    assert [a.reason for a in acts] == ["PodsReady"]
+    st, acts = run(c, st, snap(job()), T0 + 100)
+    assert acts == [] and st.jobs["1"].phase == "ready"
+
+
+@pytest.mark.parametrize(
+    "obs,nodes",
+    [
+        ({"state": "CONFIGURING"}, None),
+        ({"reason": "Prolog"}, None),
+        ({}, {"a": OK, "b": frozenset({"ALLOCATED", "NOT_RESPONDING"})}),
+        ({}, {"a": OK, "b": frozenset({"MIXED", "DRAIN"})}),
+        ({}, {"a": OK, "b": frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})}),
+        ({}, {"a": OK}),  # node unknown (hidden cloud node)
+    ],
+)
+def test_not_ready_times_out_exactly_at_deadline(obs, nodes):
+    c = cfg()
+    j = job(**obs)
+    st, acts = run(c, GovState(), snap(j, nodes=nodes), T0 + 9.9)
+    assert acts == [] and st.jobs["1"].phase == "admitted"
+    st, acts = run(c, st, snap(j, nodes=nodes), T0 + 10)
+    assert [(a.kind, a.count, a.start_at, a.reason) for a in acts] == [
+        ("requeue", 1, T0 + 15, "PodsReadyTimeout")
+    ]
+    assert st.jobs["1"].phase == "backoff" and st.jobs["1"].next_eligible == T0 + 15
+
+
+def test_probe_mode_requires_marker_bound_to_restarts():
+    c = cfg(probe={"mode": "command"})
+    st, _ = run(c, GovState(), snap(job(comment="nfg-ready=0")), T0 + 1)
+    assert st.jobs["1"].phase == "ready"
+    st, _ = run(c, GovState(), snap(job(comment="nfg-ready=0", restarts=1)), T0 + 1)
+    assert st.jobs["1"].phase == "admitted"  # stale marker from the previous run
+
+
+def _cycle_to_requeue(c, st, n, t, restarts):
+    j = job(start=t, restarts=restarts, reason="Prolog")
+    st, acts = run(c, st, snap(j), t + c.timeout)
+    assert acts and acts[0].kind in ("requeue", "requeuehold"), acts
+    return st, acts[0]
+
+
+def test_backoff_steps_and_limit_then_release_resets():
+    c = cfg(requeuing={"backoff_limit_count": 2})
+    st = GovState()
+    t = T0
+    st, a = _cycle_to_requeue(c, st, 1, t, 0)
+    assert (a.kind, a.count, a.start_at - (t + 10)) == ("requeue", 1, 5)
+    # pending in backoff: nothing to do; Slurm shows our StartTime
+    pend = job(state="PENDING", nodes=(), start=a.start_at, restarts=1, eligible_time=a.start_at)
+    st, acts = run(c, st, snap(pend), t + 12)
+    assert acts == [] and st.jobs["1"].phase == "backoff"
+    t2 = a.start_at + 1
+    st, a = _cycle_to_requeue(c, st, 2, t2, 1)
+    assert (a.kind, a.count, a.start_at - (t2 + 10)) == ("requeue", 2, 10)
+    t3 = a.start_at + 1
+    st, a = _cycle_to_requeue(c, st, 3, t3, 2)
+    assert (a.kind, a.count) == ("requeuehold", 3)
+    assert st.jobs["1"].phase == "deactivated"
+    held = job(
+        state="PENDING", nodes=(), restarts=3, held=True, reason="job_requeued_in_held_state"
+    )
+    st, acts = run(c, st, snap(held), t3 + 20)
+    assert acts == [] and st.jobs["1"].count == 3
+    released = job(state="PENDING", nodes=(), restarts=3)
+    st, acts = run(c, st, snap(released), t3 + 30)
+    assert [(x.kind, x.reason, x.count) for x in acts] == [("annotate", "Released", 0)]
+    assert st.jobs["1"].count == 0 and st.jobs["1"].phase == "pending"
+
+
+def test_recovery_timeout():
+    c = cfg(recovery_timeout=6)
+    st, _ = run(c, GovState(), snap(job()), T0 + 1)
+    bad = {"a": OK, "b": frozenset({"ALLOCATED", "NOT_RESPONDING"})}
+    st, acts = run(c, st, snap(job(), nodes=bad), T0 + 50)
+    assert st.jobs["1"].phase == "recovering" and acts[0].reason == "ReadinessLost"
+    st, acts = run(c, st, snap(job(), nodes=bad), T0 + 55.9)
+    assert acts == []
+    st, acts = run(c, st, snap(job(), nodes=bad), T0 + 56)
+    assert acts[0].kind == "requeue" and acts[0].reason == "RecoveryTimeout"
+
+
+def test_recovery_disabled_and_recovered():
+    bad = {"a": OK, "b": frozenset({"DOWN"})}
+    c0 = cfg()
+    st, _ = run(c0, GovState(), snap(job()), T0 + 1)
+    st, acts = run(c0, st, snap(job(), nodes=bad), T0 + 5000)
+    assert acts == [] and st.jobs["1"].phase == "ready"
+    c = cfg(recovery_timeout=6)
+    st, _ = run(c, GovState(), snap(job()), T0 + 1)
+    st, _ = run(c, st, snap(job(), nodes=bad), T0 + 2)
+    st, acts = run(c, st, snap(job()), T0 + 3)
+    assert st.jobs["1"].phase == "ready" and acts[0].reason == "Recovered"
+
+
+def test_not_requeueable_recorded_once_or_cancelled():
+    j = job(reason="Prolog", requeue=False)
+    st, acts = run(cfg(), GovState(), snap(j), T0 + 10)
+    assert [a.kind for a in acts] == ["record"]
+    st, acts = run(cfg(), st, snap(j), T0 + 11)
+    assert acts == []
+    st, acts = run(cfg(not_requeueable="cancel"), GovState(), snap(j), T0 + 10)
+    assert [a.kind for a in acts] == ["cancel"]
+
+
+def test_restart_mid_countdown_derives_deadline_from_slurm():
+    c = cfg()
+    run(c, GovState(), snap(job(reason="Prolog")), T0 + 3)
+    # state lost entirely: a fresh governor still requeues at StartTime + timeout, once
+    st2, acts = run(c, GovState(), snap(job(reason="Prolog")), T0 + 9)
+    assert acts == []
+    st2, acts = run(c, st2, snap(job(reason="Prolog")), T0 + 10)
+    assert [a.kind for a in acts] == ["requeue"]
+
+
+def test_interrupted_requeue_is_reissued_not_double_counted():
+    c = cfg()
+    j = job(reason="Prolog")
+    st, acts = run(c, GovState(), snap(j), T0 + 10)
+    assert acts[0].count == 1
+    # the daemon died before scontrol requeue: Slurm still shows the same run
+    st, acts = run(c, st, snap(j), T0 + 11)
+    assert [(a.kind, a.count) for a in acts] == [("requeue", 1)]
+    # it died after the requeue but before StartTime: repair StartTime only
+    pend = job(state="PENDING", nodes=(), restarts=1, eligible_time=T0 + 130)
+    st, acts = run(c, st, snap(pend), T0 + 12)
+    assert [(a.kind, a.start_at) for a in acts] == [("set_start", T0 + 15)]
+    assert st.jobs["1"].count == 1
+
+
+def test_state_rebuilt_from_admin_comment():
+    ac = encode_admin(
+        "ops-note", count=3, phase="backoff", next_eligible=T0 + 50, restarts=2, why="x"
+    )
+    assert ac.startswith("ops-note ") and decode_admin(ac)["n"] == "3"
+    pend = job(state="PENDING", nodes=(), restarts=3, admin_comment=ac, eligible_time=T0 + 50)
+    st, acts = run(cfg(), GovState(), snap(pend), T0 + 10)
+    assert acts == [] and st.jobs["1"].count == 3 and st.jobs["1"].phase == "backoff"
+    # next timeout continues the count
+    st, _ = run(cfg(), st, snap(job(state="PENDING", nodes=(), restarts=3)), T0 + 51)
+    st, acts = run(cfg(), st, snap(job(start=T0 + 52, restarts=3, reason="Prolog")), T0 + 62)
+    assert acts[0].count == 4 and acts[0].start_at == T0 + 62 + 40
+
+
+def test_slurm_own_requeue_is_noted():
+    c = cfg()
+    st, _ = run(c, GovState(), snap(job(state="CONFIGURING")), T0 + 1)
+    st, acts = run(
+        c,
+        st,
+        snap(
+            job(
+                state="PENDING",
+                nodes=(),
+                restarts=1,
+                held=True,
+                reason="launch_failed_requeued_held",
+            )
+        ),
+        T0 + 2,
+    )
+    assert [a.reason for a in acts] == ["RequeuedBySlurm"]
+    assert st.jobs["1"].count == 0
+
+
+def test_block_admission_releases_one_at_a_time_in_order():
+    c = cfg(block_admission=True)
+    a = job("10", state="PENDING", nodes=(), held=True, submit=T0 - 50, reason="JobHeldUser")
+    b = job("11", state="PENDING", nodes=(), held=True, submit=T0 - 40, reason="JobHeldUser")
+    st, acts = run(c, GovState(), snap(a, b), T0)
+    assert [(x.kind, x.job_id) for x in acts] == [("release", "10")]
+    a2 = job("10", state="PENDING", nodes=())
+    st, acts = run(c, st, snap(a2, b), T0 + 1)
+    assert acts == []  # released but not yet started: still blocks
+    a3 = job("10", state="CONFIGURING", start=T0 + 2)
+    st, acts = run(c, st, snap(a3, b), T0 + 3)
+    assert acts == []  # admitted but not ready
+    a4 = job("10", start=T0 + 2)
+    st, acts = run(c, st, snap(a4, b), T0 + 4)
+    assert [(x.kind, x.job_id) for x in acts] == [("note", "10"), ("release", "11")]
+
+
+def test_block_admission_holds_unheld_new_jobs_and_requeues_with_hold():
+    c = cfg(block_admission=True)
+    busy = job("1", state="CONFIGURING")
+    new = job("2", state="PENDING", nodes=())
+    st, acts = run(c, GovState(), snap(busy, new), T0 + 1)
+    assert ("hold", "2") in [(x.kind, x.job_id) for x in acts]
+    st, acts = run(c, st, snap(busy, job("2", state="PENDING", nodes=(), held=True)), T0 + 10)
+    rq = [x for x in acts if x.kind == "requeue"]
+    assert rq and rq[0].hold and rq[0].job_id == "1"
+    assert ("release", "2") in [(x.kind, x.job_id) for x in acts]
+
+
+def test_eviction_vs_creation_ordering():
+    for ts, first in (("creation", "5"), ("eviction", "6")):
+        c = cfg(block_admission=True, requeuing={"timestamp": ts})
+        st = GovState()
+        x = job("5", state="PENDING", nodes=(), held=True, submit=T0 - 90)
+        y = job("6", state="PENDING", nodes=(), held=True, submit=T0 - 10)
+        st, _ = run(c, st, snap(job("7", state="CONFIGURING"), x, y), T0)
+        st.jobs["5"].last_evicted_at = T0 - 1  # evicted recently
+        st, acts = run(c, st, snap(x, y), T0 + 1)
+        assert [a.job_id for a in acts if a.kind == "release"] == [first]
+
+
+def test_completing_job_with_fewer_nodes_stays_a_gang():
+    c = cfg(block_admission=True)
+    st, acts = run(c, GovState(), snap(job(reason="Prolog")), T0 + 10)
+    assert acts[0].kind == "requeue" and acts[0].hold
+    # Slurm 22.05: during COMPLETING after a requeue NumNodes counts only completing nodes
+    comp = job(state="COMPLETING", nodes=("b",), num_nodes=1, restarts=1, held=True)
+    st, acts = run(c, st, snap(comp), T0 + 11)
+    assert acts == [] and st.jobs["1"].phase == "backoff"
+    pend = job(state="PENDING", nodes=(), restarts=1, held=True, eligible_time=T0 + 15)
+    st, acts = run(c, st, snap(pend), T0 + 12)
+    assert acts == [] and st.jobs["1"].phase == "backoff"  # not released before its backoff
+    st, acts = run(c, st, snap(pend), T0 + 15)
+    assert [(a.kind, a.job_id) for a in acts] == [("release", "1")]
+
+
+def test_first_sight_of_a_job_slurm_already_requeued_is_noted():
+    pend = job(
+        state="PENDING", nodes=(), restarts=1, held=True, reason="launch_failed_requeued_held"
+    )
+    st, acts = run(cfg(), GovState(), snap(pend), T0)
+    assert [a.reason for a in acts] == ["RequeuedBySlurm"] and st.jobs["1"].count == 0
+    st, acts = run(cfg(), st, snap(pend), T0 + 1)
+    assert acts == []

@@ -1,0 +1,183 @@
+"""nodeforge.vm: KVM probe decision, command line injection, boot timeout reporting (no root, no qemu)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from nodeforge import vm as vmmod
+from nodeforge.errors import CommandError, NodeforgeError
+
+pytestmark = pytest.mark.unit
+
+GOOD = "[0.0] Linux version 6.12\n[1.2] Run /nodeforge-probe-init as init process\n[1.3] Kernel panic - not syncing"
+
+
+@pytest.mark.parametrize(
+    "usable,console,exited,timed_out,accel,why",
+    [
+        (False, "", False, False, "tcg", "absent"),
+        (True, GOOD, True, False, "kvm", "reached userspace"),
+        (True, "", False, True, "tcg", "no kernel output"),
+        (True, "Linux version 6.12\n", False, True, "tcg", "stalled"),
+        (True, "Linux version 6.12\nLinux version 6.12\n", True, False, "tcg", "reboot-looped"),
+        (True, "", True, False, "tcg", "reset before"),
+        (True, "Linux version 6.12\n", True, False, "tcg", "before reaching userspace"),
+    ],
+)
+def test_decide_accel(usable, console, exited, timed_out, accel, why):
+    d = vmmod.decide_accel(usable, console, exited, timed_out, 3.0)
+    assert d.accel == accel and why in d.reason
+
+
+def _fake_runner(console_text: str | None, hang: bool, calls: list):
+    def run(argv, check=True, timeout=None, **kw):
+        calls.append(list(argv))
+        log = next(a for a in argv if str(a).startswith("file:"))[5:]
+        if console_text is not None:
+            Path(log).write_text(console_text)
+        if hang:
+            raise CommandError(list(argv), -1, "", hint=f"timed out after {timeout}s")
+        return None
+    return run
+
+
+def test_probe_uses_kvm_when_guest_boots(tmp_path, monkeypatch):
+    monkeypatch.delenv("NODEFORGE_VM_ACCEL", raising=False)
+    calls: list = []
+    d = vmmod.probe_accel(tmp_path / "vmlinuz", None, tmp_path, runner=_fake_runner(GOOD, False, calls),
+                          kvm_check=lambda: True, use_cache=False)
+    assert d.accel == "kvm"
+    argv = calls[0]
+    assert "-no-reboot" in argv and any("accel=kvm" in a for a in argv)
+    assert "panic=-1" in argv[argv.index("-append") + 1]
+
+
+def test_probe_falls_back_on_hang_and_caches(tmp_path, monkeypatch):
+    monkeypatch.delenv("NODEFORGE_VM_ACCEL", raising=False)
+    vmmod._ACCEL_CACHE.clear()
+    calls: list = []
+    k = tmp_path / "vmlinuz"
+    r = _fake_runner("", True, calls)
+    d1 = vmmod.probe_accel(k, None, tmp_path, runner=r, kvm_check=lambda: True)
+    d2 = vmmod.probe_accel(k, None, tmp_path, runner=r, kvm_check=lambda: True)
+    assert d1.accel == d2.accel == "tcg" and "hung" in d1.reason
+    assert len(calls) == 1, "the probe result must be cached for the run"
+    vmmod._ACCEL_CACHE.clear()
+
+
+def test_probe_no_kvm_device_never_runs_qemu(tmp_path, monkeypatch):
+    monkeypatch.delenv("NODEFORGE_VM_ACCEL", raising=False)
+    calls: list = []
+    d = vmmod.probe_accel(tmp_path / "k", None, tmp_path, runner=_fake_runner(GOOD, False, calls),
+                          kvm_check=lambda: False, use_cache=False)
+    assert d.accel == "tcg" and not calls
+
+
+def test_probe_forced(tmp_path, monkeypatch):
+    monkeypatch.setenv("NODEFORGE_VM_ACCEL", "tcg")
+    d = vmmod.probe_accel(tmp_path / "k", None, tmp_path, runner=lambda *a, **k: pytest.fail("ran"))
+    assert d.accel == "tcg" and "forced" in d.reason
+
+
+def test_console_tail_strips_escapes(tmp_path):
+    p = tmp_path / "c.log"
+    p.write_bytes(b"\x1b[0;32m  OK  \x1b[0m] Started x\r\n" + b"".join(b"line %d\n" % i for i in range(100)))
+    t = vmmod.console_tail(p, 5)
+    assert t.splitlines() == [f"line {i}" for i in range(95, 100)]
+    assert "no console" in vmmod.console_tail(tmp_path / "missing")
+
+
+def test_kernel_append_injects_key_params_and_limits(tmp_path):
+    cfg = vmmod.VMConfig(image_dir=tmp_path, workdir=tmp_path / "w", node_yaml="role: compute\ncluster_name: t\n",
+                         compat_net=True, compat_keygen=True, cmdline_params={"features": ["gpu", "nvme"]})
+    v = vmmod.VM(cfg)
+    text = v.kernel_append("ssh-ed25519 AAAA test")
+    words = text.split()
+    assert words[:3] == ["root=/dev/vda", "rw", "console=ttyS0"]
+    cred = {w.split(":", 1)[0].split("=", 1)[1]: base64.b64decode(w.split(":", 1)[1])
+            for w in words if w.startswith("systemd.set_credential_binary=")}
+    assert cred["ssh.authorized_keys.root"] == b"ssh-ed25519 AAAA test\n"
+    line = cred["tmpfiles.extra"].decode().strip()
+    kind, path, mode, *_, b64 = line.split()
+    assert (kind, path, mode) == ("f~", "/etc/nodeforge/node.yaml", "0600")
+    assert base64.b64decode(b64) == b"role: compute\ncluster_name: t\n"
+    assert b"DHCP=yes" in cred["network.network.50-nodeforge-vm"]
+    assert b"ssh-keygen -A" in cred["systemd.extra-unit.nodeforge-vm-keygen.service"]
+    assert "nodeforge.features=gpu,nvme" in words
+    cfg.node_yaml = "x" * 3000
+    with pytest.raises(NodeforgeError, match="kernel command line is"):
+        v.kernel_append("k")
+
+
+def test_cmdline_params_reject_mappings_and_spaces():
+    with pytest.raises(NodeforgeError, match="controller"):
+        vmmod.cmdline_from_params({"controller": {"address": "x"}})
+    with pytest.raises(NodeforgeError, match="whitespace"):
+        vmmod.cmdline_from_params({"cluster_name": "a b"})
+    assert vmmod.cmdline_from_params({"role": "compute", "accounting": False}) == [
+        "nodeforge.role=compute", "nodeforge.accounting=false"]
+
+
+FAKE_QEMU = r'''#!PYTHON
+# Fake qemu: prints a few console lines to -serial file:, daemonizes like qemu and hangs.
+import os, sys, time
+a = sys.argv
+console = a[a.index("-serial") + 1][5:]
+pidfile = a[a.index("-pidfile") + 1]
+if os.fork():
+    sys.exit(0)
+os.setsid()
+with open(pidfile, "w") as f:
+    f.write(str(os.getpid()))
+with open(console, "w") as f:
+    f.write("[    0.0] Linux version 6.12 (fake)\n")
+    f.write("\x1b[0;1;31mFAILED\x1b[0m Failed to start ssh.service\n")
+    f.write("vm login: \n")
+os.close(0); os.close(1); os.close(2)
+time.sleep(600)
+'''
+
+
+def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
+    img = tmp_path / "img"
+    img.mkdir()
+    for n in ("disk.qcow2", "vmlinuz", "initrd.img"):
+        (img / n).write_bytes(b"x")
+    fake = tmp_path / "qemu-system-x86_64"
+    fake.write_text(FAKE_QEMU.replace("PYTHON", sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+    def runner(argv, **kw):  # qemu-img / ssh-keygen are not needed for this test
+        if Path(argv[0]).name == "qemu-img":
+            Path(argv[-1]).write_bytes(b"overlay")
+            return None
+        if argv[0] == "ssh-keygen":
+            k = Path(argv[argv.index("-f") + 1])
+            k.write_text("priv")
+            k.with_suffix(".pub").write_text("ssh-ed25519 AAAA fake\n")
+            return None
+        from nodeforge import proc
+        return proc.run(argv, **kw)
+
+    monkeypatch.setattr(vmmod.proc, "require_tool", lambda t: t)
+    cfg = vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w", accel="tcg", boot_timeout=3, qemu=str(fake), keep=True)
+    v = vmmod.VM(cfg, runner=runner)
+    t = time.monotonic()
+    with pytest.raises(vmmod.BootTimeout) as ei:
+        with v:
+            v.wait_ssh()
+    msg = str(ei.value)
+    assert time.monotonic() - t < 30
+    assert "after waiting 3s" in msg or "after waiting 4s" in msg, msg
+    assert "Failed to start ssh.service" in msg and "\x1b" not in msg
+    assert "vm login:" in msg
+    assert v.pid is None and not v.overlay.exists(), "qemu and the overlay must be cleaned up"
