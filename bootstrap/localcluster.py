@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -271,7 +272,9 @@ class LocalCluster:
         return names
 
     def _start(self, cluster: Cluster, role: str, name: str, params: dict | None,
-               copies: list[tuple[Path, str]] | None) -> Node:
+               copies: list[tuple[Path, str]] | None, *, lower: Path | None = None,
+               prepare: Callable[[Node], None] | None = None,
+               nspawn_args: list[str] | None = None) -> Node:
         used_idx = {n.index for n in cluster.nodes}
         index = next(i for i in range(2, 250) if i not in used_idx)
         address = str(SUBNET.network_address + index)
@@ -279,7 +282,7 @@ class LocalCluster:
         node = Node(name, role, index, address, f"nfc-{cluster.name}-{name}", str(node_dir))
         cluster.nodes.append(node)
         cluster.save()
-        _mount_overlay(Path(cluster.lower), node_dir)
+        _mount_overlay(Path(lower or cluster.lower), node_dir)
         merged = node.merged
         ctl = cluster.controller
         doc = {
@@ -304,6 +307,8 @@ class LocalCluster:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
         _write_hosts(merged / "etc/hosts", cluster)
+        if prepare is not None:
+            prepare(node)  # bench hook: edit the node's overlay before it boots
         cluster.fabric().attach(node.netns, index, ipaddress.ip_address(address))
         console = open(node_dir / "console.log", "ab")
         argv = [
@@ -311,6 +316,8 @@ class LocalCluster:
             "--register=no", "--keep-unit", f"--machine={name}",
             f"--network-namespace-path=/run/netns/{node.netns}",
             "--link-journal=no", "--resolv-conf=off", "--timezone=off", "--console=read-only",
+            "--setenv=SYSTEMD_COLORS=0",
+            *(nspawn_args or []),
         ]
         log.info("run: %s", " ".join(argv))
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console,
@@ -321,6 +328,48 @@ class LocalCluster:
         cluster.save()
         self._refresh_hosts(cluster, skip=name)
         return node
+
+    # -- single nodes (bench/time_to_ready.py) -----------------------------------------
+    def start_node(self, name: str, role: str = "compute", *, params: dict | None = None,
+                   copies: list[tuple[Path, str]] | None = None, lower: Path | None = None,
+                   prepare: Callable[[Node], None] | None = None,
+                   nspawn_args: list[str] | None = None) -> Node:
+        """Start one node by name without waiting; the same path as `cluster add`.
+
+        Hooks for benchmarks: *lower* boots another tree (e.g. the bare base) through the
+        overlay instead of the image, *prepare(node)* edits the node's overlay (node.merged)
+        after node.yaml and /etc/hosts are written and before it boots (e.g. mask the agent),
+        *nspawn_args* are appended to systemd-nspawn's command line (e.g. --bind-ro=…).
+        """
+        _require_root_and_tools()
+        cluster = Cluster.load(self.name)
+        if any(n.name == name for n in cluster.nodes):
+            raise NodeforgeError(f"cluster {self.name} already has a node '{name}'")
+        return self._start(cluster, role, name, params, copies, lower=lower, prepare=prepare,
+                           nspawn_args=nspawn_args)
+
+    def remove_node(self, name: str) -> None:
+        """Stop one node and remove its overlay, namespace, record and Slurm node."""
+        cluster = Cluster.load(self.name)
+        if name == CONTROLLER_NAME:
+            raise NodeforgeError("the controller is removed with `nodeforge cluster down`")
+        node = cluster.node(name)
+        _stop_nspawn(node.pid)
+        merged = node.merged
+        if os.path.ismount(merged):
+            proc.run(["umount", merged], check=False)
+            if os.path.ismount(merged):
+                proc.run(["umount", "--lazy", merged], check=False)
+        cluster.fabric().detach(node.netns)
+        shutil.rmtree(node.dir, ignore_errors=True)
+        cluster.nodes.remove(node)
+        cluster.save()
+        if node.role == "compute" and _alive(cluster.controller.pid):
+            try:  # a dynamic node; deleting it keeps sinfo to the nodes that exist
+                node_exec(cluster.controller, ["scontrol", "delete", f"NodeName={name}"],
+                          check=False, timeout=20)
+            except NodeforgeError as exc:
+                log.warning("could not delete Slurm node %s: %s", name, exc)
 
     def _refresh_hosts(self, cluster: Cluster, skip: str) -> None:
         """Tell running nodes about a newcomer (Slurm resolves node names via /etc/hosts)."""

@@ -168,6 +168,7 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
 
     old_term = signal.signal(signal.SIGTERM, _sigterm)
     ok = False
+    failure: BaseException | None = None
     try:
         logfile.write(f"nodeforge {__version__} build {name} target={opts.target} base={base.name}\n")
         with phases.phase("preflight"):
@@ -261,23 +262,55 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
         _publish(partial, output)
         ok = True
         return BuildResult(output, manifest, output / "build.log")
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        signal.signal(signal.SIGTERM, old_term)
-        if sandbox is not None:
-            sandbox.stop()
-        release_mounts(work)
-        if not opts.keep_work and work.exists():
-            shutil.rmtree(work)
-        if not ok:
+        # Cleanup must finish even if the operator presses Ctrl-C again or stderr is gone.
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            _cleanup(sandbox, work, opts.keep_work, failure, logfile, log_path, output, partial,
+                     reporter)
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, old_int)
+
+
+def _cleanup(sandbox, work, keep_work, failure, logfile, log_path, output, partial,
+             reporter) -> None:
+    ok = failure is None
+    steps: list[tuple[str, Callable[[], object]]] = []
+    if sandbox is not None:
+        steps.append(("stop sandbox", sandbox.stop))
+    steps.append(("release mounts", lambda: release_mounts(work)))
+    if not keep_work:
+        steps.append(("remove work tree", lambda: work.exists() and shutil.rmtree(work)))
+    failed_log = output.with_name(output.name + ".failed-build.log")
+    if not ok:
+
+        def keep_log():
             if not logfile.closed:
-                exc = sys.exc_info()[1]
-                logfile.write(f"build FAILED: {type(exc).__name__}: {exc}\n")
+                logfile.write(f"build FAILED: {type(failure).__name__}: {failure}\n")
                 logfile.close()
-            failed_log = output.with_name(output.name + ".failed-build.log")
             if log_path.exists():
                 shutil.move(log_path, failed_log)
-                reporter("build", f"failed; full log: {failed_log}")
-            shutil.rmtree(partial, ignore_errors=True)
+
+        steps.append(("keep the build log", keep_log))
+        steps.append(("remove partial output", lambda: shutil.rmtree(partial, ignore_errors=True)))
+    problems = []
+    for what, fn in steps:
+        try:
+            fn()
+        except Exception as e:  # keep going: every other cleanup step must still run
+            problems.append(f"{what}: {e}")
+            log.error("cleanup step '%s' failed: %s", what, e)
+    if not ok:
+        try:
+            reporter("build", f"failed; full log: {failed_log}")
+        except OSError:
+            pass  # stderr closed (e.g. the caller went away); the log file has it all
+    if problems:
+        raise NodeforgeError("cleanup after the build was incomplete: " + "; ".join(problems))
 
 
 def _publish(partial: Path, output: Path) -> None:

@@ -74,9 +74,9 @@ def cmd_build(args: argparse.Namespace) -> int:
             if status:
                 status.update(f"[bold]{phase}[/]")
             else:
-                err.print(f"[{phase}] ...")
+                err.print(f"[{phase}] ...", markup=False)
         else:
-            err.print(f"[{phase}] {what}")
+            err.print(f"[{phase}] {what}", markup=False)
 
     def on_line(line: str) -> None:
         # Show Ansible's task headers as live progress; the full output is in build.log.

@@ -114,6 +114,8 @@ class Sandbox:
             "--link-journal=no",
             "--resolv-conf=copy-host",
             "--console=read-only",
+            # Plain console text in build.log (no ANSI colour codes).
+            "--setenv=SYSTEMD_COLORS=0",
         ]
         for src, dst in self.binds:
             argv.append(f"--bind={src}:{dst}")

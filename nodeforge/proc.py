@@ -127,6 +127,7 @@ def stream(
     cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
     hint: str = "",
+    stamp: bool = True,
 ) -> None:
     """Run a long command, copying every output line to *logfile* (nothing hidden) and to *on_line*.
 
@@ -156,7 +157,8 @@ def stream(
     except FileNotFoundError as exc:
         raise MissingToolError(args[0], TOOL_PACKAGES.get(Path(args[0]).name, args[0])) from exc
     tail: list[str] = []
-    deadline = None if timeout is None else time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline = None if timeout is None else t0 + timeout
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -172,7 +174,8 @@ def stream(
             line = proc.stdout.readline()
             if not line:
                 break
-            logfile.write(line)
+            # Elapsed-time prefix: shows in build.log which task or step took the time.
+            logfile.write(f"[{time.monotonic() - t0:7.1f}s] {line}" if stamp else line)
             tail.append(line)
             del tail[:-60]
             if on_line:

@@ -260,6 +260,11 @@ class _Collector:
     def __init__(self) -> None:
         self.results: list[CheckResult] = []
 
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            self.results.append(CheckResult("(all)", "?", f"collect {report.nodeid or 'suite'}",
+                                            "error", 0.0, str(report.longrepr)[-3000:]))  # fmt: skip
+
     def pytest_runtest_logreport(self, report: Any) -> None:
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             props = dict(getattr(report, "user_properties", []))
@@ -289,6 +294,17 @@ def _failure_text(report: Any) -> str:
     return crash.message if crash is not None else text[-3000:]
 
 
+def preflight(spec: HostSpec) -> str | None:
+    """None if commands run on the host, else why not (so one line replaces N failures)."""
+    try:
+        r = make_host(spec).run("true")
+    except Exception as exc:  # noqa: BLE001 - paramiko/socket errors of every kind
+        return f"{type(exc).__name__}: {exc}"
+    if r.rc != 0:
+        return (r.stderr or r.stdout or f"exit {r.rc}").strip()[-500:]
+    return None
+
+
 def run_suite(
     specs: list[HostSpec],
     *,
@@ -305,8 +321,8 @@ def run_suite(
         str(suite_dir), "-p", "no:cacheprovider", "-p", "no:testinfra",
         "--rootdir", str(suite_dir), "-o", "addopts=", "--nf-hosts-json", payload,
     ]  # fmt: skip
-    if quiet:
-        args += ["-q", "--no-header", "-rN", "--tb=short"]
+    if quiet:  # our report says it all; pytest's terminal output only with verbose
+        args += ["-p", "no:terminal"]
     if select:
         args += ["-k", select]
     args += list(pytest_args)

@@ -47,13 +47,21 @@ def _verify(args: argparse.Namespace) -> int:
                 resolved.append(verify.parse_host_spec(vm.host_spec))
             else:
                 resolved.append(s)
+        unreachable = [(s.label, why) for s in resolved if (why := verify.preflight(s))]
+        for label, why in unreachable:
+            print(f"UNREACHABLE  host={label}: cannot run commands there: {why}", file=sys.stderr)
+        if unreachable:
+            return 1
         t = time.monotonic()
         rc, results = verify.run_suite(resolved, select=args.select, quiet=not args.verbose_pytest)
         total = time.monotonic() - t
         print(verify.format_report(results))
         print(f"suite runtime: {total:.1f}s for {len(resolved)} host(s)")
         bad = any(r.outcome in ("failed", "error") for r in results)
-        if rc not in (0, 5) and not bad:  # pytest itself failed (usage, collection)
+        if rc not in (0, 1, 5) or (rc == 1 and not bad) or not results:
+            # pytest itself failed (collection, usage, internal error): its output is above.
+            print(f"verify: ERROR: the suite did not run (pytest exit {rc}); see the output above",
+                  file=sys.stderr)  # fmt: skip
             return 1
         return 1 if bad else 0
     finally:

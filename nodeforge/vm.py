@@ -108,7 +108,7 @@ def ssh_banner(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> str 
 # Markers of real progress on the console during the probe boot (see `probe_accel`).
 _PROBE_USERSPACE = ("Run /nodeforge-probe-init as init process", "Freeing unused kernel")
 _PROBE_PANIC = "Kernel panic"
-_ACCEL_CACHE: dict[str, "AccelDecision"] = {}
+_ACCEL_CACHE: dict[str, AccelDecision] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,14 +314,14 @@ class BootTimeout(NodeforgeError):
     """The VM did not become reachable; carries the console tail and the time waited."""
 
 
-_LIVE: "set[VM]" = set()
+_LIVE: set[VM] = set()
 
 
 def _stop_all() -> None:
     for vm in list(_LIVE):
         try:
             vm.stop()
-        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+        except Exception:  # noqa: BLE001, S110 - best effort at interpreter exit
             pass
 
 
@@ -348,7 +348,7 @@ class VM:
         self._prev_term = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def __enter__(self) -> "VM":
+    def __enter__(self) -> VM:
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
             self._prev_term = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
