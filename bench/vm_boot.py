@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from nodeforge import verify  # noqa: E402
-from nodeforge.errors import NodeforgeError  # noqa: E402
-from nodeforge.vm import VM, VMConfig, probe_accel, ssh_banner  # noqa: E402
+from nodeforge import verify
+from nodeforge.errors import NodeforgeError
+from nodeforge.vm import VM, VMConfig, probe_accel, ssh_banner
 
 
 def one(args: argparse.Namespace, accel: str) -> dict:

@@ -120,10 +120,7 @@ def preflight(opts: BuildOptions) -> None:
     if opts.target not in TARGETS:
         raise NodeforgeError(f"unknown target '{opts.target}'; choose one of: {', '.join(TARGETS)}")
     if opts.target != "local":
-        raise NodeforgeError(
-            f"target '{opts.target}' is built with `nodeforge build --target {opts.target}` "
-            "through Packer directly; see README (render it with `nodeforge render`)"
-        )
+        return  # remote.run_packer_target checks its own tools and credentials
     for tool in LOCAL_TOOLS:
         proc.require_tool(tool)
     if os.geteuid() != 0:
@@ -146,6 +143,13 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
         user_vars.update(varfile.load(vf, opts.target))
     playbook, ansible_cfg, _ = repo_paths(need_playbook=opts.playbook is None)
     playbook = opts.playbook or playbook
+
+    if opts.target != "local":
+        from .remote import run_packer_target
+
+        m = run_packer_target(opts, vers, base, arch, name, output, reporter, on_line)
+        _publish(output.with_name(output.name + ".partial"), output)
+        return BuildResult(output, m, output / "build.log")
 
     partial = output.with_name(output.name + ".partial")
     if partial.exists():

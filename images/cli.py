@@ -94,7 +94,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"output": str(result.output), "name": m["name"],
                           "phases": m["phases"], "artifacts": m["artifacts"],
-                          "components": m["components"]}, indent=2))
+                          "components": m.get("components", {})}, indent=2))
     else:
         total = sum(m["phases"].values())
         err.print(f"built {m['name']} in {total:.0f}s → {result.output}")

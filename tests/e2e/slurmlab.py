@@ -80,6 +80,20 @@ exit 0
 """
 
 
+def _term_raises() -> None:
+    """Make SIGTERM unwind the stack (SystemExit) so fixture finalizers and atexit clean up."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+
+        def _raise(signum, frame):
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _raise)
+
+
 @dataclass
 class Lab:
     nodes: int = 4
@@ -199,6 +213,7 @@ class Lab:
 
     def start(self) -> Lab:
         check_tools()
+        _term_raises()
         self.write_config()
         proc.run(["ip", "netns", "add", self.netns], timeout=10)
         self.started = True

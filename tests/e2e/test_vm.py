@@ -119,7 +119,7 @@ def busybox_rootfs(tmp_path_factory) -> Path:
 def test_suite_over_ssh(cluster):
     specs = [verify.parse_host_spec(v.host_spec) for v in cluster.values()]
     t = time.monotonic()
-    rc, results = verify.run_suite(specs)
+    _rc, results = verify.run_suite(specs)
     took = time.monotonic() - t
     report = verify.format_report(results) + f"\nsuite runtime {took:.1f}s for {len(specs)} hosts"
     print("\n" + report)

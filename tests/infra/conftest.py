@@ -41,7 +41,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 class Node:
     """One host under test: the testinfra Host plus what we learn about it once."""
 
-    _cache: dict[str, "Node"] = {}
+    _cache: dict[str, Node] = {}
 
     def __init__(self, spec: verify.HostSpec):
         self.spec = spec
@@ -51,7 +51,7 @@ class Node:
         self._image: dict[str, Any] | None = None
 
     @classmethod
-    def get(cls, spec: verify.HostSpec) -> "Node":
+    def get(cls, spec: verify.HostSpec) -> Node:
         if spec.label not in cls._cache:
             cls._cache[spec.label] = cls(spec)
         return cls._cache[spec.label]

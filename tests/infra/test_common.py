@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import pytest
@@ -23,8 +22,11 @@ def test_agent_ready(node):
 
 
 def test_init_unit_succeeded(node):
-    out = node.sh("systemctl show -P ActiveState -P Result nodeforge-init.service")
-    assert out.split() == ["active", "success"], f"nodeforge-init.service: {out.split()}"
+    out = node.sh("systemctl show -p LoadState -p ActiveState -p Result -p ExecMainStatus nodeforge-init.service")
+    p = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    ok = (p.get("LoadState") == "loaded" and p.get("ActiveState") in ("active", "inactive")
+          and p.get("Result") == "success" and p.get("ExecMainStatus", "0") == "0")
+    assert ok, f"nodeforge-init.service did not succeed: {p}"
 
 
 def test_packages_match_manifest(node):

@@ -151,3 +151,28 @@ def test_cli_versions_show_json():
     cp = _cli("versions", "show", "--json")
     rows = json.loads(cp.stdout)
     assert {r["artifact"] for r in rows} == {"enroot_deb", "enroot_caps_deb", "pyxis_src"}
+
+
+def test_aws_credentials_detection(tmp_path):
+    from images.remote import aws_credentials_present
+
+    assert not aws_credentials_present({"HOME": str(tmp_path)})
+    assert aws_credentials_present({"HOME": str(tmp_path), "AWS_PROFILE": "ci"})
+    assert aws_credentials_present({"HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "a",
+                                    "AWS_SECRET_ACCESS_KEY": "b"})
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws/credentials").write_text("[default]\n")
+    assert aws_credentials_present({"HOME": str(tmp_path)})
+
+
+def test_amazon_build_without_credentials_names_the_fix(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["HOME"] = str(tmp_path)
+    cp = _cli("build", "--target", "amazon-ebs", env=env)
+    assert cp.returncode == 2 and "needs AWS credentials" in cp.stderr
+
+
+def test_ami_tags_map_literal():
+    from images.remote import _hcl_map
+
+    assert _hcl_map({"nodeforge:enroot": "4.1.2"}) == '{"nodeforge:enroot" = "4.1.2"}'

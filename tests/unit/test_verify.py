@@ -127,7 +127,8 @@ def test_run_suite_collects_host_role_and_assertion_output(tmp_path):
 
 
 def test_verify_cli_imports_stdlib_only():
-    import subprocess, sys
+    import subprocess
+    import sys
     code = ("import sys, nodeforge.verify_cli as m; "
             "bad=[n for n in ('pytest','testinfra','paramiko','yaml') if n in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -6,7 +6,6 @@ import base64
 import os
 import stat
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -45,7 +44,6 @@ def _fake_runner(console_text: str | None, hang: bool, calls: list):
             Path(log).write_text(console_text)
         if hang:
             raise CommandError(list(argv), -1, "", hint=f"timed out after {timeout}s")
-        return None
     return run
 
 
@@ -172,9 +170,8 @@ def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
     cfg = vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w", accel="tcg", boot_timeout=3, qemu=str(fake), keep=True)
     v = vmmod.VM(cfg, runner=runner)
     t = time.monotonic()
-    with pytest.raises(vmmod.BootTimeout) as ei:
-        with v:
-            v.wait_ssh()
+    with pytest.raises(vmmod.BootTimeout) as ei, v:
+        v.wait_ssh()
     msg = str(ei.value)
     assert time.monotonic() - t < 30
     assert "after waiting 3s" in msg or "after waiting 4s" in msg, msg

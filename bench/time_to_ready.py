@@ -1,0 +1,668 @@
+"""Benchmark: time-to-schedulable of a compute node, three ways, in one run (run as root).
+
+    sudo .venv/bin/python bench/time_to_ready.py [--image DIR] [--repeat 3] [--json]
+
+One local cluster (`--name`, default bttr) with a controller from the image; then, N times in
+interleaved (rotated) order, one compute node at a time, each measured from its
+systemd-nspawn start to the first `sinfo` on the controller that shows it IDLE:
+
+  floor      the same image with the agent masked (nodeforge-init.service -> /dev/null in the
+             node's overlay) and slurmd started directly by systemd: munge key, the agent's
+             slurmd drop-in (`slurmd --systemd -Z --conf-server ctl:6817 -N <node>`), munge
+             and slurmd enabled in the overlay. Boot + register, no agent work at all.
+  baked      a normal compute (the same code path as `nodeforge cluster add`): boot, agent
+             (params, identity, munge, role incl. the drained pre-create, hooks, RESUME).
+             The agent's own share = the sum of its step durations in state.json.
+  lifecycle  the bare base root filesystem the image was made from (the cached mmdebstrap
+             tarball), booted as a node; when its sshd answers, the image's roles are applied
+             to it at boot with ansible-playbook (images/site.yml without the bake-only `seal`
+             role, plus removing the bake's policy-rc.d), with the build's extra vars; then
+             the agent (installed by the roles) is started. FAVOURABLE case: packages come from
+             the build's apt archive cache, bind-mounted read-only and served as a local
+             `file:` repository: nothing is downloaded, not even package lists.
+
+Every node is removed after its trial, so each trial runs next to the controller only. Only
+addresses inside the cluster's own namespaces are contacted (ansible reaches the lifecycle
+node's sshd on 127.0.0.1 inside that node's network namespace). The cluster is always taken
+down, also on failure or Ctrl-C. Goals on 2 cores: agent share <= 3 s, baked <= 1.5x floor,
+lifecycle >= 5x baked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pwd
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import itertools
+
+import yaml
+
+from bootstrap.localcluster import (
+    READY_STATES,
+    Cluster,
+    LocalCluster,
+    Node,
+    _agent_seconds,
+    _alive,
+    ensure_lower,
+    node_exec,
+)
+from nodeforge import proc
+from nodeforge.errors import NodeforgeError
+
+VARIANTS = ("floor", "baked", "lifecycle")
+GOAL_AGENT_S = 3.0
+GOAL_BAKED_OVER_FLOOR = 1.5
+GOAL_LIFECYCLE_OVER_BAKED = 5.0
+SLURMCTLD_PORT = 6817
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 2) if xs else None
+
+
+# -- observation ------------------------------------------------------------------------
+def slurm_state(cluster: Cluster, name: str) -> str:
+    """The node's state as `sinfo` on the controller prints it (flags *~# stripped), or ''."""
+    try:
+        cp = node_exec(cluster.controller, ["sinfo", "-h", "-N", "-n", name, "-o", "%N|%T"],
+                       check=False, timeout=20)
+    except NodeforgeError:
+        return ""
+    for line in cp.stdout.splitlines():
+        n, _, st = line.partition("|")
+        if n == name:
+            return st.strip().rstrip("*~#")
+    return ""
+
+
+def wait_schedulable(cluster: Cluster, node: Node, timeout: float, poll: float) -> float:
+    """Wall-clock time at which a `sinfo` first showed *node* schedulable (IDLE etc.).
+
+    The time recorded is when that sinfo was issued, so the error is at most one poll
+    interval (plus sinfo's own latency), the same for every variant.
+    """
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        t = time.time()
+        st = slurm_state(cluster, node.name)
+        if st in READY_STATES:
+            return t
+        last = st or last
+        if not _alive(node.pid):
+            raise NodeforgeError(f"node {node.name} exited; see {node.dir}/console.log")
+        if time.monotonic() > deadline:
+            raise NodeforgeError(f"node {node.name} not schedulable after {timeout:.0f}s "
+                                 f"(last Slurm state: {last or 'unregistered'})")
+        time.sleep(poll)
+
+
+def read_state(node: Node, want_ready: bool = True, timeout: float = 15.0) -> dict:
+    """The node's /var/lib/nodeforge/state.json (waits briefly for status ready: the agent
+    writes it right after RESUME)."""
+    f = node.merged / "var/lib/nodeforge/state.json"
+    deadline = time.monotonic() + timeout
+    st: dict = {}
+    while True:
+        try:
+            st = json.loads(f.read_text())
+        except (OSError, ValueError):
+            st = {}
+        if not want_ready or st.get("status") in ("ready", "failed"):
+            return st
+        if time.monotonic() > deadline:
+            return st
+        time.sleep(0.2)
+
+
+def agent_summary(st: dict, started: float) -> dict:
+    steps = st.get("steps") or {}
+    return {
+        "agent_seconds": _agent_seconds(st),
+        "agent_status": st.get("status"),
+        "agent_started_after_s": round(st["first_started"] - started, 2)
+        if st.get("first_started") else None,
+        "agent_ready_after_s": round(st["ready_at"] - started, 2) if st.get("ready_at") else None,
+        "steps": {k: v.get("duration") for k, v in steps.items() if isinstance(v, dict)},
+    }
+
+
+def console_tail(node: Node, n: int = 25) -> str:
+    try:
+        lines = (Path(node.dir) / "console.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+# -- floor ------------------------------------------------------------------------------
+def _ids(root: Path, user: str) -> tuple[int, int]:
+    for line in (root / "etc/passwd").read_text().splitlines():
+        f = line.split(":")
+        if f[0] == user:
+            return int(f[2]), int(f[3])
+    raise NodeforgeError(f"no user {user} in {root}/etc/passwd")
+
+
+def _unit_path(root: Path, unit: str) -> str:
+    for d in ("usr/lib/systemd/system", "lib/systemd/system"):
+        if (root / d / unit).exists():
+            return f"/{d}/{unit}"
+    raise NodeforgeError(f"{unit} not found in {root}")
+
+
+def floor_prepare(cluster: Cluster):
+    key = (cluster.dir / "munge.key").read_bytes()
+    ctl = cluster.controller
+
+    def prepare(node: Node) -> None:
+        m = node.merged
+        sysd = m / "etc/systemd/system"
+        unit = sysd / "nodeforge-init.service"
+        if unit.exists() or unit.is_symlink():
+            unit.unlink()
+        unit.symlink_to("/dev/null")  # masked: the agent never runs
+        uid, gid = _ids(m, "munge")
+        kf = m / "etc/munge/munge.key"
+        kf.write_bytes(key)
+        os.chown(kf, uid, gid)
+        os.chmod(kf, 0o400)
+        d = sysd / "slurmd.service.d"
+        d.mkdir(parents=True, exist_ok=True)
+        # The agent's drop-in (bootstrap/roles/compute.py slurmd_exec), without --conf (no
+        # features/gres in these params).
+        (d / "nodeforge.conf").write_text(
+            "[Service]\nExecStart=\n"
+            f"ExecStart=/usr/sbin/slurmd --systemd -Z --conf-server {ctl.address}:{SLURMCTLD_PORT}"
+            f" -N {node.name} $SLURMD_OPTIONS\n")
+        wants = sysd / "multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        for u in ("munge.service", "slurmd.service"):
+            link = wants / u
+            if not link.is_symlink():
+                link.symlink_to(_unit_path(m, u))
+
+    return prepare
+
+
+# -- lifecycle --------------------------------------------------------------------------
+class Lifecycle:
+    """Inputs of the lifecycle-script variant, made once per run (not timed)."""
+
+    def __init__(self, args, manifest: dict, image_lower: Path):
+        self.args = args
+        self.manifest = manifest
+        self.work = args.workdir
+        self.image_lower = image_lower
+
+    def setup(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.base_tree = self._base_tree()
+        self.repo = self._apt_repo()
+        self.wheel = self._wheel()
+        self.sshdir, self.client_key = self._ssh()
+        self.playbook = self._playbook()
+        self.extra_vars = self._extra_vars()
+
+    def _base_tree(self) -> Path:
+        b = self.manifest["base"]
+        tar = self.args.base_tar or (self.args.cache_dir / "base" /
+                                     f"base-{b['suite']}-{self.manifest['arch']}-{b['key']}.tar")
+        if not tar.is_file():
+            raise NodeforgeError(f"base tarball {tar} not found (the image says base key "
+                                 f"{b['key']}); pass --base-tar")
+        root = self.work / f"base-{b['key']}" / "rootfs"
+        done = root.parent / ".complete"
+        if done.exists():
+            return root
+        log(f"extracting the bare base {tar.name} (once)")
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        proc.run(["tar", "-C", root, "--numeric-owner", "--xattrs", "--xattrs-include=*",
+                  "-xf", tar], timeout=900)
+        done.write_text(str(tar))
+        return root
+
+    def _apt_repo(self) -> Path:
+        """A flat `file:` repository over the build's apt archive cache (index made here)."""
+        archives = self.args.cache_dir / "apt-archives"
+        debs = sorted(p.name for p in archives.glob("*.deb"))
+        if not debs:
+            raise NodeforgeError(f"no .deb in {archives}: run a build first (it fills the cache)")
+        key = hashlib.sha256("\n".join(debs).encode()).hexdigest()[:12]
+        repo = self.work / f"apt-repo-{key}"
+        (repo / "pool").mkdir(parents=True, exist_ok=True)  # mount point of the archive cache
+        if (repo / "Release").exists():
+            self.archives = archives
+            return repo
+        log(f"indexing {len(debs)} packages of {archives} (once)")
+        gen = self.work / "apt-gen"
+        if gen.exists():
+            shutil.rmtree(gen)
+        gen.mkdir()
+        (gen / "pool").symlink_to(archives)
+        cp = proc.run(["dpkg-scanpackages", "--multiversion", "pool", "/dev/null"], cwd=gen,
+                      timeout=600, capture=True)
+        packages = "\n".join(ln for ln in cp.stdout.splitlines()
+                             if not ln.startswith("dpkg-scanpackages:")) + "\n"
+        (repo / "Packages").write_text(packages)
+        data = (repo / "Packages").read_bytes()
+        (repo / "Release").write_text(
+            "Origin: nodeforge-bench\nLabel: nodeforge-bench\n"
+            f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}\n"
+            f"MD5Sum:\n {hashlib.md5(data).hexdigest()} {len(data)} Packages\n"
+            f"SHA256:\n {hashlib.sha256(data).hexdigest()} {len(data)} Packages\n")
+        shutil.rmtree(gen)
+        self.archives = archives
+        return repo
+
+    def _wheel(self) -> Path:
+        """The agent wheel baked into the image, so both variants run the same agent code."""
+        wheels = sorted((self.image_lower / "opt/nodeforge/wheels").glob("nodeforge-*.whl"))
+        if not wheels:
+            raise NodeforgeError(f"no nodeforge wheel under {self.image_lower}/opt/nodeforge/wheels")
+        dest = self.work / "wheel"
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir()
+        shutil.copy2(wheels[-1], dest / wheels[-1].name)
+        return dest / wheels[-1].name
+
+    def _ssh(self) -> tuple[Path, Path]:
+        d = self.work / "ssh-run"  # bind-mounted read-only at /run/nf-bench in the node
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(mode=0o700)
+        client = self.work / "client_ed25519"
+        for p in (client, Path(f"{client}.pub")):
+            p.unlink(missing_ok=True)
+        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nodeforge-bench",
+                  "-f", client])
+        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nodeforge-bench-host",
+                  "-f", d / "ssh_host_ed25519_key"])
+        ak = d / "authorized_keys"
+        ak.write_text(Path(f"{client}.pub").read_text())
+        os.chmod(ak, 0o600)
+        return d, client
+
+    def _playbook(self) -> Path:
+        """images/site.yml with the bake-only seal role replaced by removing policy-rc.d.
+
+        A node configured at boot is not sealed (seal removes per-node identity so that an
+        image can be copied); what the seal role does that a running node needs is removing
+        the policy-rc.d the roles install to keep package scripts from starting services.
+        Dropping seal makes the lifecycle variant faster, i.e. favours it.
+        """
+        plays = yaml.safe_load((REPO / "images/site.yml").read_text())
+        found = False
+        for play in plays:
+            roles = play.get("roles") or []
+            keep = [r for r in roles if (r.get("role") if isinstance(r, dict) else r) != "seal"]
+            if len(keep) != len(roles):
+                found = True
+                play["roles"] = keep
+                play.setdefault("post_tasks", []).append({
+                    "name": "Remove the bake's policy-rc.d (services may start on a live node)",
+                    "ansible.builtin.file": {"path": "/usr/sbin/policy-rc.d", "state": "absent"},
+                })
+        if not found:
+            raise NodeforgeError("images/site.yml has no seal role any more; update the bench")
+        pb = self.work / "lifecycle-site.yml"
+        pb.write_text("# generated by bench/time_to_ready.py from images/site.yml\n"
+                      + yaml.safe_dump(plays, sort_keys=False))
+        return pb
+
+    def _extra_vars(self) -> Path:
+        """The extra vars `nodeforge build` passes (images/build.py), from the image manifest."""
+        art_dir = self.args.cache_dir / "artifacts"
+        arts = {}
+        for name, inp in self.manifest["inputs"].items():
+            f = art_dir / inp["file"]
+            if not f.is_file():
+                raise NodeforgeError(f"artifact {f} (input {name} of the image) is missing")
+            sha = hashlib.sha256(f.read_bytes()).hexdigest()
+            if inp.get("sha256") and sha != inp["sha256"]:
+                raise NodeforgeError(f"{f}: sha256 {sha} is not the image's {inp['sha256']}")
+            arts[name] = inp["file"]
+        ev = {
+            "nodeforge_image_name": self.manifest["name"],
+            "nodeforge_artifacts_dir": str(art_dir),
+            "nodeforge_artifacts": arts,
+            "nodeforge_wheel": str(self.wheel),
+            "nodeforge_base": self.manifest["base"]["name"],
+        }
+        p = self.work / "lifecycle-extra-vars.json"
+        p.write_text(json.dumps(ev, indent=2))
+        return p
+
+    # -- per node ---------------------------------------------------------------------
+    def nspawn_args(self) -> list[str]:
+        return [f"--bind-ro={self.sshdir}:/run/nf-bench",
+                f"--bind-ro={self.repo}:/srv/nf-apt",
+                f"--bind-ro={self.archives}:/srv/nf-apt/pool"]
+
+    def prepare(self, node: Node) -> None:
+        m = node.merged
+        conf = m / "etc/ssh/sshd_config.d/00-nf-bench.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        # Access that survives the ssh role removing /etc/ssh/ssh_host_* (docs/contracts.md).
+        conf.write_text("# nodeforge bench access (overlay only)\nListenAddress 127.0.0.1\n"
+                        "HostKey /run/nf-bench/ssh_host_ed25519_key\n"
+                        "AuthorizedKeysFile /run/nf-bench/authorized_keys\n"
+                        "PermitRootLogin prohibit-password\nPasswordAuthentication no\n")
+        apt = m / "etc/apt"
+        for f in (apt / "sources.list.d").glob("*"):
+            f.unlink()
+        (apt / "sources.list").write_text(
+            "# nodeforge bench: the build's apt archive cache as a local repository\n"
+            "deb [trusted=yes] file:/srv/nf-apt ./\n")
+
+    def _ssh_argv(self, node: Node, *opts: str) -> list[str]:
+        return ["ip", "netns", "exec", node.netns, "ssh", "-i", str(self.client_key),
+                "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                "-o", "ConnectTimeout=2", *opts, "root@127.0.0.1"]
+
+    def _close_masters(self, node: Node, cpdir: Path) -> None:
+        """Stop the ssh ControlPersist masters ansible left (they live in the node's netns)."""
+        for sock in cpdir.iterdir():
+            proc.run(self._ssh_argv(node, "-o", f"ControlPath={sock}", "-O", "exit"),
+                     check=False, timeout=20)
+
+    def run(self, cluster: Cluster, node: Node, timeout: float, logf) -> dict:
+        deadline = time.monotonic() + timeout
+        cpdir = self.work / "cp" / node.name
+        cpdir.mkdir(parents=True, exist_ok=True)
+        # 1. the node boots; wait for its sshd (what starts a lifecycle script: the boot)
+        while True:
+            cp = proc.run(self._ssh_argv(node) + ["true"], check=False, timeout=20)
+            if cp.returncode == 0:
+                break
+            if not _alive(node.pid):
+                raise NodeforgeError(f"lifecycle node {node.name} exited; see {node.dir}/console.log")
+            if time.monotonic() > deadline:
+                raise NodeforgeError(f"lifecycle node {node.name}: sshd not answering: {cp.stdout[-300:]}")
+            time.sleep(0.25)
+        t_ssh = time.time()
+        # 2. the roles, applied at boot
+        env = {
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_HOST_KEY_CHECKING": "False",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_RETRY_FILES_ENABLED": "False",
+            # Our own control socket (one per node, closed below); ansible.cfg's 30 min
+            # ControlPersist would otherwise outlive the node.
+            "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s "
+                                "-o ServerAliveInterval=30",
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cpdir),
+        }
+        argv = ["ip", "netns", "exec", node.netns, proc.require_tool("ansible-playbook"),
+                "-i", "127.0.0.1,", "-u", "root", "--private-key", str(self.client_key),
+                "--ssh-common-args", "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no",
+                "--extra-vars", f"@{self.extra_vars}", str(self.playbook)]
+        t_a0 = time.time()
+        try:
+            proc.stream(argv, logfile=logf, env=env, timeout=max(10.0, deadline - time.monotonic()),
+                        hint="the roles failed on the lifecycle node; see the bench log")
+        finally:
+            self._close_masters(node, cpdir)
+        t_a1 = time.time()
+        # 3. the agent (installed and enabled by the roles; the boot is past multi-user)
+        node_exec(node, ["systemctl", "start", "--no-block", "nodeforge-init.service"], timeout=30)
+        t_agent = time.time()
+        return {"ssh_after_s": round(t_ssh - node.started, 2),
+                "ansible_s": round(t_a1 - t_a0, 2),
+                "agent_kicked_after_s": round(t_agent - node.started, 2),
+                "deadline": deadline}
+
+
+def ansible_role_times(log_text: str) -> dict[str, float]:
+    """Seconds per role from the stamped ansible log (time between TASK headers)."""
+    marks = []
+    for line in log_text.splitlines():
+        m = re.match(r"\[\s*([\d.]+)s\] (TASK|RUNNING HANDLER) \[(.+?)\]", line)
+        if m:
+            name = m.group(3)
+            role = name.split(" : ", 1)[0] if " : " in name else "(play tasks)"
+            marks.append((float(m.group(1)), role))
+        elif re.match(r"\[\s*([\d.]+)s\] PLAY RECAP", line):
+            marks.append((float(line[1:line.index("s]")]), None))
+    out: dict[str, float] = {}
+    for (t, role), (t2, _) in itertools.pairwise(marks):
+        if role:
+            out[role] = round(out.get(role, 0.0) + (t2 - t), 1)
+    return out
+
+
+# -- one trial --------------------------------------------------------------------------
+def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle | None) -> dict:
+    cluster = Cluster.load(lc.name)
+    res: dict = {"variant": variant, "node": name, "load_before": round(os.getloadavg()[0], 2)}
+    node = None
+    try:
+        if variant == "floor":
+            node = lc.start_node(name, prepare=floor_prepare(cluster))
+        elif variant == "baked":
+            node = lc.start_node(name)
+        else:
+            assert lifecycle is not None
+            node = lc.start_node(name, lower=lifecycle.base_tree, prepare=lifecycle.prepare,
+                                 nspawn_args=lifecycle.nspawn_args())
+        cluster = Cluster.load(lc.name)
+        timeout = args.timeout
+        if variant == "lifecycle":
+            logp = args.workdir / f"lifecycle-{name}.log"
+            res["ansible_log"] = str(logp)
+            with open(logp, "w", buffering=1) as logf:
+                lres = lifecycle.run(cluster, node, args.lifecycle_timeout, logf)
+            deadline = lres.pop("deadline")
+            res.update(lres)
+            res["ansible_roles_s"] = ansible_role_times(logp.read_text())
+            timeout = max(10.0, deadline - time.monotonic())
+        t_idle = wait_schedulable(cluster, node, timeout, args.poll)
+        res["seconds"] = round(t_idle - node.started, 2)
+        if variant != "floor":
+            st = read_state(node)
+            res.update(agent_summary(st, node.started))
+            if res.get("agent_ready_after_s") is not None:
+                res["idle_seen_after_agent_ready_s"] = round(
+                    res["seconds"] - res["agent_ready_after_s"], 2)
+        res["ok"] = True
+    except (NodeforgeError, subprocess.SubprocessError, OSError) as exc:
+        res["ok"] = False
+        res["error"] = str(exc)[-2000:]
+        if node is not None:
+            res["console_tail"] = console_tail(node)
+            try:
+                res["sinfo"] = slurm_state(Cluster.load(lc.name), name)
+                res["agent_state"] = agent_summary(read_state(node, want_ready=False), node.started)
+            except (NodeforgeError, OSError, ValueError) as e2:  # diagnostics only
+                res["diag_error"] = str(e2)
+        log(f"{variant} {name} FAILED: {str(exc)[-500:]}")
+    finally:
+        res["load_after"] = round(os.getloadavg()[0], 2)
+        if node is not None:
+            lc.remove_node(name)
+    if res.get("ok"):
+        extra = (f"  agent {res['agent_seconds']}s" if res.get("agent_seconds") is not None
+                 else "")
+        if variant == "lifecycle":
+            extra += f"  ssh@{res['ssh_after_s']}s ansible {res['ansible_s']}s"
+        log(f"{variant:<9} {name}: {res['seconds']:.2f}s to IDLE{extra}  "
+            f"(load {res['load_before']}->{res['load_after']})")
+    return res
+
+
+# -- run --------------------------------------------------------------------------------
+def check_image(image: Path) -> tuple[dict, Path]:
+    mf = image / "manifest.json"
+    deadline = time.monotonic() + 900
+    while not mf.is_file():  # the image may be mid-rebuild
+        if time.monotonic() > deadline:
+            raise NodeforgeError(f"{mf} did not appear within 15 min")
+        log(f"waiting for {mf} (image being rebuilt?)")
+        time.sleep(10)
+    manifest = json.loads(mf.read_text())
+    lower = ensure_lower(image)
+    unit = (lower / "etc/systemd/system/nodeforge-init.service").read_text()
+    if re.search(r"^Before=.*slurm", unit, re.MULTILINE):
+        raise NodeforgeError(f"{image} (created {manifest.get('created')}) has Before= on the "
+                             "Slurm units in nodeforge-init.service: the agent deadlocks; "
+                             "rebuild the image")
+    return manifest, lower
+
+
+def summarize(results: list[dict], variants: list[str]) -> dict:
+    ok = {v: [r for r in results if r["variant"] == v and r.get("ok")] for v in variants}
+    med = {v: median([r["seconds"] for r in ok[v]]) for v in variants}
+    out: dict = {"median_seconds": med,
+                 "runs_ok": {v: len(ok[v]) for v in variants},
+                 "runs_failed": {v: sum(1 for r in results if r["variant"] == v
+                                        and not r.get("ok")) for v in variants}}
+    for v in ("baked", "lifecycle"):
+        if v in variants:
+            out[f"median_agent_seconds_{v}"] = median(
+                [r["agent_seconds"] for r in ok[v] if r.get("agent_seconds") is not None])
+    if "baked" in variants:
+        steps: dict[str, list[float]] = {}
+        for r in ok["baked"]:
+            for k, d in (r.get("steps") or {}).items():
+                if isinstance(d, (int, float)):
+                    steps.setdefault(k, []).append(d)
+        out["median_agent_steps_baked"] = {k: median(v) for k, v in steps.items()}
+        out["median_agent_started_after_s_baked"] = median(
+            [r["agent_started_after_s"] for r in ok["baked"] if r.get("agent_started_after_s")])
+    if "lifecycle" in variants:
+        out["median_lifecycle_ansible_s"] = median([r["ansible_s"] for r in ok["lifecycle"]])
+        out["median_lifecycle_ssh_after_s"] = median([r["ssh_after_s"] for r in ok["lifecycle"]])
+        roles: dict[str, list[float]] = {}
+        for r in ok["lifecycle"]:
+            for k, d in (r.get("ansible_roles_s") or {}).items():
+                roles.setdefault(k, []).append(d)
+        out["median_lifecycle_ansible_roles_s"] = {k: median(v) for k, v in roles.items()}
+    ratios, goals = {}, {}
+    if med.get("floor") and med.get("baked"):
+        ratios["baked_over_floor"] = round(med["baked"] / med["floor"], 2)
+        goals["baked_within_1.5x_floor"] = ratios["baked_over_floor"] <= GOAL_BAKED_OVER_FLOOR
+    if med.get("baked") and med.get("lifecycle"):
+        ratios["lifecycle_over_baked"] = round(med["lifecycle"] / med["baked"], 2)
+        goals["lifecycle_5x_slower_than_baked"] = (ratios["lifecycle_over_baked"]
+                                                   >= GOAL_LIFECYCLE_OVER_BAKED)
+    a = out.get("median_agent_seconds_baked")
+    if a is not None:
+        goals["agent_share_le_3s"] = a <= GOAL_AGENT_S
+    out["ratios"] = ratios
+    out["goals_met"] = goals
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--image", type=Path, default=Path("/var/tmp/nodeforge-e2e/image"),
+                    help="output directory of `nodeforge build` (default: %(default)s)")
+    ap.add_argument("--name", default="bttr", help="cluster name (default: %(default)s)")
+    ap.add_argument("--repeat", type=int, default=3, help="trials per variant (default: 3)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated subset of floor,baked,lifecycle")
+    ap.add_argument("--cache-dir", type=Path, default=Path("/var/cache/nodeforge"),
+                    help="the build's cache: base/, apt-archives/, artifacts/ (default: %(default)s)")
+    ap.add_argument("--base-tar", type=Path, help="bare base tarball (default: from the manifest)")
+    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/nodeforge-bench"),
+                    help="bench files: extracted base, apt index, logs (default: %(default)s)")
+    ap.add_argument("--timeout", type=float, default=180.0,
+                    help="bound per floor/baked node and for the controller (default: %(default)ss)")
+    ap.add_argument("--lifecycle-timeout", type=float, default=900.0,
+                    help="bound per lifecycle node (default: %(default)ss)")
+    ap.add_argument("--poll", type=float, default=0.25, help="sinfo poll interval (s)")
+    ap.add_argument("--json", action="store_true", help="print the full result as JSON")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root (network namespaces, overlays, systemd-nspawn)")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants or args.repeat < 1:
+        sys.exit(f"--variants: choose from {', '.join(VARIANTS)}; --repeat >= 1")
+
+    image = args.image.resolve()
+    manifest, lower = check_image(image)
+    log(f"image {image} created {manifest.get('created')}")
+    lifecycle = None
+    if "lifecycle" in variants:
+        lifecycle = Lifecycle(args, manifest, lower)
+        lifecycle.setup()
+
+    lc = LocalCluster(args.name)
+    results: list[dict] = []
+    t_run = time.time()
+    report: dict = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "image": str(image), "image_created": manifest.get("created"),
+        "image_rootfs_sha256": manifest["artifacts"]["rootfs.tar.zst"]["sha256"],
+        "host": {"cpus": os.cpu_count(), "user": pwd.getpwuid(os.getuid()).pw_name},
+        "repeat": args.repeat, "poll_s": args.poll,
+        "lifecycle_case": "favourable: apt archive cache bind-mounted read-only as a local file: "
+                          "repository (no package or list downloads); site.yml without seal",
+    }
+    try:
+        t0 = time.time()
+        lc.up(image, 0, timeout=args.timeout)
+        report["controller_up_s"] = round(time.time() - t0, 2)
+        log(f"controller up in {report['controller_up_s']}s")
+        k = 0
+        for r in range(args.repeat):
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            for v in order:
+                k += 1
+                results.append(trial(lc, v, f"c{k:03d}", args, lifecycle))
+    finally:
+        log(f"cluster down {args.name}")
+        lc.down()
+    report["wall_seconds"] = round(time.time() - t_run, 1)
+    report["summary"] = summarize(results, variants)
+    report["trials"] = results
+    (args.workdir).mkdir(parents=True, exist_ok=True)
+    (args.workdir / "time_to_ready.json").write_text(json.dumps(report, indent=2))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        s = report["summary"]
+        print(f"time to schedulable (nspawn start -> IDLE in sinfo), medians of {args.repeat}:")
+        for v in variants:
+            print(f"  {v:<10} {s['median_seconds'][v]!s:>7} s   ok {s['runs_ok'][v]}, "
+                  f"failed {s['runs_failed'][v]}")
+        if "median_agent_seconds_baked" in s:
+            print(f"  agent's own share (baked): {s['median_agent_seconds_baked']} s  "
+                  f"steps {s['median_agent_steps_baked']}")
+        if "median_lifecycle_ansible_s" in s:
+            print(f"  lifecycle: sshd after {s['median_lifecycle_ssh_after_s']} s, roles "
+                  f"{s['median_lifecycle_ansible_s']} s {s['median_lifecycle_ansible_roles_s']}")
+        for k2, v2 in s["ratios"].items():
+            print(f"  {k2}: {v2}")
+        print(f"  goals met: {s['goals_met']}")
+        print(f"  full result: {args.workdir / 'time_to_ready.json'}")
+    return 0 if all(r.get("ok") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
