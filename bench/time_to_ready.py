@@ -334,15 +334,32 @@ class Lifecycle:
 
     def _extra_vars(self) -> Path:
         """The extra vars `nodeforge build` passes (images/build.py), from the image manifest."""
-        art_dir = self.args.cache_dir / "artifacts"
+        # The artifacts the image was built from (sha256 from its manifest), copied here so a
+        # concurrent build refreshing the cache cannot change them under the run.
+        art_dir = self.work / "artifacts"
+        if art_dir.exists():
+            shutil.rmtree(art_dir)
+        art_dir.mkdir()
+        sources = [self.args.cache_dir / "artifacts"]
+        if self.args.artifact_mirror:
+            sources.append(self.args.artifact_mirror)
         arts = {}
         for name, inp in self.manifest["inputs"].items():
-            f = art_dir / inp["file"]
-            if not f.is_file():
-                raise NodeforgeError(f"artifact {f} (input {name} of the image) is missing")
-            sha = hashlib.sha256(f.read_bytes()).hexdigest()
-            if inp.get("sha256") and sha != inp["sha256"]:
-                raise NodeforgeError(f"{f}: sha256 {sha} is not the image's {inp['sha256']}")
+            seen = []
+            for src in sources:
+                f = src / inp["file"]
+                if not f.is_file():
+                    continue
+                sha = hashlib.sha256(f.read_bytes()).hexdigest()
+                seen.append(f"{f}: {sha}")
+                if not inp.get("sha256") or sha == inp["sha256"]:
+                    shutil.copy2(f, art_dir / inp["file"])
+                    break
+            else:
+                raise NodeforgeError(
+                    f"artifact {inp['file']} (input {name}) with the image's sha256 "
+                    f"{inp.get('sha256')} not found; seen: {seen or 'none'} "
+                    "(pass --artifact-mirror DIR)")
             arts[name] = inp["file"]
         ev = {
             "nodeforge_image_name": self.manifest["name"],
@@ -588,6 +605,9 @@ def main() -> int:
     ap.add_argument("--cache-dir", type=Path, default=Path("/var/cache/nodeforge"),
                     help="the build's cache: base/, apt-archives/, artifacts/ (default: %(default)s)")
     ap.add_argument("--base-tar", type=Path, help="bare base tarball (default: from the manifest)")
+    ap.add_argument("--artifact-mirror", type=Path,
+                    default=Path("/var/tmp/nodeforge-e2e/mirror"),
+                    help="second place to look for the image's artifacts (default: %(default)s)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/nodeforge-bench"),
                     help="bench files: extracted base, apt index, logs (default: %(default)s)")
     ap.add_argument("--timeout", type=float, default=180.0,

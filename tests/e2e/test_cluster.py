@@ -98,10 +98,11 @@ def test_two_node_job_runs_and_is_accounted(cluster):
     job = out.split(";")[0]
     wait_for("job to complete", lambda: "COMPLETED" in cx(
         "ctl", "sacct", "-n", "-X", "-j", job, "-o", "State", check=False), timeout=120)
-    # The output lives on the batch host (first compute of the allocation).
-    nodes = cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "NodeList%40").strip()
-    batch_host = "c001" if "c001" in nodes else nodes.split(",")[0]
-    hosts = cx(batch_host, "cat", f"/tmp/job-{job}.out").split()
+    nodelist = cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "NodeList%60").strip()
+    nodes = cx("ctl", "scontrol", "show", "hostnames", nodelist).split()
+    assert nodes == ["c001", "c002"]
+    # The output file is written on the batch host, the first node of the allocation.
+    hosts = cx(nodes[0], "cat", f"/tmp/job-{job}.out").split()
     assert sorted(hosts) == ["c001", "c002"]
 
 

@@ -360,7 +360,6 @@ def test_bake_templates_render_with_defaults():
         ("logrotate", "nodeforge-slurm.j2"): None,
         ("logrotate", "nodeforge.j2"): None,
         ("node_agent", "nodeforge-init.service.j2"): None,
-        ("node_agent", "nodeforge-gang.service.j2"): None,
     }
     rendered = {k: _ansible_render(k[0], k[1], v) for k, v in out.items()}
     for text in rendered.values():
@@ -383,7 +382,8 @@ def test_bake_templates_render_with_defaults():
     assert not re.search(r"^Before=", init, re.MULTILINE) and "Wants=network-online.target" in init
     assert "ExecStart=/usr/local/bin/nodeforge node init" in init
     assert "Type=oneshot" in init and "TimeoutStartSec=infinity" in init
-    assert "gang run" in rendered[("node_agent", "nodeforge-gang.service.j2")]
+    gang_unit = (REPO / "gang/nodeforge-gang.service").read_text()
+    assert "ExecStart=/usr/local/bin/nodeforge gang run" in gang_unit
     keygen = rendered[("ssh", "nodeforge-ssh-keygen.service.j2")]
     assert "ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key" in keygen
     assert "ssh-keygen -A" in keygen and "Before=ssh.service" in keygen
