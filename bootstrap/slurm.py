@@ -116,6 +116,8 @@ def dropin(paths: Paths, unit: str, exec_start: list[str]) -> bool:
     cmd = " ".join(_sd_quote(a) for a in exec_start)
     text = (
         "# written by nodeforge node init (role step); do not edit, rerun `nodeforge node init`\n"
+        # Debian 12's units only start with a local slurm.conf; configless nodes have none.
+        "[Unit]\nConditionPathExists=\n\n"
         "[Service]\nExecStart=\n"
         f"ExecStart={cmd}\n"
     )

@@ -23,7 +23,10 @@ def gate(ctx: RoleContext) -> Gate:
 
 
 def slurmd_exec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> list[str]:
-    argv = [SLURMD, "--systemd", "-Z", "--conf-server", conf_server(ctx.params)]
+    # Slurm >= 23.02 units are Type=notify and need --systemd; Debian 12's 22.05 unit is
+    # Type=simple with `slurmd -D -s` and its slurmd has no --systemd flag.
+    mode = ["--systemd"] if ctx.features.version_tuple >= (23, 2) else ["-D", "-s"]
+    argv = [SLURMD, *mode, "-Z", "--conf-server", conf_server(ctx.params)]
     conf = node_conf(ctx.params, extra_features)
     if conf:
         argv += ["--conf", conf]

@@ -369,8 +369,11 @@ def test_compute_gate_order_and_resume(tmp_path):
     assert node["Gres"] == "gpu:1"
     dropin = (paths.systemd_etc / "slurmd.service.d" / "nodeforge.conf").read_text()
     assert "ExecStart=\n" in dropin
+    # Debian 12's 22.05 unit: Type=simple, `slurmd -D -s`, no --systemd flag, and a
+    # ConditionPathExists on slurm.conf that configless nodes must reset.
+    assert "[Unit]\nConditionPathExists=\n" in dropin
     assert (
-        "ExecStart=/usr/sbin/slurmd --systemd -Z --conf-server 10.9.0.2:6817 "
+        "ExecStart=/usr/sbin/slurmd -D -s -Z --conf-server 10.9.0.2:6817 "
         '--conf "Feature=gpu,nvme Gres=gpu:1" -N c1 $SLURMD_OPTIONS\n'
     ) in dropin
     # scontrol talks to the controller through the minimal client config
@@ -604,3 +607,18 @@ def test_real_role_templates_render_with_agent_context(tmp_path):
     dbd = (paths.slurm_etc / "slurmdbd.conf").read_text()
     pw = (paths.secrets / "slurmdbd_storage_pass").read_text().strip()
     assert f"StoragePass={pw}" in dbd and "DbdHost=ctl" in dbd and "StorageLoc=slurm_acct_db" in dbd
+
+
+def test_compute_dropin_keeps_systemd_notify_on_24_11(tmp_path):
+    from bootstrap.roles import compute
+
+    class Ctx:
+        pass
+
+    ctx = Ctx()
+    ctx.features = type("F", (), {"version_tuple": (24, 11, 5)})()
+    ctx.params = type("P", (), {"node_name": "", "features": (), "gres": (), "cpus": None,
+                                "real_memory": None,
+                                "controller": type("C", (), {"target": "ctl"})()})()
+    argv = compute.slurmd_exec(ctx)
+    assert argv[:3] == [compute.SLURMD, "--systemd", "-Z"]
