@@ -32,7 +32,7 @@ def fixture_mirror(root_required) -> Path:
     """FIXTURE Enroot/Pyxis stand-ins for every architecture in the versions file."""
     from tests.fixtures.mirror import make_mirror
 
-    require_tools("dpkg-deb", "gcc")
+    require_tools("dpkg-deb")
     m = E2E_ROOT / "mirror"
     if m.exists():
         shutil.rmtree(m)
