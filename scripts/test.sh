@@ -9,4 +9,4 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "test: the e2e tier needs root; re-run with sudo" >&2
   exit 2
 fi
-"$PY" -m pytest -m e2e -v -p no:cacheprovider --durations=25 tests/e2e "$@"
+"$PY" -m pytest -m e2e -v -p no:cacheprovider --durations=25 tests/e2e tests/unit "$@"
