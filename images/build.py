@@ -24,7 +24,8 @@ from nodeforge import __version__, proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import export, manifest as manifest_mod, packer, scan, seal, varfile, versions
+from . import export, packer, scan, seal, varfile, versions
+from . import manifest as manifest_mod
 from .sandbox import Sandbox, extract, release_mounts
 from .template import TARGETS
 
@@ -165,13 +166,12 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
     logfile = open(log_path, "w", buffering=1)
     phases = Phases(reporter)
     sandbox: Sandbox | None = None
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
 
     def _sigterm(signum, frame):  # turn SIGTERM into the same cleanup path as Ctrl-C
         raise KeyboardInterrupt
 
     old_term = signal.signal(signal.SIGTERM, _sigterm)
-    ok = False
     failure: BaseException | None = None
     try:
         logfile.write(f"nodeforge {__version__} build {name} target={opts.target} base={base.name}\n")
@@ -264,7 +264,6 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
         logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
         logfile.close()
         _publish(partial, output)
-        ok = True
         return BuildResult(output, manifest, output / "build.log")
     except BaseException as exc:
         failure = exc

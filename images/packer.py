@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError

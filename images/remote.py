@@ -14,8 +14,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
@@ -88,7 +88,7 @@ def scan_disk(qcow2: Path, work: Path) -> list[scan.Finding]:
 def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                       reporter: Callable[[str, str], None], on_line) -> dict:
     """Build `qemu` or `amazon-ebs`; returns the manifest. Caller handles output publishing."""
-    from .build import Phases, build_wheel, repo_paths, _tool_versions
+    from .build import Phases, _tool_versions, build_wheel, repo_paths
 
     target = opts.target
     for tool in ("packer", "ansible-playbook", "ssh-keygen"):

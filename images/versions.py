@@ -257,7 +257,7 @@ def lock(versions: Versions, *, mirror: str | None = None, only_missing: bool = 
         pat = re.compile(
             r"(^\s*url:\s*" + re.escape(url) + r"\s*\n\s*sha256:\s*)(\S+)", re.MULTILINE
         )
-        text, n = pat.subn(lambda m: m.group(1) + sha, text)
+        text, n = pat.subn(lambda m, sha=sha: m.group(1) + sha, text)
         if n != 1:
             raise NodeforgeError(
                 f"{versions.path}: expected exactly one 'sha256:' line right after 'url: {url}', "
