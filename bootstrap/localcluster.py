@@ -292,6 +292,9 @@ class LocalCluster:
             "node_name": name,
             "node_address": address,
             "munge_key": base64.b64encode((cluster.dir / "munge.key").read_bytes()).decode(),
+            # dockerd cannot run in an nspawn node (no iptables/nf_tables, read-only cgroups);
+            # the VM tier proves Docker on a real boot of the same image.
+            "docker": False,
         }
         for k, v in (params or {}).items():
             if role == "controller" and k in ("hooks", "features", "gres"):

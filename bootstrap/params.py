@@ -79,6 +79,7 @@ class Params:
     partitions: tuple[Partition, ...] = (Partition("main", True, "INFINITE"),)
     max_node_count: int = 1024
     accounting: bool = True
+    docker: bool = True  # compute: run dockerd + containerd (off where the host cannot, e.g. nspawn)
     hooks: tuple[HookSpec, ...] = ()
     hook_timeout: float = 600.0
     hook_retries: int = 2
@@ -170,7 +171,7 @@ def _tn(v: Any) -> str:
 
 _TOP = {
     "role", "cluster_name", "controller", "node_name", "node_address", "munge_key", "munge_key_file", "features",
-    "gres", "gres_types", "cpus", "real_memory", "partitions", "max_node_count", "accounting", "hooks",
+    "gres", "gres_types", "cpus", "real_memory", "partitions", "max_node_count", "accounting", "docker", "hooks",
     "hook_timeout", "hook_retries", "hook_backoff", "hook_backoff_max", "wait_timeout",
     "users_keypair", "extra",
 }  # fmt: skip
@@ -238,6 +239,8 @@ def parse_params(data: Any, source: str) -> Params:
         kw["max_node_count"] = v.integer(d["max_node_count"], "max_node_count", 1, 65533)
     if "accounting" in d:
         kw["accounting"] = v.boolean(d["accounting"], "accounting")
+    if "docker" in d:
+        kw["docker"] = v.boolean(d["docker"], "docker")
     if "hooks" in d:
         kw["hooks"] = _hooks(v, d["hooks"])
     for k in ("hook_timeout", "hook_backoff", "hook_backoff_max", "wait_timeout"):

@@ -197,6 +197,11 @@ def _ssh_config_for(spec: HostSpec, alias: str) -> str:
     fd, path = tempfile.mkstemp(prefix="nodeforge-verify-", suffix=".ssh_config")
     with open(fd, "w") as f:
         f.write("\n".join(lines) + "\n")
+    # paramiko reads it at connect time (lazily), so it lives until the process ends.
+    import atexit
+    import os
+
+    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
     return path
 
 

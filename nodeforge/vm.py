@@ -163,7 +163,7 @@ def probe_accel(
     initrd: Path | None,
     workdir: Path,
     *,
-    bound: float = 25.0,
+    bound: float = 20.0,
     runner: Runner | None = None,
     kvm_check: Callable[[], bool] = kvm_usable,
     use_cache: bool = True,
@@ -512,11 +512,12 @@ class VM:
     def elapsed(self) -> float:
         return 0.0 if self.started_at is None else time.monotonic() - self.started_at
 
-    def boot_failure(self, what: str, waited: float) -> BootTimeout:
+    def boot_failure(self, what: str, waited: float, limit: float | None = None) -> BootTimeout:
         accel = self.accel.accel if self.accel else "?"
+        limit = self.cfg.boot_timeout if limit is None else limit
         return BootTimeout(
             f"VM {self.cfg.name} ({accel}): {what} after waiting {waited:.0f}s "
-            f"(limit {self.cfg.boot_timeout:.0f}s); console log {self.console}, last lines:\n"
+            f"(limit {limit:.0f}s); console log {self.console}, last lines:\n"
             + console_tail(self.console)
         )
 
@@ -564,7 +565,8 @@ class VM:
 
     def wait_unit(self, unit: str, timeout: float = 300) -> str:
         """Wait until *unit* leaves activating/inactive-with-pending-job; return its state."""
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         state = "unknown"
         while time.monotonic() < deadline:
             cp = self.ssh(f"systemctl show -P ActiveState {unit}; systemctl list-jobs --no-legend {unit}",
@@ -575,7 +577,7 @@ class VM:
             if state in ("active", "failed") or (state == "inactive" and not pending):
                 return state
             time.sleep(3)
-        raise self.boot_failure(f"unit {unit} still {state}", self.elapsed())
+        raise self.boot_failure(f"unit {unit} still {state}", time.monotonic() - start, timeout)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -94,9 +94,27 @@ def start_slurmd(
     return detail
 
 
+DOCKER_UNITS = ("containerd.service", "docker.service")
+
+
+def start_docker(ctx: RoleContext) -> str:
+    """Compute nodes run containers: dockerd + containerd, disabled at bake, started here."""
+    if not ctx.params.docker:
+        return "disabled by params (docker: false)"
+    for unit in DOCKER_UNITS:
+        ctx.host.systemctl("enable", unit)
+        ctx.host.start(unit, timeout=ctx.params.wait_timeout)
+    return "active"
+
+
 def run(ctx: RoleContext) -> dict:
-    return start_slurmd(ctx, gate(ctx), INITIALIZING, RUNNING_HOOKS)
+    # Docker first: a compute that cannot run containers must not register at all.
+    docker = start_docker(ctx)
+    detail = start_slurmd(ctx, gate(ctx), INITIALIZING, RUNNING_HOOKS)
+    detail["docker"] = docker
+    return detail
 
 
 def verify(ctx: RoleContext) -> bool:
-    return ctx.host.is_active("slurmd.service")
+    docker_ok = not ctx.params.docker or all(ctx.host.is_active(u) for u in DOCKER_UNITS)
+    return docker_ok and ctx.host.is_active("slurmd.service")

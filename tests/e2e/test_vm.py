@@ -8,7 +8,7 @@ really works (on 2 TCG cores the pair boots in parallel). Then:
 * `docker run` of an image imported locally (a busybox-static rootfs, `docker import`);
 * enroot imports a local image and starts a command in it.
 
-The image comes from $NODEFORGE_VM_IMAGE (default: output/local, the `nodeforge build`
+The image is the session's own `nodeforge build` (tests/e2e/conftest.py), or $NODEFORGE_VM_IMAGE (a build
 output). A missing image or tool FAILS the test and names it. Bounded: the VM must log in
 within $NODEFORGE_VM_BOOT_TIMEOUT (default 480 s) and the agent must finish within 300 s.
 """
@@ -30,7 +30,8 @@ from tests.conftest import require_tools
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = Path(os.environ.get("NODEFORGE_VM_IMAGE", REPO / "output" / "local"))
+# The session's own build (tests/e2e/conftest.py: built_image) unless this points elsewhere.
+IMAGE_ENV = os.environ.get("NODEFORGE_VM_IMAGE")
 BOOT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_BOOT_TIMEOUT", "480"))
 INIT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_INIT_TIMEOUT", "420"))
 BUSYBOX = "/bin/busybox"
@@ -44,16 +45,22 @@ def node_yaml(role: str, name: str, ip: str) -> str:
             f"munge_key: {MUNGE_B64}\nwait_timeout: 360\n")
 
 
-def _cfg(work: Path, name: str, role: str, ip: str, mac: str, **link) -> VMConfig:
-    return VMConfig(image_dir=IMAGE, workdir=work / name, name=name, node_yaml=node_yaml(role, name, ip),
+def _cfg(image: Path, work: Path, name: str, role: str, ip: str, mac: str, **link) -> VMConfig:
+    return VMConfig(image_dir=image, workdir=work / name, name=name, node_yaml=node_yaml(role, name, ip),
                     boot_timeout=BOOT_TIMEOUT, keep=True, link_ip=f"{ip}/24", link_mac=mac,
                     compat_net=os.environ.get("NODEFORGE_VM_COMPAT_NET") == "1",
                     compat_keygen=os.environ.get("NODEFORGE_VM_COMPAT_KEYGEN") == "1", **link)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def vm_image(request) -> Path:
+    return Path(IMAGE_ENV) if IMAGE_ENV else request.getfixturevalue("built_image")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, vm_image):
     require_tools("qemu-system-x86_64", "qemu-img", "ssh", "ssh-keygen", "scp")
+    IMAGE = vm_image
     for f in ("disk.qcow2", "vmlinuz", "initrd.img", "manifest.json"):
         if not (IMAGE / f).is_file():
             pytest.fail(f"VM image artifact missing: {IMAGE / f} (build it with `nodeforge build`, "
@@ -61,8 +68,8 @@ def cluster(tmp_path_factory):
     work = tmp_path_factory.mktemp("vm")
     port = free_port()
     disk_sum = _sha(IMAGE / "disk.qcow2")
-    ctl = VM(_cfg(work, "ctl", "controller", "10.77.0.10", "52:54:00:4e:46:10", link_listen=port))
-    c1 = VM(_cfg(work, "c1", "compute", "10.77.0.11", "52:54:00:4e:46:11", link_connect=port))
+    ctl = VM(_cfg(IMAGE, work, "ctl", "controller", "10.77.0.10", "52:54:00:4e:46:10", link_listen=port))
+    c1 = VM(_cfg(IMAGE, work, "c1", "compute", "10.77.0.11", "52:54:00:4e:46:11", link_connect=port))
     prev = signal.signal(signal.SIGTERM, _interrupt)  # so a killed run still stops qemu
     try:
         ctl.start()
@@ -216,7 +223,7 @@ def test_link_between_vms(cluster):
     assert "link-ok" in cp.stdout, cp.stdout
 
 
-def test_overlay_is_copy_on_write(vm):
+def test_overlay_is_copy_on_write(vm, vm_image):
     info = proc.run(["qemu-img", "info", "-U", str(vm.overlay)]).stdout
-    assert "backing file:" in info and str(IMAGE.resolve() / "disk.qcow2") in info, info
+    assert "backing file:" in info and str(vm_image.resolve() / "disk.qcow2") in info, info
     assert vm.describe()["ssh"].startswith("ssh://root@127.0.0.1:")

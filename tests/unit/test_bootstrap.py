@@ -353,7 +353,14 @@ def test_compute_gate_order_and_resume(tmp_path):
     (paths.on_init_d / "10-check").chmod(0o755)
     state = agent.init()
     assert state.status == "ready"
-    ev = [e for e in fm.events if not e.startswith("start munge")]
+    docker = [e for e in fm.events if "containerd" in e or "docker" in e]
+    # Docker comes up before the node is created in Slurm (a compute that cannot run
+    # containers must never register).
+    assert docker == ["enable containerd.service", "start containerd.service",
+                      "enable docker.service", "start docker.service"], docker
+    assert fm.events.index("start docker.service") < fm.events.index(next(
+        e for e in fm.events if e.startswith(("create c1", "drain c1"))))
+    ev = [e for e in fm.events if not e.startswith("start munge") and e not in docker]
     assert ev == [
         "create c1 FUTURE",
         "drain c1: nodeforge: initializing",
@@ -439,7 +446,14 @@ def test_compute_reboot_redrains_before_slurmd(tmp_path):
     fm.reboot()
     fm.events.clear()
     st = agent.init()
-    ev = [e for e in fm.events if not e.startswith("start munge")]
+    docker = [e for e in fm.events if "containerd" in e or "docker" in e]
+    # Docker comes up before the node is created in Slurm (a compute that cannot run
+    # containers must never register).
+    assert docker == ["enable containerd.service", "start containerd.service",
+                      "enable docker.service", "start docker.service"], docker
+    assert fm.events.index("start docker.service") < fm.events.index(next(
+        e for e in fm.events if e.startswith(("create c1", "drain c1"))))
+    ev = [e for e in fm.events if not e.startswith("start munge") and e not in docker]
     assert ev == [
         "drain c1: nodeforge: initializing",
         "start slurmd.service",

@@ -96,7 +96,7 @@ def test_report_summary_per_host():
     rep = verify.format_report(rs, {"a": 12.5})
     assert "FAIL  host=a  role=compute  check=y" in rep and "boom" in rep
     assert "verify: FAILED: 2 of 3" in rep
-    row = [ln for ln in rep.splitlines() if ln.startswith("a ")][0].split()
+    row = next(ln for ln in rep.splitlines() if ln.startswith("a ")).split()
     assert row == ["a", "compute", "1", "1", "0", "12.5"]
 
 
