@@ -47,7 +47,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import itertools
 
 import yaml
 
@@ -468,30 +467,35 @@ class Lifecycle:
                 "deadline": deadline}
 
 
-def ansible_role_times(log_text: str) -> dict[str, float]:
-    """Seconds per role from the stamped ansible log (time between TASK headers).
+def ansible_tasks(log_text: str) -> list[tuple[str, str, float]]:
+    """(role, task, seconds) from the stamped ansible log.
 
-    Tasks of the first play count as "(preconditions)". In the roles play, the unprefixed
-    include ("Block service starts …") and the base task it pulls in count for the role that
-    included them.
+    ansible-core's default callback prints a task's banner when the task's first result
+    arrives (here: one host, so when it ends), so a task's duration is the time from the
+    previous banner to its own; the first one counts from the first PLAY banner (before it:
+    ansible starting, "(ansible start)"). Tasks of the first play count as
+    "(preconditions)". In the roles play, the unprefixed include ("Block service starts …")
+    and the other role's task it pulls in count for the role that included them.
     """
-    marks: list[tuple[float, str | None]] = [(0.0, "(ansible start, facts)")]
+    out: list[tuple[str, str, float]] = []
+    prev: float | None = None
     plays = 0
     current = "(preconditions)"
     including: str | None = None
     for line in log_text.splitlines():
-        m = re.match(r"\[\s*([\d.]+)s\] (PLAY RECAP|PLAY|TASK|RUNNING HANDLER) \[?(.*?)\]? \*", line)
+        m = re.match(r"\[\s*([\d.]+)s\] (PLAY RECAP|PLAY|TASK|RUNNING HANDLER) \[?(.*?)\]? \*",
+                     line)
         if not m:
             continue
         t, kind, name = float(m.group(1)), m.group(2), m.group(3)
         if kind == "PLAY RECAP":
-            marks.append((t, None))
-            continue
+            break
         if kind == "PLAY":
             plays += 1
+            if prev is None:
+                out.append(("(ansible start)", "", t))
+                prev = t
             continue
-        if name == "Gathering Facts":
-            continue  # counted with the start: the header is printed when facts are in
         if " : " in name:
             role = name.split(" : ", 1)[0]
             if including and role != including:
@@ -503,12 +507,25 @@ def ansible_role_times(log_text: str) -> dict[str, float]:
             role = including = current
         else:
             role = "(preconditions)"
-        marks.append((t, role))
-    out: dict[str, float] = {}
-    for (t, role), (t2, _) in itertools.pairwise(marks):
-        if role:
-            out[role] = round(out.get(role, 0.0) + (t2 - t), 1)
+        out.append((role, name, round(t - (prev or 0.0), 2)))
+        prev = t
     return out
+
+
+def ansible_role_times(log_text: str) -> dict[str, float]:
+    """Seconds per role (see ansible_tasks)."""
+    out: dict[str, float] = {}
+    for role, _, d in ansible_tasks(log_text):
+        out[role] = round(out.get(role, 0.0) + d, 1)
+    return out
+
+
+def ansible_package_seconds(log_text: str) -> float:
+    """Seconds in the roles' package-install (ansible.builtin.apt) tasks."""
+    return round(sum(d for _, task, d in ansible_tasks(log_text)
+                     if re.search(r": Install (the base packages|the OpenSSH server|munge$|Slurm|"
+                                  r"MariaDB|the Docker|enroot and|the build packages|logrotate|"
+                                  r"the agent's runtime)", task)), 1)
 
 
 # -- one trial --------------------------------------------------------------------------
@@ -535,6 +552,7 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
             deadline = lres.pop("deadline")
             res.update(lres)
             res["ansible_roles_s"] = ansible_role_times(logp.read_text())
+            res["ansible_package_install_s"] = ansible_package_seconds(logp.read_text())
             timeout = max(10.0, deadline - time.monotonic())
         t_idle = wait_schedulable(cluster, node, timeout, args.poll)
         res["seconds"] = round(t_idle - node.started, 2)
@@ -612,6 +630,8 @@ def summarize(results: list[dict], variants: list[str]) -> dict:
     if "lifecycle" in variants:
         out["median_lifecycle_ansible_s"] = median([r["ansible_s"] for r in ok["lifecycle"]])
         out["median_lifecycle_ssh_after_s"] = median([r["ssh_after_s"] for r in ok["lifecycle"]])
+        out["median_lifecycle_package_install_s"] = median(
+            [r["ansible_package_install_s"] for r in ok["lifecycle"]])
         roles: dict[str, list[float]] = {}
         for r in ok["lifecycle"]:
             for k, d in (r.get("ansible_roles_s") or {}).items():
@@ -715,7 +735,9 @@ def main() -> int:
                   f"steps {s['median_agent_steps_baked']}")
         if "median_lifecycle_ansible_s" in s:
             print(f"  lifecycle: sshd after {s['median_lifecycle_ssh_after_s']} s, roles "
-                  f"{s['median_lifecycle_ansible_s']} s {s['median_lifecycle_ansible_roles_s']}")
+                  f"{s['median_lifecycle_ansible_s']} s (package installs "
+                  f"{s['median_lifecycle_package_install_s']} s) "
+                  f"{s['median_lifecycle_ansible_roles_s']}")
         for k2, v2 in s["ratios"].items():
             print(f"  {k2}: {v2}")
         print(f"  goals met: {s['goals_met']}")

@@ -363,7 +363,12 @@ class LocalCluster:
             proc.run(["umount", merged], check=False)
             if os.path.ismount(merged):
                 proc.run(["umount", "--lazy", merged], check=False)
-        cluster.fabric().detach(node.netns)
+        fabric = cluster.fabric()
+        fabric.detach(node.netns)
+        # The bridge side of the veth goes away only when the node's namespace is freed, which
+        # can lag behind `ip netns delete`; the next node may reuse this index at once.
+        proc.run(["ip", "-n", fabric.ns, "link", "del", f"nfv{node.index}"], check=False,
+                 timeout=30)
         shutil.rmtree(node.dir, ignore_errors=True)
         cluster.nodes.remove(node)
         cluster.save()
