@@ -353,14 +353,7 @@ def test_compute_gate_order_and_resume(tmp_path):
     (paths.on_init_d / "10-check").chmod(0o755)
     state = agent.init()
     assert state.status == "ready"
-    docker = [e for e in fm.events if "containerd" in e or "docker" in e]
-    # Docker comes up before the node is created in Slurm (a compute that cannot run
-    # containers must never register).
-    assert docker == ["enable containerd.service", "start containerd.service",
-                      "enable docker.service", "start docker.service"], docker
-    assert fm.events.index("start docker.service") < fm.events.index(next(
-        e for e in fm.events if e.startswith(("create c1", "drain c1"))))
-    ev = [e for e in fm.events if not e.startswith("start munge") and e not in docker]
+    ev = _slurm_events_after_docker(fm)
     assert ev == [
         "create c1 FUTURE",
         "drain c1: nodeforge: initializing",
@@ -440,20 +433,24 @@ def test_sha_mismatch_drains(tmp_path):
     assert fm.nodes["c1"]["Reason"] == "nodeforge: hook ext.sh sha256 mismatch (not run)"
 
 
+def _slurm_events_after_docker(fm) -> list[str]:
+    """Docker comes up before the node is created in Slurm (a compute that cannot run
+    containers must never register); returns the Slurm-side events, in order."""
+    docker = [e for e in fm.events if "containerd" in e or "docker" in e]
+    assert docker == ["enable containerd.service", "start containerd.service",
+                      "enable docker.service", "start docker.service"], docker
+    assert fm.events.index("start docker.service") < fm.events.index(next(
+        e for e in fm.events if e.startswith(("create c1", "drain c1"))))
+    return [e for e in fm.events if not e.startswith("start munge") and e not in docker]
+
+
 def test_compute_reboot_redrains_before_slurmd(tmp_path):
     agent, fm, _paths, _ = make(tmp_path, COMPUTE)
     agent.init()
     fm.reboot()
     fm.events.clear()
     st = agent.init()
-    docker = [e for e in fm.events if "containerd" in e or "docker" in e]
-    # Docker comes up before the node is created in Slurm (a compute that cannot run
-    # containers must never register).
-    assert docker == ["enable containerd.service", "start containerd.service",
-                      "enable docker.service", "start docker.service"], docker
-    assert fm.events.index("start docker.service") < fm.events.index(next(
-        e for e in fm.events if e.startswith(("create c1", "drain c1"))))
-    ev = [e for e in fm.events if not e.startswith("start munge") and e not in docker]
+    ev = _slurm_events_after_docker(fm)
     assert ev == [
         "drain c1: nodeforge: initializing",
         "start slurmd.service",
