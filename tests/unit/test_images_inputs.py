@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import make_keypair
+
 from images import build, manifest, scan, seal, varfile
 from nodeforge.errors import NodeforgeError
 
@@ -50,7 +52,7 @@ def _tree(tmp_path) -> Path:
     (t / "etc/machine-id").write_text("")
     (t / "var/lib/dpkg/info/x.list").write_text("/usr/share/doc/x/example.key\n")
     # A package-owned example key is public (it is in the Debian archive): not a finding.
-    (t / "usr/share/doc/x/example.key").write_text("-----BEGIN RSA PRIVATE KEY-----\nAAA\n")
+    (t / "usr/share/doc/x/example.key").write_text(make_keypair(tmp_path, "example")[1])
     (t / "usr/share/nodeforge/templates/slurmdbd.conf.j2").write_text("StoragePass={{ storage_pass }}\n")
     return t
 
@@ -66,7 +68,7 @@ def test_scan_finds_every_kind_of_secret(tmp_path):
     (t / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
     (t / "root/.ssh/authorized_keys").write_text("ssh-ed25519 AAAA build")
     (t / "root/.bash_history").write_text("mysql -p secret")
-    (t / "etc/ssl-private.pem").write_text("-----BEGIN PRIVATE KEY-----\nMII\n")
+    (t / "etc/ssl-private.pem").write_text(make_keypair(tmp_path, "stray")[1])
     (t / "etc/slurm/slurmdbd.conf").write_text("StorageUser=slurm\nStoragePass=hunter2\n")
     (t / "tmp/leftover").write_text("x")
     kinds = {f.kind for f in scan.scan(t)}
