@@ -28,6 +28,7 @@ import yaml
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
+from .host import write_atomic
 from .netns import Fabric
 
 log = logging.getLogger("nodeforge.cluster")
@@ -87,12 +88,8 @@ class Cluster:
 
     # -- persistence --------------------------------------------------------------------
     def save(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / ".cluster.json.tmp"
-        data = asdict(self)
-        tmp.write_text(json.dumps(data, indent=2))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.dir / "cluster.json")
+        # Root-only: the file sits beside the cluster's munge key.
+        write_atomic(self.dir / "cluster.json", json.dumps(asdict(self), indent=2), 0o600)
 
     @classmethod
     def load(cls, name: str) -> Cluster:
@@ -194,15 +191,12 @@ def _mount_overlay(lower: Path, node_dir: Path) -> None:
               merged])
 
 
-def _hosts_block(cluster: Cluster) -> str:
-    lines = ["# nodeforge local cluster: managed block, rewritten when nodes join"]
+def _hosts_text(cluster: Cluster) -> str:
+    """Every node's /etc/hosts: localhost plus all cluster nodes (rewritten when nodes join)."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+             "# nodeforge local cluster: managed block, rewritten when nodes join"]
     lines += [f"{n.address}\t{n.name}" for n in cluster.nodes]
     return "\n".join(lines) + "\n"
-
-
-def _write_hosts(path: Path, cluster: Cluster) -> None:
-    base = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-    path.write_text(base + _hosts_block(cluster))
 
 
 class LocalCluster:
@@ -309,7 +303,7 @@ class LocalCluster:
             target = merged / dest.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
-        _write_hosts(merged / "etc/hosts", cluster)
+        (merged / "etc/hosts").write_text(_hosts_text(cluster))
         if prepare is not None:
             prepare(node)  # bench hook: edit the node's overlay before it boots
         cluster.fabric().attach(node.netns, index, ipaddress.ip_address(address))
@@ -381,8 +375,7 @@ class LocalCluster:
 
     def _refresh_hosts(self, cluster: Cluster, skip: str) -> None:
         """Tell running nodes about a newcomer (Slurm resolves node names via /etc/hosts)."""
-        text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + \
-            _hosts_block(cluster)
+        text = _hosts_text(cluster)
         for n in cluster.nodes:
             if n.name == skip or not _alive(n.pid):
                 continue

@@ -21,18 +21,13 @@ from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.vm import free_port
 
 log = logging.getLogger("nodeforge.sandbox")
 
 BUILD_SSHD_CONF = "etc/ssh/sshd_config.d/00-nodeforge-build.conf"
 BOOT_TIMEOUT = 180.0
 STOP_TIMEOUT = 90.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def extract(tarball: Path, tree: Path) -> None:

@@ -5,7 +5,7 @@ One playbook (images/site.yml) provisions every target; only the source block di
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import hcl2
 
@@ -265,9 +265,3 @@ def render_dict(target: str, *, modern: bool = False) -> dict:
 def render(target: str, *, modern: bool = False) -> str:
     """HCL2 text (not yet `packer fmt`-ed; packer.fmt() does that)."""
     return hcl2.dumps(render_dict(target, modern=modern))
-
-
-@dataclass
-class VarFile:
-    path: str
-    values: dict = field(default_factory=dict)

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -59,7 +59,6 @@ class Versions:
     bases: dict[str, Base]
     default_base: str
     artifacts: dict[str, dict[str, Artifact]]  # name -> arch -> Artifact
-    raw: dict = field(repr=False, default_factory=dict)
 
     def base(self, name: str | None) -> Base:
         key = name or self.default_base
@@ -145,7 +144,7 @@ def load(path: Path | None = None) -> Versions:
                 sha256=sha,
             )
         artifacts[name] = by_arch
-    return Versions(path, bases, default_base, artifacts, raw)
+    return Versions(path, bases, default_base, artifacts)
 
 
 def sha256_file(path: Path) -> str:
