@@ -41,11 +41,19 @@ def export_rootfs(tree: Path, dest: Path) -> None:
     )
 
 
-def export_disk(tree: Path, dest_dir: Path) -> list[Path]:
+def export_disk(tree: Path, dest_dir: Path, size_mib: int | None = None) -> list[Path]:
     """ext4 disk made with `mkfs.ext4 -d` (no loop devices or mounts needed), converted to
-    qcow2, and the kernel + initrd beside it for direct boot."""
-    size = int(tree_size_bytes(tree) * DISK_HEADROOM) + DISK_EXTRA_MIB * (1 << 20)
-    size_mib = (size >> 20) + 1
+    qcow2, and the kernel + initrd beside it for direct boot.
+
+    *size_mib* fixes the filesystem size (the qemu build's base disk must hold everything
+    the playbook installs: the disk has no partition table, so growing the qcow2 alone
+    would not grow the filesystem); by default it is the content plus headroom."""
+    fits = (int(tree_size_bytes(tree) * DISK_HEADROOM) >> 20) + 1
+    if size_mib is not None and size_mib < fits:
+        raise NodeforgeError(
+            f"disk_size {size_mib} MiB is smaller than the base tree needs ({fits} MiB): "
+            "raise disk_size in the var file")
+    size_mib = size_mib or fits + DISK_EXTRA_MIB
     raw = dest_dir / "disk.raw"
     proc.run(["truncate", "-s", f"{size_mib}M", raw])
     try:
@@ -55,7 +63,11 @@ def export_disk(tree: Path, dest_dir: Path) -> list[Path]:
                   dest_dir / DISK], timeout=1800)
     finally:
         raw.unlink(missing_ok=True)
-    produced = [dest_dir / DISK]
+    return [dest_dir / DISK, *copy_boot_files(tree, dest_dir)]
+
+
+def copy_boot_files(tree: Path, dest_dir: Path) -> list[Path]:
+    """The newest kernel and initrd of *tree*, beside the disk, for direct boot."""
     boot = tree / "boot"
     kernels = sorted(boot.glob("vmlinuz-*"))
     initrds = sorted(boot.glob("initrd.img-*"))
@@ -66,8 +78,7 @@ def export_disk(tree: Path, dest_dir: Path) -> list[Path]:
         )
     shutil.copyfile(kernels[-1], dest_dir / KERNEL)
     shutil.copyfile(initrds[-1], dest_dir / INITRD)
-    produced += [dest_dir / KERNEL, dest_dir / INITRD]
-    return produced
+    return [dest_dir / KERNEL, dest_dir / INITRD]
 
 
 def dpkg_versions(tree: Path) -> dict[str, str]:

@@ -24,7 +24,9 @@ TOP_LEVEL = {
     "phases": dict,
 }
 REQUIRED_TOOLS = ("nodeforge", "packer", "ansible-core")
-REQUIRED_PHASES_IMAGE = ("preflight", "base", "sandbox", "provision", "seal")
+# The qemu target provisions a VM, not an nspawn sandbox.
+REQUIRED_PHASES_IMAGE = {"local": ("preflight", "base", "sandbox", "provision", "seal"),
+                         "qemu": ("preflight", "base", "provision", "seal")}
 
 
 def check(m: dict, *, outer: bool = True) -> list[str]:
@@ -45,7 +47,7 @@ def check(m: dict, *, outer: bool = True) -> list[str]:
     for tool in REQUIRED_TOOLS:
         if not m["tools"].get(tool):
             errs.append(f"'tools.{tool}' is missing")
-    for ph in REQUIRED_PHASES_IMAGE:
+    for ph in REQUIRED_PHASES_IMAGE.get(m["target"], REQUIRED_PHASES_IMAGE["local"]):
         v = m["phases"].get(ph)
         if not isinstance(v, (int, float)) or v < 0:
             errs.append(f"'phases.{ph}' must be a non-negative number of seconds")

@@ -101,13 +101,27 @@ def build(
     logfile: IO[str],
     on_line: Callable[[str], None] | None = None,
     timeout: float = 3600,
+    cache_dir: Path | None = None,
+    cwd: Path | None = None,
 ) -> None:
+    env = {"PACKER_NO_COLOR": "1", "CHECKPOINT_DISABLE": "1"}
+    if cache_dir is not None:
+        # Packer's download cache otherwise lands in ./packer_cache of whatever directory the
+        # user ran nodeforge from.
+        env["PACKER_CACHE_DIR"] = str(cache_dir)
     proc.stream(
-        [proc.require_tool("packer"), "build", "-color=false", "-on-error=abort",
+        [proc.require_tool("packer"), "build", "-color=false",
+         # cleanup (not abort): a failed qemu or amazon-ebs build must not leave a VM,
+         # an EC2 instance or a temporary key pair behind.
+         "-on-error=cleanup",
          *var_args(values, var_files), template_file],
         logfile=logfile,
         on_line=on_line,
-        env={"PACKER_NO_COLOR": "1", "CHECKPOINT_DISABLE": "1"},
+        env=env,
+        cwd=cwd,
         timeout=timeout,
+        # Packer's own cleanup on SIGTERM: stop qemu, or terminate the EC2 instance and
+        # delete its temporary key pair and security group (can take minutes).
+        kill_grace=300,
         hint=f"the full Packer/Ansible output is in {getattr(logfile, 'name', 'the build log')}",
     )

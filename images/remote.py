@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,7 +23,9 @@ from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import export, packer, scan, varfile, versions
+from . import export, packer, varfile, versions
+from . import manifest as manifest_mod
+from .sandbox import release_mounts
 
 NETWORK_UNIT = """# nodeforge: DHCP on the VM's NIC (containers get their network from the host)
 [Match]
@@ -31,7 +35,18 @@ Virtualization=!container
 [Network]
 DHCP=yes
 """
-SCAN_DIRS = ("etc", "root", "home", "opt", "var/lib", "var/log", "tmp", "var/tmp")
+# Packed into the libvirt box: boots the kernel and initrd the box carries (base disk made
+# here), or the disk's own boot loader (a cloud image given as base_disk).
+BOX_VAGRANTFILE = Path(__file__).resolve().parent / "box" / "Vagrantfile"
+BOX_VAGRANTFILE_LOADER = Path(__file__).resolve().parent / "box" / "Vagrantfile.bootloader"
+# cloud-init NoCloud user-data for a cloud image: only the build's throwaway key for root
+# (the seal role removes it, cloud-init's state and the host keys).
+SEED_USER_DATA = """#cloud-config
+disable_root: false
+ssh_pwauth: false
+ssh_authorized_keys:
+  - {key}
+"""
 
 
 def aws_credentials_present(env: dict[str, str] | None = None) -> bool:
@@ -44,8 +59,50 @@ def aws_credentials_present(env: dict[str, str] | None = None) -> bool:
     return (home / ".aws/credentials").is_file() or (home / ".aws/config").is_file()
 
 
-def make_base_disk(base_tar: Path, dest: Path, key_pub: str) -> tuple[Path, Path, Path]:
-    """A bootable qcow2 (+ kernel, initrd) from the base tarball, reachable by the build key."""
+def check_qemu_vars(user_vars: dict[str, object]) -> None:
+    """Refuse var-file combinations the qemu target cannot build, before anything starts."""
+    if "base_disk" in user_vars:
+        if str(user_vars.get("base_disk_checksum", "none")) == "none":
+            raise NodeforgeError(
+                "base_disk_checksum is required with a base_disk of your own: set it to "
+                "sha256:<hex> (or sha512:<hex>) of the cloud image in the var file; the "
+                "image's SHA512SUMS file publishes it")
+        if "kernel" in user_vars or "initrd" in user_vars:
+            raise NodeforgeError(
+                "kernel/initrd are set by nodeforge for its own base disk; with base_disk "
+                "(a cloud image that boots with its own loader) remove them from the var file")
+    disk_size_mib(str(user_vars.get("disk_size", "8G")))
+
+
+def write_nocloud_seed(dest: Path, key_pub: str, name: str) -> Path:
+    """The NoCloud seed Packer serves to a cloud image (see the template's -smbios)."""
+    dest.mkdir(parents=True)
+    (dest / "user-data").write_text(SEED_USER_DATA.format(key=key_pub.strip()))
+    (dest / "meta-data").write_text(f"instance-id: {name}-build\nlocal-hostname: nodeforge-build\n")
+    return dest
+
+
+def disk_size_mib(value: str) -> int:
+    """Packer's disk_size syntax: a number with an optional K/M/G/T suffix; bare means MiB."""
+    v = str(value).strip()
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    num, unit = (v[:-1], v[-1].upper()) if v and v[-1].upper() in units else (v, "M")
+    try:
+        mib = int(float(num) * units[unit])
+    except ValueError:
+        raise NodeforgeError(
+            f"disk_size {value!r} is not a size: use a number with K, M, G or T (e.g. 8G)"
+        ) from None
+    if mib < 1024:
+        raise NodeforgeError(f"disk_size {value!r} is under 1 GiB: the image needs at least 4G")
+    return mib
+
+
+def make_base_disk(base_tar: Path, dest: Path, key_pub: str,
+                   size_mib: int) -> tuple[Path, Path, Path]:
+    """A bootable qcow2 (+ kernel, initrd) from the base tarball, reachable by the build key.
+
+    Its filesystem is made at the full *size_mib* (sparse, so the qcow2 stays small)."""
     tree = dest / "tree"
     from .sandbox import extract
 
@@ -62,27 +119,18 @@ def make_base_disk(base_tar: Path, dest: Path, key_pub: str) -> tuple[Path, Path
         proc.run(["systemctl", f"--root={tree}", "enable", "systemd-networkd.service"])
         (tree / "etc/hostname").write_text("nodeforge-build\n")
         export.write_fstab(tree)
-        export.export_disk(tree, dest)
+        export.export_disk(tree, dest, size_mib=size_mib)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     return dest / export.DISK, dest / export.KERNEL, dest / export.INITRD
 
 
-def scan_disk(qcow2: Path, work: Path) -> list[scan.Finding]:
-    """Read the security-relevant directories out of an ext4 disk (no mount) and scan them."""
-    raw = work / "scan.raw"
-    out = work / "scan-tree"
-    out.mkdir(parents=True)
-    proc.run([proc.require_tool("qemu-img"), "convert", "-O", "raw", qcow2, raw], timeout=1800)
+def console_tail(path: Path, lines: int = 40) -> str:
     try:
-        for d in SCAN_DIRS:
-            parent = out / Path(d).parent
-            parent.mkdir(parents=True, exist_ok=True)
-            proc.run(["debugfs", "-R", f"rdump /{d} {parent}", raw], check=False, timeout=600)
-        return scan.scan(out)
-    finally:
-        raw.unlink(missing_ok=True)
-        shutil.rmtree(out, ignore_errors=True)
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no console output was captured)"
+    return "\n".join(text.splitlines()[-lines:]) or "(the console stayed empty)"
 
 
 def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
@@ -94,7 +142,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
     for tool in ("packer", "ansible-playbook", "ssh-keygen"):
         proc.require_tool(tool)
     if target == "qemu":
-        for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "debugfs"):
+        for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "fstrim", "mount"):
             proc.require_tool(tool)
     if target == "amazon-ebs" and not aws_credentials_present():
         raise NodeforgeError(
@@ -104,6 +152,8 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
     user_vars: dict[str, object] = {}
     for vf in opts.var_files:
         user_vars.update(varfile.load(vf, target))
+    if target == "qemu":
+        check_qemu_vars(user_vars)
     playbook, cfg, _ = repo_paths()
     phases = Phases(reporter)
     partial = output.with_name(output.name + ".partial")
@@ -122,6 +172,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                 seen = versions.fetch(arts, art_dir, mirror=opts.artifact_mirror,
                                       allow_unpinned=opts.allow_unpinned, versions_path=vers.path)
                 wheel = build_wheel(work / "wheel", logfile)
+            base_key, base_cached = str(user_vars.get("base_disk", "source AMI")), False
             values: dict[str, object] = {
                 "playbook_file": playbook, "ansible_config": cfg, "image_name": name,
                 "ansible_playbook": proc.require_tool("ansible-playbook"),
@@ -134,11 +185,16 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                     values["ssh_private_key_file"] = key
                     if "base_disk" not in user_vars:
                         spec = base_mod.spec_for(base, arch)
-                        tar, _ = base_mod.ensure_base(spec, opts.cache_dir / "base", base.keyring,
-                                                      logfile)
+                        tar, base_cached = base_mod.ensure_base(
+                            spec, opts.cache_dir / "base", base.keyring, logfile)
+                        base_key = spec.key()
                         disk, kernel, initrd = make_base_disk(
-                            tar, work / "base", Path(f"{key}.pub").read_text())
+                            tar, work / "base", Path(f"{key}.pub").read_text(),
+                            disk_size_mib(str(user_vars.get("disk_size", "8G"))))
                         values.update(base_disk=disk, kernel=kernel, initrd=initrd)
+                    else:
+                        values["seed_directory"] = write_nocloud_seed(
+                            work / "seed", Path(f"{key}.pub").read_text(), name)
                     if "accelerator" not in user_vars:
                         from nodeforge.vm import probe_accel
 
@@ -149,6 +205,13 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                         logfile.write(f"accelerator: {values['accelerator']}\n")
                     values["output_directory"] = work / "packer-out"
                     values["box_output"] = partial / "nodeforge-libvirt.box"
+                    values["console_log"] = work / "console.log"
+                    values["kernel_out"] = partial / export.KERNEL
+                    values["initrd_out"] = partial / export.INITRD
+                    # A cloud image boots its own loader; the local base disk needs the
+                    # box to carry and boot its kernel.
+                    values["box_vagrantfile"] = (
+                        BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER)
             else:
                 comps = {a.component: a.version for a in arts}
                 # Tags carry the versions, so an AMI says what it holds.
@@ -170,41 +233,70 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
             values["extra_vars_file"] = ev
             tpl = work / f"{target}.pkr.hcl"
             tpl.write_text(packer.render(target))
+            manifest = {
+                "schema": 1, "name": name, "target": target,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                "arch": arch,
+                "base": {"name": base.name, "suite": base.suite, "mirror": base.mirror,
+                         "key": base_key, "cached": base_cached},
+                "inputs": {a.name: {"component": a.component, "version": a.version,
+                                    "file": a.file, "sha256": seen[a.name], "pinned": a.pinned}
+                           for a in arts},
+                "tools": tools,
+            }
+            sealed = work / "image.json"
+            if target == "qemu":
+                stub = work / "manifest-stub.json"
+                export.write_json_atomic(stub, {**manifest, "phases": {
+                    **phases.durations, "provision_started": time.time()}})
+                values["seal_command"] = shlex.join([
+                    sys.executable, "-m", "images.disk_seal",
+                    "--disk", str(Path(values["output_directory"]) / "nodeforge.qcow2"),
+                    "--manifest-stub", str(stub), "--boot-out", str(partial),
+                    "--result", str(sealed)])
             with phases.phase("provision"):
-                packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
-                             timeout=4 * 3600)
+                try:
+                    packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
+                                 timeout=4 * 3600, cache_dir=opts.cache_dir / "packer", cwd=work)
+                except NodeforgeError as e:
+                    if target != "qemu":
+                        raise
+                    tail = console_tail(Path(values["console_log"]))
+                    logfile.write(f"--- build VM console (last lines) ---\n{tail}\n")
+                    raise NodeforgeError(
+                        f"{e}\nbuild VM console (accelerator {values['accelerator']}), "
+                        f"last lines:\n{tail}") from e
             artifacts: dict[str, dict] = {}
             with phases.phase("export"):
                 if target == "qemu":
-                    built = Path(values["output_directory"]) / "nodeforge.qcow2"
-                    findings = scan_disk(built, work)
-                    if findings:
-                        raise NodeforgeError(
-                            "the built disk still holds secrets or per-node identity:\n  "
-                            + "\n  ".join(map(str, findings)))
-                    shutil.move(str(built), partial / "disk.qcow2")
+                    # Sealed, scanned and given its image.json by images/disk_seal.py, which
+                    # Packer ran before packing the box.
+                    image = json.loads(sealed.read_text())
+                    manifest.update(components=image["components"], packages=image["packages"])
+                    shutil.move(str(Path(values["output_directory"]) / "nodeforge.qcow2"),
+                                partial / export.DISK)
                 else:
-                    pm = Path("packer-manifest.json")
+                    pm = work / "packer-manifest.json"
                     if pm.is_file():
                         shutil.move(str(pm), partial / "packer-manifest.json")
                 for p in sorted(partial.iterdir()):
                     if p.is_file() and p.name != "build.log":
                         artifacts[p.name] = {"sha256": versions.sha256_file(p),
                                              "bytes": p.stat().st_size}
-            manifest = {
-                "schema": 1, "name": name, "target": target,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-                "arch": arch,
-                "base": {"name": base.name, "suite": base.suite, "mirror": base.mirror,
-                         "key": str(user_vars.get("base_disk", "mmdebstrap")), "cached": False},
-                "inputs": {a.name: {"component": a.component, "version": a.version,
-                                    "file": a.file, "sha256": seen[a.name], "pinned": a.pinned}
-                           for a in arts},
-                "tools": tools, "phases": dict(phases.durations), "artifacts": artifacts,
-            }
+            manifest["phases"] = dict(phases.durations)
+            if target == "qemu":
+                # Packer's run holds both: the VM's provisioning and the host-side seal.
+                manifest["phases"].update(provision=image["phases"]["provision"],
+                                          seal=image["phases"]["seal"])
+                problems = manifest_mod.check({**manifest, "artifacts": artifacts})
+                if problems:
+                    raise NodeforgeError("internal: manifest.json is incomplete: "
+                                         + "; ".join(problems))
+            manifest["artifacts"] = artifacts
             export.write_json_atomic(partial / "manifest.json", manifest)
             ok = True
         finally:
+            release_mounts(work)  # a loop mount of an interrupted disk seal
             shutil.rmtree(work, ignore_errors=True)
             if not ok:
                 logfile.flush()

@@ -46,6 +46,7 @@ TARGET_VARS: dict[str, list[Variable]] = {
         Variable("base_disk", "string", None, "base qcow2: made from the mmdebstrap base, or a cloud image URL"),
         Variable("base_disk_checksum", "string", "none", "sha256:<hex> of a downloaded base disk; 'none' for a local file"),
         Variable("kernel", "string", "", "direct-boot kernel for a base disk without a boot loader"),
+        Variable("seed_directory", "string", "", "NoCloud seed (user-data, meta-data) served to a cloud image; set by nodeforge"),
         Variable("initrd", "string", "", "direct-boot initrd beside kernel"),
         Variable("accelerator", "string", "tcg", "kvm or tcg (nodeforge probes KVM and falls back to tcg)"),
         Variable("disk_size", "string", "8G", "size of the built disk"),
@@ -55,6 +56,11 @@ TARGET_VARS: dict[str, list[Variable]] = {
         Variable("ssh_private_key_file", "string", None, "key authorized in the base disk"),
         Variable("output_directory", "string", "output-qemu", "where Packer writes the qcow2"),
         Variable("box_output", "string", "nodeforge-libvirt.box", "Vagrant box path"),
+        Variable("console_log", "string", "console.log", "file that receives the guest's serial console"),
+        Variable("seal_command", "string", None, "host command that seals the powered-off disk (set by nodeforge)"),
+        Variable("kernel_out", "string", None, "kernel copied out of the sealed disk, packed into the box"),
+        Variable("initrd_out", "string", None, "initrd copied out of the sealed disk, packed into the box"),
+        Variable("box_vagrantfile", "string", None, "the box's own Vagrantfile (images/box/Vagrantfile)"),
     ],
     "amazon-ebs": [
         Variable("region", "string", "us-east-1", "AWS region"),
@@ -155,16 +161,38 @@ def _qemu(b: hcl2.Builder) -> None:
         vm_name=q("nodeforge.qcow2"),
         # Direct kernel boot for the locally made base disk (it has no boot loader); with
         # a cloud image leave kernel empty and the disk's own loader is used.
-        qemuargs="${var.kernel == \"\" ? [] : [[\"-kernel\", var.kernel], [\"-initrd\", var.initrd], [\"-append\", \"root=/dev/vda rw console=ttyS0 net.ifnames=0\"]]}",
+        # A cloud image gets the build key from cloud-init's NoCloud source, served by
+        # Packer's HTTP server (guest 10.0.2.2 is the host's loopback under slirp).
+        http_directory="${var.seed_directory}",
+        http_bind_address=q("127.0.0.1"),
+        # SSH forward on loopback only (Packer's default listens on every address), and the
+        # serial console in a file so a guest that never answers can be diagnosed. The
+        # locally made base disk has no boot loader: its kernel is booted directly.
+        qemuargs=(
+            "${concat([[\"-netdev\", \"user,id=user.0,hostfwd=tcp:127.0.0.1:{{ .SSHHostPort }}-:22\"], "
+            "[\"-serial\", \"file:${var.console_log}\"]], "
+            "var.kernel == \"\" ? "
+            "[[\"-smbios\", \"type=1,serial=ds=nocloud-net;s=http://{{ .HTTPIP }}:{{ .HTTPPort }}/\"]] : "
+            "[[\"-kernel\", var.kernel], [\"-initrd\", var.initrd], "
+            "[\"-append\", \"root=/dev/vda rw console=ttyS0 net.ifnames=0\"]])}"
+        ),
     )
     build = b.block("build", name=q("nodeforge-qemu"), sources=[q("source.qemu.node")])
     _ansible(build, user="root", become=False)
-    build.block(
+    # One chain: the powered-off disk is sealed on the host first (images/disk_seal.py), so
+    # the box is made from the sealed disk, not from the build VM's.
+    chain = build.block("post-processors")
+    chain.block("post-processor", [q("shell-local")], inline=["${var.seal_command}"])
+    chain.block(
         "post-processor",
         [q("vagrant")],
         provider_override=q("libvirt"),
         output="${var.box_output}",
         keep_input_artifact=True,
+        # The disk has no boot loader: the box carries the kernel and initrd, and its
+        # Vagrantfile boots them (vagrant-libvirt's direct kernel boot).
+        include="${var.kernel == \"\" ? [] : [var.kernel_out, var.initrd_out]}",
+        vagrantfile_template="${var.box_vagrantfile}",
     )
 
 
@@ -231,11 +259,12 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
     )
     build = b.block("build", name=q("nodeforge-ami"), sources=[q("source.amazon-ebs.node")])
     _ansible(build, user="${local.source_amis[var.source_os].user}", become=True)
+    # The AMI id, recorded beside manifest.json (nodeforge runs Packer in its work dir).
+    build.block("post-processor", [q("manifest")], output=q("packer-manifest.json"),
+                strip_path=True)
     if not modern:
         # Packer 1.6's built-in amazon builder cannot set IMDS options; require IMDSv2 on
         # the AMI afterwards with the AWS CLI, from the AMI id Packer's manifest records.
-        build.block("post-processor", [q("manifest")], output=q("packer-manifest.json"),
-                    strip_path=True)
         build.block(
             "post-processor",
             [q("shell-local")],

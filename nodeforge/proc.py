@@ -128,10 +128,12 @@ def stream(
     timeout: float | None = None,
     hint: str = "",
     stamp: bool = True,
+    kill_grace: float = 10.0,
 ) -> None:
     """Run a long command, copying every output line to *logfile* (nothing hidden) and to *on_line*.
 
-    The child runs in its own process group so an interrupt or timeout stops all of it.
+    The child runs in its own process group so an interrupt or timeout stops all of it; it gets
+    *kill_grace* seconds after SIGTERM to clean up (Packer deletes its VM or EC2 instance).
     """
     import selectors
     import time
@@ -165,7 +167,7 @@ def stream(
     try:
         while True:
             if deadline is not None and time.monotonic() > deadline:
-                kill_group(proc)
+                kill_group(proc, kill_grace)
                 raise CommandError(args, -1, "".join(tail), hint=f"timed out after {timeout}s. {hint}")
             if not sel.select(timeout=1.0):
                 if proc.poll() is not None:
@@ -182,7 +184,7 @@ def stream(
                 on_line(line.rstrip("\n"))
         rc = proc.wait()
     except BaseException:
-        kill_group(proc)
+        kill_group(proc, kill_grace)
         raise
     finally:
         sel.close()

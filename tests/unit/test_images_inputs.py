@@ -106,7 +106,7 @@ def test_manifest_schema_rejects_incomplete():
         "components": {"slurmctld": "24.11"}, "packages": {"slurmctld": "24.11"},
         "inputs": {"pyxis_src": {"sha256": "a" * 64, "pinned": False}},
         "tools": {"nodeforge": "0.1", "packer": "1.6.6", "ansible-core": "2.19"},
-        "phases": {p: 1.0 for p in manifest.REQUIRED_PHASES_IMAGE},
+        "phases": {p: 1.0 for p in manifest.REQUIRED_PHASES_IMAGE["local"]},
     }
     assert manifest.check(good, outer=False) == []
     errs = manifest.check(good, outer=True)

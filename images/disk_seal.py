@@ -1,0 +1,142 @@
+"""Seal the disk that Packer's qemu builder produced, before the Vagrant box is made from it.
+
+Packer runs this as a `shell-local` post-processor, between the qemu builder and the
+`vagrant` post-processor, so the box and the qcow2 both hold the sealed disk. The in-guest
+`seal` role cannot finish the job: the build VM's own SSH session, journald and shutdown
+write login records, the journal and a random seed after it ran, and deleted files (the
+build's host keys among them) stay readable in the filesystem's free blocks. Here, on the
+powered-off disk (loop-mounted on the host):
+
+1. the same post-stop items as the local target (images/seal.py), each logged with its reason;
+2. the secret scanner (images/scan.py); any finding fails the build;
+3. /etc/nodeforge/image.json written from the build's manifest and the disk's dpkg database;
+4. the kernel and initrd copied out for direct boot (the disk has no boot loader);
+5. free blocks discarded (fstrim), so nothing deleted can be recovered from the image, then
+   the disk is rewritten as a compact qcow2 in place.
+
+Usage (internal): python -m images.disk_seal --disk D --manifest-stub F --boot-out DIR --result F
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from nodeforge import proc
+from nodeforge.errors import NodeforgeError
+
+from . import export, scan, seal
+from . import manifest as manifest_mod
+from .build import COMPONENT_PACKAGES
+
+
+def root_partition(raw: Path) -> tuple[int, int] | None:
+    """(offset, size) in bytes of the root filesystem of a partitioned disk (a cloud image:
+    the largest partition), or None for a bare filesystem (the locally made base disk)."""
+    cp = proc.run([proc.require_tool("sfdisk"), "--json", raw], check=False, timeout=60)
+    if cp.returncode != 0 or not cp.stdout.strip():
+        return None
+    table = json.loads(cp.stdout)["partitiontable"]
+    sector = int(table.get("sectorsize", 512))
+    parts = table.get("partitions", [])
+    if not parts:
+        return None
+    best = max(parts, key=lambda p: int(p["size"]))
+    return int(best["start"]) * sector, int(best["size"]) * sector
+
+
+@contextmanager
+def loop_mounted(raw: Path, mountpoint: Path):
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    opts = "loop"
+    part = root_partition(raw)
+    if part is not None:
+        opts += f",offset={part[0]},sizelimit={part[1]}"
+    proc.run(["mount", "-o", opts, raw, mountpoint], timeout=120)
+    try:
+        yield mountpoint
+    finally:
+        cp = proc.run(["umount", mountpoint], check=False, timeout=120)
+        if cp.returncode != 0:  # something still holds it: do not leave the mount behind
+            proc.run(["umount", "--lazy", mountpoint], check=False, timeout=120)
+
+
+def seal_tree(tree: Path, stub: dict, boot_out: Path, logfile: IO[str],
+              started: float) -> dict:
+    """Steps 1-4 on a mounted tree; returns the image manifest written into it."""
+    seal.finalize(tree, logfile)
+    findings = scan.scan(tree)
+    if findings:
+        raise NodeforgeError(
+            "the built disk still holds secrets or per-node identity; refusing to publish:\n  "
+            + "\n  ".join(str(f) for f in findings))
+    pkgs = export.dpkg_versions(tree)
+    image = {**stub,
+             "components": {p: pkgs[p] for p in COMPONENT_PACKAGES if p in pkgs},
+             "packages": pkgs,
+             "phases": {**stub["phases"], "seal": round(time.monotonic() - started, 1)}}
+    problems = manifest_mod.check(image, outer=False)
+    if problems:
+        raise NodeforgeError("internal: image manifest is incomplete: " + "; ".join(problems))
+    (tree / "etc/nodeforge").mkdir(parents=True, exist_ok=True)
+    export.write_json_atomic(tree / "etc/nodeforge/image.json", image)
+    export.copy_boot_files(tree, boot_out)
+    return image
+
+
+def seal_disk(disk: Path, stub: dict, boot_out: Path, logfile: IO[str]) -> dict:
+    started = time.monotonic()
+    work = disk.parent / "seal-work"
+    raw = work / "disk.raw"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        proc.run([proc.require_tool("qemu-img"), "convert", "-O", "raw", disk, raw],
+                 timeout=1800)
+        with loop_mounted(raw, work / "mnt") as tree:
+            image = seal_tree(tree, stub, boot_out, logfile, started)
+            # ext4 frees deleted blocks only when the journal commits: commit first, or
+            # fstrim sees them still in use and the deleted data stays on the disk.
+            proc.run(["sync", "--file-system", tree], timeout=600)
+            trimmed = proc.run([proc.require_tool("fstrim"), "-v", tree], timeout=600).stdout
+            logfile.write(f"seal: discard free blocks — deleted files must not be recoverable: "
+                          f"{trimmed.strip()}\n")
+        tmp = disk.with_name(disk.name + ".sealed")
+        proc.run([proc.require_tool("qemu-img"), "convert", "-O", "qcow2", raw, tmp],
+                 timeout=1800)
+        os.replace(tmp, disk)
+        return image
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m images.disk_seal")
+    ap.add_argument("--disk", type=Path, required=True)
+    ap.add_argument("--manifest-stub", type=Path, required=True)
+    ap.add_argument("--boot-out", type=Path, required=True)
+    ap.add_argument("--result", type=Path, required=True)
+    args = ap.parse_args(argv)
+    stub = json.loads(args.manifest_stub.read_text())
+    # The provision phase ends when Packer hands over the powered-off disk.
+    phases = dict(stub.get("phases", {}))
+    started = phases.pop("provision_started", None)
+    if started is not None:
+        phases["provision"] = round(time.time() - started, 1)
+    try:
+        image = seal_disk(args.disk, {**stub, "phases": phases}, args.boot_out, sys.stdout)
+    except NodeforgeError as e:
+        print(f"nodeforge: error: {e}", file=sys.stderr)
+        return 1
+    export.write_json_atomic(args.result, image)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""The qemu target's host-side disk seal on a real ext4 disk (loop mount: needs root).
+
+A small tree stands in for the build VM's disk; what is checked is what an operator
+would check of a published qcow2: no host key, no build access key, an image.json, and
+nothing deleted that can be read back out of the disk's free blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+import pytest
+
+from tests.conftest import require_tools
+
+from images import disk_seal, export
+
+pytestmark = pytest.mark.e2e
+
+
+def _stub():
+    return {"schema": 1, "name": "t", "target": "qemu", "created": "2026-12-03T00:00:00+00:00",
+            "arch": "amd64",
+            "base": {"name": "debian13", "suite": "trixie", "mirror": "m", "key": "k",
+                     "cached": True},
+            "inputs": {}, "tools": {"nodeforge": "0", "packer": "1.6.6", "ansible-core": "2.19"},
+            "phases": {"preflight": 1.0, "base": 1.0, "provision": 1.0}}
+
+
+def _disk(tmp_path, marker: bytes):
+    t = tmp_path / "tree"
+    (t / "var/lib/dpkg").mkdir(parents=True)
+    (t / "var/lib/dpkg/status").write_text(
+        "Package: slurmd\nStatus: install ok installed\nVersion: 24.11.5-1\nArchitecture: amd64\n\n")
+    (t / "boot").mkdir()
+    (t / "boot/vmlinuz-6.12.1-amd64").write_bytes(b"kernel")
+    (t / "boot/initrd.img-6.12.1-amd64").write_bytes(b"initrd")
+    (t / "etc/ssh").mkdir(parents=True)
+    # A build-time host key: its blocks must not survive in the published disk.
+    (t / "etc/ssh/ssh_host_ed25519_key").write_bytes(marker * (16384 // len(marker)))
+    (t / "root/.ssh").mkdir(parents=True)
+    (t / "root/.ssh/authorized_keys").write_text("ssh-ed25519 AAAAC3Nza nodeforge-build\n")
+    out = tmp_path / "disk"
+    out.mkdir()
+    export.export_disk(t, out, size_mib=256)
+    return out / export.DISK
+
+
+def _raw_bytes(qcow2, tmp_path) -> bytes:
+    raw = tmp_path / f"{qcow2.name}.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(qcow2), str(raw)], check=True,
+                   timeout=120)
+    data = raw.read_bytes()
+    raw.unlink()
+    return data
+
+
+def _debugfs(disk, tmp_path, request: str) -> str:
+    raw = tmp_path / "inspect.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True,
+                   timeout=120)
+    try:
+        return subprocess.run(["debugfs", "-R", request, str(raw)], capture_output=True,
+                              text=True, timeout=60).stdout
+    finally:
+        raw.unlink()
+
+
+def test_sealed_disk_has_no_identity_and_nothing_recoverable(tmp_path, root_required):
+    require_tools("qemu-img", "mkfs.ext4", "fstrim", "debugfs", "mount")
+    marker = f"NODEFORGE-HOSTKEY-{uuid.uuid4()}".encode()
+    disk = _disk(tmp_path, marker)
+    assert marker in _raw_bytes(disk, tmp_path), "control: the key is on the disk before sealing"
+    boot = tmp_path / "boot-out"
+    boot.mkdir()
+    with open(tmp_path / "seal.log", "w") as log:
+        image = disk_seal.seal_disk(disk, _stub(), boot, log)
+
+    data = _raw_bytes(disk, tmp_path)
+    assert marker not in data, "the deleted host key can still be read from the disk's free blocks"
+    listing = _debugfs(disk, tmp_path, "ls -l /etc/ssh")
+    assert "ssh_host_" not in listing
+    assert "authorized_keys" not in _debugfs(disk, tmp_path, "ls -l /root/.ssh")
+    inside = json.loads(_debugfs(disk, tmp_path, "cat /etc/nodeforge/image.json"))
+    assert inside == image and inside["packages"] == {"slurmd": "24.11.5-1"}
+    assert (boot / "vmlinuz").read_bytes() == b"kernel"
+    assert "discard free blocks" in (tmp_path / "seal.log").read_text()
+    # No loop device or mount is left behind.
+    mounts = open("/proc/mounts").read()
+    assert str(disk.parent) not in mounts
+    assert str(disk.parent) not in subprocess.run(["losetup", "-a"], capture_output=True,
+                                                  text=True).stdout
+
+
+def test_deleting_without_discard_would_leave_the_key_readable(tmp_path, root_required):
+    """Why the seal discards free blocks: a plain delete on ext4 leaves the data in place."""
+    require_tools("qemu-img", "mkfs.ext4", "mount")
+    marker = f"NODEFORGE-HOSTKEY-{uuid.uuid4()}".encode()
+    disk = _disk(tmp_path, marker)
+    raw = tmp_path / "plain.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True)
+    with disk_seal.loop_mounted(raw, tmp_path / "mnt") as tree:
+        (tree / "etc/ssh/ssh_host_ed25519_key").unlink()
+    assert marker in raw.read_bytes()
+
+
+def test_a_secret_left_on_the_disk_fails_the_seal(tmp_path, root_required):
+    require_tools("qemu-img", "mkfs.ext4", "fstrim", "mount")
+    disk = _disk(tmp_path, b"x")
+    raw = tmp_path / "d.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True)
+    with disk_seal.loop_mounted(raw, tmp_path / "mnt") as tree:
+        (tree / "opt").mkdir()
+        (tree / "opt/token").write_text("-----BEGIN RSA PRIVATE KEY-----\nMIIE\n")
+    subprocess.run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(disk)], check=True)
+    before = disk.read_bytes()
+    from nodeforge.errors import NodeforgeError
+
+    with open(tmp_path / "seal.log", "w") as log, \
+            pytest.raises(NodeforgeError, match="(?s)refusing to publish.*/opt/token"):
+        disk_seal.seal_disk(disk, _stub(), tmp_path, log)
+    assert disk.read_bytes() == before, "a refused disk must not be rewritten"
+    assert not (disk.parent / "seal-work").exists()
