@@ -120,6 +120,12 @@ def build_wheel(dest: Path, logfile) -> Path:
 def preflight(opts: BuildOptions) -> None:
     if opts.target not in TARGETS:
         raise NodeforgeError(f"unknown target '{opts.target}'; choose one of: {', '.join(TARGETS)}")
+    if opts.playbook is not None and not opts.playbook.is_file():
+        raise NodeforgeError(f"--playbook {opts.playbook}: no such file")
+    if opts.target == "qemu" and os.geteuid() != 0:
+        raise NodeforgeError(
+            "the qemu target needs root (the base disk is made with real ownership and the "
+            "built disk is loop-mounted to seal it); run it with sudo")
     if opts.target != "local":
         return  # remote.run_packer_target checks its own tools and credentials
     for tool in LOCAL_TOOLS:
@@ -148,7 +154,14 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
     if opts.target != "local":
         from .remote import run_packer_target
 
-        m = run_packer_target(opts, vers, base, arch, name, output, reporter, on_line)
+        def _term(signum, frame):  # SIGTERM takes the Ctrl-C path: Packer stops its VM
+            raise KeyboardInterrupt
+
+        old_term = signal.signal(signal.SIGTERM, _term)
+        try:
+            m = run_packer_target(opts, vers, base, arch, name, output, reporter, on_line)
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
         _publish(output.with_name(output.name + ".partial"), output)
         return BuildResult(output, m, output / "build.log")
 

@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="image name (default: nodeforge-<base>-<arch>)")
     p.add_argument("--versions-file", type=Path, help="alternative versions file")
     p.add_argument("--keep-work", action="store_true", help="keep the work tree (debugging)")
+    p.add_argument("--playbook", type=Path,
+                   help="provision with another playbook (default: images/site.yml); for "
+                        "testing the build machinery, the result is not a node image")
     p.add_argument("--json", action="store_true", help="print the result summary as JSON")
     p.set_defaults(func=cmd_build)
 
@@ -64,6 +67,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         artifact_mirror=args.artifact_mirror, allow_unpinned=args.allow_unpinned,
         output=args.output, cache_dir=args.cache_dir, name=args.name,
         versions_file=args.versions_file, keep_work=args.keep_work,
+        playbook=args.playbook.resolve() if args.playbook else None,
     )
     status = err.status("starting", spinner="dots") if err.is_terminal else None
     current = {"phase": ""}

@@ -142,7 +142,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
     for tool in ("packer", "ansible-playbook", "ssh-keygen"):
         proc.require_tool(tool)
     if target == "qemu":
-        for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "fstrim", "mount"):
+        for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "fstrim", "mount", "sfdisk"):
             proc.require_tool(tool)
     if target == "amazon-ebs" and not aws_credentials_present():
         raise NodeforgeError(
@@ -154,7 +154,8 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
         user_vars.update(varfile.load(vf, target))
     if target == "qemu":
         check_qemu_vars(user_vars)
-    playbook, cfg, _ = repo_paths()
+    playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)
+    playbook = opts.playbook or playbook
     phases = Phases(reporter)
     partial = output.with_name(output.name + ".partial")
     if partial.exists():

@@ -38,7 +38,7 @@ ITEMS: tuple[SealItem, ...] = (
              "the build host's name; each node takes its name from params, DHCP or nspawn"),
     SealItem("etc/hosts", "replace", "the build host's entries; nodes write their own",
              "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
-    SealItem("var/log/journal/*", "remove", "journal of the build sandbox's boots"),
+    SealItem("var/log/journal/*", "remove", "journal of the build sandbox's or VM's boots"),
     SealItem("var/log/**/*.log", "truncate", "logs of the build; files kept for their owners/modes"),
     SealItem("var/log/wtmp", "truncate", "login records of the build's SSH sessions"),
     SealItem("var/log/btmp", "truncate", "failed-login records of the build"),
@@ -49,7 +49,7 @@ ITEMS: tuple[SealItem, ...] = (
     SealItem("var/tmp/*", "remove", "temporary files of the build"),
     SealItem("root/.ansible", "remove", "Ansible's remote temp dir from provisioning"),
     SealItem("root/.bash_history", "remove", "shell history may hold secrets"),
-    SealItem("var/lib/systemd/timers/*", "remove", "timer stamps of the build sandbox"),
+    SealItem("var/lib/systemd/timers/*", "remove", "timer stamps of the build sandbox or VM"),
 )
 
 

@@ -1,0 +1,152 @@
+"""`nodeforge build --target qemu`: Packer's qemu builder, the host-side disk seal, the box.
+
+The build runs under TCG here, where the full product playbook takes far longer than the CI
+budget allows (its figures are in bench/README.md and the issue notes). These tests drive
+the same target with the FIXTURE playbook tests/fixtures/qemu-smoke.yml (one marker file,
+then the real seal role), so everything that is the qemu target's own runs for real: the
+base disk made from the cached mmdebstrap base, the KVM probe / TCG fallback, Packer booting
+it and reaching SSH on 127.0.0.1, the ansible provisioner, shutdown, images/disk_seal.py as
+a shell-local post-processor, and the vagrant post-processor's libvirt box.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from images import manifest as manifest_mod
+from images.versions import sha256_file
+from tests.conftest import require_tools
+from tests.helpers import E2E_ROOT, REPO, nodeforge
+
+pytestmark = pytest.mark.e2e
+
+SMOKE = REPO / "tests/fixtures/qemu-smoke.yml"
+QEMU_TOOLS = ("packer", "qemu-system-x86_64", "qemu-img", "mkfs.ext4", "debugfs", "fstrim",
+              "sfdisk", "mmdebstrap", "ssh-keygen")
+
+
+def _debugfs(disk: Path, work: Path, request: str) -> str:
+    raw = work / "inspect.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True,
+                   timeout=600)
+    try:
+        return subprocess.run(["debugfs", "-R", request, str(raw)], capture_output=True,
+                              text=True, timeout=120).stdout
+    finally:
+        raw.unlink()
+
+
+def _no_build_leftovers(out: Path) -> None:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "nodeforge.qcow2" not in ps, "a build VM (qemu) is still running"
+    assert "nodeforge-qemu-" not in Path("/proc/mounts").read_text(), "a loop mount is left"
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert "nodeforge-qemu-" not in loops and "seal-work" not in loops
+    assert not out.with_name(out.name + ".partial").exists()
+    assert not (REPO / "packer_cache").exists() and not (REPO / "packer-manifest.json").exists()
+
+
+@pytest.fixture(scope="module")
+def qemu_build(root_required, fixture_mirror, pinned_versions) -> tuple[Path, dict]:
+    require_tools(*QEMU_TOOLS)
+    out = E2E_ROOT / "qemu-smoke"
+    reuse = os.environ.get("NODEFORGE_E2E_QEMU_IMAGE")  # developer speed-up; CI builds
+    if reuse:
+        return Path(reuse), {}
+    cp = nodeforge("build", "--target", "qemu", "--playbook", str(SMOKE),
+                   "--artifact-mirror", str(fixture_mirror), "--versions-file",
+                   str(pinned_versions), "--output", str(out), "--json", timeout=3600)
+    return out, json.loads(cp.stdout)
+
+
+def test_outputs_and_manifest(qemu_build):
+    out, summary = qemu_build
+    m = json.loads((out / "manifest.json").read_text())
+    assert manifest_mod.check(m) == [], manifest_mod.check(m)
+    assert m["target"] == "qemu" and m["base"]["suite"] == "trixie"
+    for name in ("disk.qcow2", "vmlinuz", "initrd.img", "nodeforge-libvirt.box"):
+        assert (out / name).is_file(), name
+        assert m["artifacts"][name]["sha256"] == sha256_file(out / name), name
+    assert {"preflight", "base", "provision", "seal", "export"} <= set(m["phases"])
+    log = (out / "build.log").read_text()
+    assert "accelerator: " in log  # the KVM probe's decision is recorded
+    # Written by the build VM after the in-guest seal role ran: only the host-side seal
+    # can remove them.
+    assert "seal: remove /var/log/journal/" in log and "seal: truncate /var/log/wtmp" in log
+    assert "seal: discard free blocks" in log
+    _no_build_leftovers(out)
+
+
+def test_disk_is_provisioned_and_sealed(qemu_build, tmp_path):
+    out, _ = qemu_build
+    disk = out / "disk.qcow2"
+    assert "provisioned for" in _debugfs(disk, tmp_path, "cat /etc/nodeforge-qemu-smoke")
+    assert "ssh_host_" not in _debugfs(disk, tmp_path, "ls /etc/ssh")
+    assert "authorized_keys" not in _debugfs(disk, tmp_path, "ls /root/.ssh")
+    assert _debugfs(disk, tmp_path, "cat /etc/machine-id") == ""
+    assert "system.journal" not in _debugfs(disk, tmp_path, "ls -r /var/log/journal")
+    inside = json.loads(_debugfs(disk, tmp_path, "cat /etc/nodeforge/image.json"))
+    m = json.loads((out / "manifest.json").read_text())
+    assert inside["packages"] == m["packages"] and inside["target"] == "qemu"
+    assert "openssh-server" in inside["packages"]
+    # The filesystem fills the disk_size the build asked for (8G by default).
+    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(disk)],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert info["virtual-size"] >= 8 << 30 and info["format"] == "qcow2"
+
+
+def test_box_holds_the_sealed_disk_and_boots_its_kernel(qemu_build, tmp_path):
+    out, _ = qemu_build
+    # GNU tar, as Vagrant's bsdtar reads it (Python's tarfile misreads Packer's GNU headers).
+    names = set(subprocess.run(["tar", "-tzf", str(out / "nodeforge-libvirt.box")],
+                               capture_output=True, text=True, check=True).stdout.split())
+    assert {"box.img", "metadata.json", "Vagrantfile", "vmlinuz", "initrd.img"} <= names
+    subprocess.run(["tar", "-xzf", str(out / "nodeforge-libvirt.box"), "-C", str(tmp_path)],
+                   check=True, timeout=600)
+    meta = json.loads((tmp_path / "metadata.json").read_text())
+    assert meta["provider"] == "libvirt" and meta["format"] == "qcow2"
+    # The box is made after the host-side seal: the very same bytes as the published disk.
+    assert sha256_file(tmp_path / "box.img") == sha256_file(out / "disk.qcow2")
+    assert sha256_file(tmp_path / "vmlinuz") == sha256_file(out / "vmlinuz")
+    vf = (tmp_path / "Vagrantfile").read_text()
+    assert 'lv.kernel = File.join(File.dirname(__FILE__), "vmlinuz")' in vf
+
+
+def test_box_adds_and_the_lab_validates_with_it(qemu_build, tmp_path):
+    require_tools("vagrant")
+    out, _ = qemu_build
+    env = {"VAGRANT_CHECKPOINT_DISABLE": "1", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    subprocess.run(["vagrant", "box", "add", "--name", "nodeforge/slurm",
+                    str(out / "nodeforge-libvirt.box")], env=env, check=True, timeout=600,
+                   capture_output=True)
+    listed = subprocess.run(["vagrant", "box", "list"], env=env, capture_output=True,
+                            text=True, timeout=120).stdout
+    assert "nodeforge/slurm" in listed and "libvirt" in listed
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab/Vagrantfile").write_text((REPO / "Vagrantfile").read_text())
+    cp = subprocess.run(["vagrant", "validate", "--ignore-provider"], cwd=tmp_path / "lab",
+                        env=env, capture_output=True, text=True, timeout=300)
+    assert "validated successfully" in cp.stdout, cp.stdout + cp.stderr
+
+
+def test_failed_provisioning_leaves_nothing_and_shows_the_console(
+        root_required, fixture_mirror, pinned_versions, tmp_path):
+    require_tools(*QEMU_TOOLS)
+    out = E2E_ROOT / "qemu-fail"
+    vf = tmp_path / "fail.pkrvars.hcl"
+    vf.write_text('ansible_vars = { nodeforge_smoke_fail = "true" }\n')
+    cp = nodeforge("build", "--target", "qemu", "--playbook", str(SMOKE), "--var-file", str(vf),
+                   "--artifact-mirror", str(fixture_mirror), "--versions-file",
+                   str(pinned_versions), "--output", str(out), check=False, timeout=3600)
+    assert cp.returncode != 0
+    assert "build VM console (accelerator" in cp.stderr, cp.stderr[-3000:]
+    assert "no console output" not in cp.stderr and "console stayed empty" not in cp.stderr
+    assert not out.exists(), "a failed build must leave nothing under the final name"
+    failed_log = out.with_name(out.name + ".failed-build.log").read_text()
+    assert "FIXTURE: failing on purpose" in failed_log
+    _no_build_leftovers(out)
