@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,12 +45,17 @@ def _debugfs(disk: Path, work: Path, request: str) -> str:
         raw.unlink()
 
 
-def _no_build_leftovers(out: Path) -> None:
+def _no_build_leftovers(out: Path, log: str) -> None:
+    """Nothing of this build is left: VM, loop mount, work dir, partial output."""
+    works = set(re.findall(r"/nodeforge-qemu-[a-z0-9_]+", log))
+    assert works, "the build log names its work directory"
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "nodeforge.qcow2" not in ps, "a build VM (qemu) is still running"
-    assert "nodeforge-qemu-" not in Path("/proc/mounts").read_text(), "a loop mount is left"
+    mounts = Path("/proc/mounts").read_text()
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    assert "nodeforge-qemu-" not in loops and "seal-work" not in loops
+    for w in works:
+        assert w not in ps, f"a process of the build is still running ({w})"
+        assert w not in mounts and w not in loops, f"a mount of the build is left ({w})"
+        assert not list(Path("/var/cache/nodeforge").glob(w.lstrip("/"))), f"{w} was not removed"
     assert not out.with_name(out.name + ".partial").exists()
     assert not (REPO / "packer_cache").exists() and not (REPO / "packer-manifest.json").exists()
 
@@ -79,7 +88,7 @@ def test_outputs_and_manifest(qemu_build):
     # can remove them.
     assert "seal: remove /var/log/journal/" in log and "seal: truncate /var/log/wtmp" in log
     assert "seal: discard free blocks" in log
-    _no_build_leftovers(out)
+    _no_build_leftovers(out, log)
 
 
 def test_disk_is_provisioned_and_sealed(qemu_build, tmp_path):
@@ -149,4 +158,34 @@ def test_failed_provisioning_leaves_nothing_and_shows_the_console(
     assert not out.exists(), "a failed build must leave nothing under the final name"
     failed_log = out.with_name(out.name + ".failed-build.log").read_text()
     assert "FIXTURE: failing on purpose" in failed_log
-    _no_build_leftovers(out)
+    _no_build_leftovers(out, failed_log)
+
+
+def test_interrupt_during_provisioning_stops_the_vm_and_leaves_nothing(
+        root_required, fixture_mirror, pinned_versions):
+    require_tools(*QEMU_TOOLS)
+    out = E2E_ROOT / "qemu-interrupted"
+    log = out.with_name(out.name + ".partial") / "build.log"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "nodeforge", "build", "--target", "qemu", "--playbook", str(SMOKE),
+         "--artifact-mirror", str(fixture_mirror), "--versions-file", str(pinned_versions),
+         "--output", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and p.poll() is None:
+            if log.exists() and "Waiting for SSH" in log.read_text(errors="replace"):
+                break
+            time.sleep(1)
+        assert p.poll() is None, f"the build ended before the VM started: {p.stderr.read()}"
+        assert "Waiting for SSH" in log.read_text(), "the build VM did not start in 15 min"
+        time.sleep(5)  # the VM is booting
+        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C at the terminal
+        _, err = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0
+    assert not out.exists()
+    failed_log = out.with_name(out.name + ".failed-build.log").read_text()
+    _no_build_leftovers(out, failed_log)
