@@ -125,14 +125,6 @@ def make_base_disk(base_tar: Path, dest: Path, key_pub: str,
     return dest / export.DISK, dest / export.KERNEL, dest / export.INITRD
 
 
-def console_tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no console output was captured)"
-    return "\n".join(text.splitlines()[-lines:]) or "(the console stayed empty)"
-
-
 def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                       reporter: Callable[[str, str], None], on_line) -> dict:
     """Build `qemu` or `amazon-ebs`; returns the manifest. Caller handles output publishing."""
@@ -256,17 +248,21 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                     "--manifest-stub", str(stub), "--boot-out", str(partial),
                     "--result", str(sealed)])
             with phases.phase("provision"):
+                t_packer = time.monotonic()
                 try:
                     packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
                                  timeout=4 * 3600, cache_dir=opts.cache_dir / "packer", cwd=work)
                 except NodeforgeError as e:
                     if target != "qemu":
                         raise
+                    from nodeforge.vm import console_tail
+
                     tail = console_tail(Path(values["console_log"]))
                     logfile.write(f"--- build VM console (last lines) ---\n{tail}\n")
+                    waited = time.monotonic() - t_packer
                     raise NodeforgeError(
-                        f"{e}\nbuild VM console (accelerator {values['accelerator']}), "
-                        f"last lines:\n{tail}") from e
+                        f"{e}\nbuild VM console (accelerator {values['accelerator']}, Packer "
+                        f"ran {waited:.0f}s; SSH wait limit 20m), last lines:\n{tail}") from e
             artifacts: dict[str, dict] = {}
             with phases.phase("export"):
                 if target == "qemu":

@@ -31,6 +31,7 @@ TOOL_PACKAGES: dict[str, str] = {
     "sfdisk": "fdisk",
     "fstrim": "util-linux",
     "mount": "mount",
+    "setpriv": "util-linux",
     "ssh-keygen": "openssh-client",
     "ssh": "openssh-client",
     "ip": "iproute2",
@@ -156,18 +157,33 @@ def stream(
             stderr=subprocess.STDOUT,
             env=full_env,
             cwd=cwd,
-            text=True,
-            bufsize=1,
             start_new_session=True,
         )
     except FileNotFoundError as exc:
         raise MissingToolError(args[0], TOOL_PACKAGES.get(Path(args[0]).name, args[0])) from exc
+    # Its own session keeps a Ctrl-C from reaching it before our cleanup does; the watcher
+    # stops it if we die without cleaning up (SIGKILL).
+    watcher = stop_with_this_process(proc.pid, kill_grace)
     tail: list[str] = []
     t0 = time.monotonic()
     deadline = None if timeout is None else t0 + timeout
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(fd, selectors.EVENT_READ)
+
+    def emit(raw: bytes) -> None:
+        line = raw.decode(errors="replace") + "\n"
+        # Elapsed-time prefix: shows in build.log which task or step took the time.
+        logfile.write(f"[{time.monotonic() - t0:7.1f}s] {line}" if stamp else line)
+        tail.append(line)
+        del tail[:-60]
+        if on_line:
+            on_line(line.rstrip("\n"))
+
+    # Raw reads, split here: a buffered readline() would sit on lines already read from the
+    # pipe until more output came, and block on a partial line past the deadline.
+    pending = b""
     try:
         while True:
             if deadline is not None and time.monotonic() > deadline:
@@ -177,21 +193,23 @@ def stream(
                 if proc.poll() is not None:
                     break
                 continue
-            line = proc.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            # Elapsed-time prefix: shows in build.log which task or step took the time.
-            logfile.write(f"[{time.monotonic() - t0:7.1f}s] {line}" if stamp else line)
-            tail.append(line)
-            del tail[:-60]
-            if on_line:
-                on_line(line.rstrip("\n"))
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                emit(raw)
+        if pending:
+            emit(pending)
         rc = proc.wait()
     except BaseException:
         kill_group(proc, kill_grace)
         raise
     finally:
+        watcher.kill()
+        watcher.wait(timeout=10)
         sel.close()
+        proc.stdout.close()
         logfile.flush()
     if rc != 0:
         raise CommandError(args, rc, "".join(tail), hint=hint)
@@ -319,3 +337,29 @@ def _stop_group(proc: subprocess.Popen, grace: float) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+# Stops process $1 and its group (SIGTERM, then SIGKILL after $2 s) when the watcher gets
+# SIGTERM; exits on its own once $1 is gone. `sleep & wait` keeps the trap responsive.
+_WATCHER = r'''
+pid=$1 grace=$2
+trap 'kill -s TERM -- "-$pid" 2>/dev/null || kill -s TERM "$pid" 2>/dev/null; i=0
+      while kill -0 "$pid" 2>/dev/null && [ $i -lt "$grace" ]; do sleep 1; i=$((i+1)); done
+      kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null; exit 0' TERM
+while kill -0 "$pid" 2>/dev/null; do sleep 1 & wait $!; done
+'''
+
+
+def stop_with_this_process(pid: int, grace: float = 10.0) -> subprocess.Popen:
+    """A watcher that stops *pid* when this process dies, even by SIGKILL.
+
+    For children that detach (qemu -daemonize) and so cannot be tied to their parent: the
+    kernel signals the watcher when we die (PR_SET_PDEATHSIG, set by setpriv). It runs in its
+    own session so a Ctrl-C reaches only us (our cleanup then stops *pid* in order).
+    Kill the returned watcher (SIGKILL) once *pid* has been stopped normally.
+    """
+    argv = [require_tool("setpriv"), "--pdeathsig", "TERM", "--", "sh", "-c", _WATCHER,
+            "nodeforge-watcher", str(pid), str(max(1, int(grace)))]
+    log.info("run: %s (watcher of pid %s)", _fmt(argv[:4]), pid)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)

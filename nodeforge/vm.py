@@ -341,6 +341,7 @@ class VM:
         self.key = self.workdir / "id_ed25519"
         self.port: int | None = None
         self.pid: int | None = None
+        self._watcher: Any = None  # proc.stop_with_this_process() of the qemu pid
         self.accel: AccelDecision | None = None
         self.started_at: float | None = None  # monotonic, when qemu was started
         self.started_wall: float | None = None
@@ -407,6 +408,9 @@ class VM:
             self.pid = int(self.pidfile.read_text().strip())
         except (OSError, ValueError) as exc:
             raise NodeforgeError(f"qemu started but wrote no pid file {self.pidfile}") from exc
+        # qemu 7.2 cannot exit with its parent, and -daemonize detaches it: without this a
+        # SIGKILLed harness would leave the VM running.
+        self._watcher = proc.stop_with_this_process(self.pid)
         (self.workdir / "vm.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
         log.info("VM %s: qemu pid %s, ssh 127.0.0.1:%s, accel %s", cfg.name, self.pid,
                  self.port, self.accel.accel)  # fmt: skip
@@ -503,6 +507,10 @@ class VM:
                 except ProcessLookupError:
                     pass
         self.pid = None
+        if self._watcher is not None:
+            self._watcher.kill()
+            self._watcher.wait(timeout=10)
+            self._watcher = None
         self.overlay.unlink(missing_ok=True)
         if not self.cfg.keep and self.workdir.exists():
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -154,7 +154,7 @@ def test_failed_provisioning_leaves_nothing_and_shows_the_console(
                    str(pinned_versions), "--output", str(out), check=False, timeout=3600)
     assert cp.returncode != 0
     assert "build VM console (accelerator" in cp.stderr, cp.stderr[-3000:]
-    assert "no console output" not in cp.stderr and "console stayed empty" not in cp.stderr
+    assert "no console output" not in cp.stderr and "console log is empty" not in cp.stderr
     assert not out.exists(), "a failed build must leave nothing under the final name"
     failed_log = out.with_name(out.name + ".failed-build.log").read_text()
     assert "FIXTURE: failing on purpose" in failed_log

@@ -62,14 +62,6 @@ def test_box_vagrantfile_boots_the_kernel_it_carries():
     assert "{{" not in text
 
 
-def test_console_tail(tmp_path):
-    log = tmp_path / "console.log"
-    assert "no console output" in remote.console_tail(log)
-    log.write_text("".join(f"line {i}\n" for i in range(100)))
-    tail = remote.console_tail(log, lines=3)
-    assert tail == "line 97\nline 98\nline 99"
-
-
 def _tree(tmp_path):
     """A minimal node tree: dpkg status, kernel, initrd and build leftovers to seal."""
     t = tmp_path / "tree"

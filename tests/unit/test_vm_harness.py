@@ -178,3 +178,69 @@ def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
     assert "Failed to start ssh.service" in msg and "\x1b" not in msg
     assert "vm login:" in msg
     assert v.pid is None and not v.overlay.exists(), "qemu and the overlay must be cleaned up"
+
+
+HARNESS = r'''
+import sys
+from pathlib import Path
+sys.path.insert(0, REPO)
+from nodeforge import vm as vmmod
+
+def runner(argv, **kw):
+    if Path(argv[0]).name == "qemu-img":
+        Path(argv[-1]).write_bytes(b"overlay")
+        return None
+    if argv[0] == "ssh-keygen":
+        k = Path(argv[argv.index("-f") + 1])
+        k.write_text("priv")
+        k.with_suffix(".pub").write_text("ssh-ed25519 AAAA fake\n")
+        return None
+    from nodeforge import proc
+    return proc.run(argv, **kw)
+
+cfg = vmmod.VMConfig(image_dir=Path(IMG), workdir=Path(WORK), accel="tcg", qemu=QEMU, keep=True)
+v = vmmod.VM(cfg, runner=runner)
+v.start()
+print(v.pid, flush=True)
+import time
+time.sleep(600)
+'''
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may linger where PID 1 does not reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_sigkilled_harness_leaves_no_vm(tmp_path):
+    """qemu is detached (-daemonize); the watcher stops it when the harness is SIGKILLed."""
+    import subprocess
+
+    img = tmp_path / "img"
+    img.mkdir()
+    for n in ("disk.qcow2", "vmlinuz", "initrd.img"):
+        (img / n).write_bytes(b"x")
+    fake = tmp_path / "qemu-system-x86_64"
+    fake.write_text(FAKE_QEMU.replace("PYTHON", sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    script = (HARNESS.replace("REPO", repr(str(Path(__file__).resolve().parents[2])))
+              .replace("IMG", repr(str(img))).replace("WORK", repr(str(tmp_path / "w")))
+              .replace("QEMU", repr(str(fake))))
+    h = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(h.stdout.readline())
+        os.kill(pid, 0)  # the fake VM runs, detached from the harness
+        h.kill()
+        h.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _running(pid):
+            time.sleep(0.2)
+        if _running(pid):
+            os.kill(pid, 9)
+            pytest.fail("the VM outlived its SIGKILLed harness")
+    finally:
+        if h.poll() is None:
+            h.kill()
