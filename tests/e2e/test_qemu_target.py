@@ -39,8 +39,9 @@ def _debugfs(disk: Path, work: Path, request: str) -> str:
     subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True,
                    timeout=600)
     try:
+        # debugfs reports a missing path on stderr and exits 0; callers check the text.
         return subprocess.run(["debugfs", "-R", request, str(raw)], capture_output=True,
-                              text=True, timeout=120).stdout
+                              text=True, timeout=120, check=True).stdout
     finally:
         raw.unlink()
 
@@ -49,9 +50,9 @@ def _no_build_leftovers(out: Path, log: str) -> None:
     """Nothing of this build is left: VM, loop mount, work dir, partial output."""
     works = set(re.findall(r"/nodeforge-qemu-[a-z0-9_]+", log))
     assert works, "the build log names its work directory"
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     mounts = Path("/proc/mounts").read_text()
-    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
     for w in works:
         assert w not in ps, f"a process of the build is still running ({w})"
         assert w not in mounts and w not in loops, f"a mount of the build is left ({w})"
@@ -61,20 +62,21 @@ def _no_build_leftovers(out: Path, log: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def qemu_build(root_required, fixture_mirror, pinned_versions) -> tuple[Path, dict]:
+def qemu_build(root_required, fixture_mirror, pinned_versions) -> Path:
     require_tools(*QEMU_TOOLS)
     out = E2E_ROOT / "qemu-smoke"
     reuse = os.environ.get("NODEFORGE_E2E_QEMU_IMAGE")  # developer speed-up; CI builds
     if reuse:
-        return Path(reuse), {}
+        return Path(reuse)
     cp = nodeforge("build", "--target", "qemu", "--playbook", str(SMOKE),
                    "--artifact-mirror", str(fixture_mirror), "--versions-file",
                    str(pinned_versions), "--output", str(out), "--json", timeout=3600)
-    return out, json.loads(cp.stdout)
+    assert json.loads(cp.stdout)["output"] == str(out)
+    return out
 
 
 def test_outputs_and_manifest(qemu_build):
-    out, summary = qemu_build
+    out = qemu_build
     m = json.loads((out / "manifest.json").read_text())
     assert manifest_mod.check(m) == [], manifest_mod.check(m)
     assert m["target"] == "qemu" and m["base"]["suite"] == "trixie"
@@ -92,7 +94,7 @@ def test_outputs_and_manifest(qemu_build):
 
 
 def test_disk_is_provisioned_and_sealed(qemu_build, tmp_path):
-    out, _ = qemu_build
+    out = qemu_build
     disk = out / "disk.qcow2"
     assert "provisioned for" in _debugfs(disk, tmp_path, "cat /etc/nodeforge-qemu-smoke")
     assert "ssh_host_" not in _debugfs(disk, tmp_path, "ls /etc/ssh")
@@ -110,7 +112,7 @@ def test_disk_is_provisioned_and_sealed(qemu_build, tmp_path):
 
 
 def test_box_holds_the_sealed_disk_and_boots_its_kernel(qemu_build, tmp_path):
-    out, _ = qemu_build
+    out = qemu_build
     # GNU tar, as Vagrant's bsdtar reads it (Python's tarfile misreads Packer's GNU headers).
     names = set(subprocess.run(["tar", "-tzf", str(out / "nodeforge-libvirt.box")],
                                capture_output=True, text=True, check=True).stdout.split())
@@ -128,7 +130,7 @@ def test_box_holds_the_sealed_disk_and_boots_its_kernel(qemu_build, tmp_path):
 
 def test_box_adds_and_the_lab_validates_with_it(qemu_build, tmp_path):
     require_tools("vagrant")
-    out, _ = qemu_build
+    out = qemu_build
     env = {"VAGRANT_CHECKPOINT_DISABLE": "1", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     subprocess.run(["vagrant", "box", "add", "--name", "nodeforge/slurm",
                     str(out / "nodeforge-libvirt.box")], env=env, check=True, timeout=600,
@@ -181,7 +183,7 @@ def test_interrupt_during_provisioning_stops_the_vm_and_leaves_nothing(
         assert "Waiting for SSH" in log.read_text(), "the build VM did not start in 15 min"
         time.sleep(5)  # the VM is booting
         os.killpg(p.pid, signal.SIGINT)  # Ctrl-C at the terminal
-        _, err = p.communicate(timeout=600)
+        p.communicate(timeout=600)
     finally:
         if p.poll() is None:
             p.kill()

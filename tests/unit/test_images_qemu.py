@@ -5,10 +5,9 @@ import re
 
 import pytest
 
-from tests.conftest import make_keypair
-
 from images import disk_seal, export, manifest, remote, template
 from nodeforge.errors import NodeforgeError
+from tests.conftest import make_keypair
 
 pytestmark = pytest.mark.unit
 
@@ -173,7 +172,7 @@ def test_qemu_template_validates_with_direct_kernel_boot(tmp_path):
     from images.build import repo_paths
 
     playbook, cfg, _ = repo_paths()
-    _, priv = make_keypair(tmp_path, "k")
+    make_keypair(tmp_path, "k")
     f = tmp_path / "qemu.pkr.hcl"
     f.write_text(template.render("qemu"))
     (tmp_path / "ev.json").write_text("{}")
