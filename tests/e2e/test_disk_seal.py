@@ -10,23 +10,15 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_tools
-
 from images import disk_seal, export
+from tests.conftest import require_tools
+from tests.helpers import debugfs_read, qemu_image_manifest
 
 pytestmark = pytest.mark.e2e
-
-
-def _stub():
-    return {"schema": 1, "name": "t", "target": "qemu", "created": "2026-12-03T00:00:00+00:00",
-            "arch": "amd64",
-            "base": {"name": "debian13", "suite": "trixie", "mirror": "m", "key": "k",
-                     "cached": True},
-            "inputs": {}, "tools": {"nodeforge": "0", "packer": "1.6.6", "ansible-core": "2.19"},
-            "phases": {"preflight": 1.0, "base": 1.0, "provision": 1.0}}
 
 
 def _disk(tmp_path, marker: bytes):
@@ -57,17 +49,6 @@ def _raw_bytes(qcow2, tmp_path) -> bytes:
     return data
 
 
-def _debugfs(disk, tmp_path, request: str) -> str:
-    raw = tmp_path / "inspect.raw"
-    subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True,
-                   timeout=120)
-    try:
-        return subprocess.run(["debugfs", "-R", request, str(raw)], capture_output=True,
-                              text=True, timeout=60).stdout
-    finally:
-        raw.unlink()
-
-
 def test_sealed_disk_has_no_identity_and_nothing_recoverable(tmp_path, root_required):
     require_tools("qemu-img", "mkfs.ext4", "fstrim", "debugfs", "mount")
     marker = f"NODEFORGE-HOSTKEY-{uuid.uuid4()}".encode()
@@ -76,22 +57,22 @@ def test_sealed_disk_has_no_identity_and_nothing_recoverable(tmp_path, root_requ
     boot = tmp_path / "boot-out"
     boot.mkdir()
     with open(tmp_path / "seal.log", "w") as log:
-        image = disk_seal.seal_disk(disk, _stub(), boot, log)
+        image = disk_seal.seal_disk(disk, qemu_image_manifest(), boot, log)
 
     data = _raw_bytes(disk, tmp_path)
     assert marker not in data, "the deleted host key can still be read from the disk's free blocks"
-    listing = _debugfs(disk, tmp_path, "ls -l /etc/ssh")
+    listing = debugfs_read(disk, tmp_path, "ls -l /etc/ssh")
     assert "ssh_host_" not in listing
-    assert "authorized_keys" not in _debugfs(disk, tmp_path, "ls -l /root/.ssh")
-    inside = json.loads(_debugfs(disk, tmp_path, "cat /etc/nodeforge/image.json"))
+    assert "authorized_keys" not in debugfs_read(disk, tmp_path, "ls -l /root/.ssh")
+    inside = json.loads(debugfs_read(disk, tmp_path, "cat /etc/nodeforge/image.json"))
     assert inside == image and inside["packages"] == {"slurmd": "24.11.5-1"}
     assert (boot / "vmlinuz").read_bytes() == b"kernel"
     assert "discard free blocks" in (tmp_path / "seal.log").read_text()
     # No loop device or mount is left behind.
-    mounts = open("/proc/mounts").read()
+    mounts = Path("/proc/mounts").read_text()
     assert str(disk.parent) not in mounts
     assert str(disk.parent) not in subprocess.run(["losetup", "-a"], capture_output=True,
-                                                  text=True).stdout
+                                                  text=True, check=True).stdout
 
 
 def test_deleting_without_discard_would_leave_the_key_readable(tmp_path, root_required):
@@ -120,6 +101,6 @@ def test_a_secret_left_on_the_disk_fails_the_seal(tmp_path, root_required):
 
     with open(tmp_path / "seal.log", "w") as log, \
             pytest.raises(NodeforgeError, match="(?s)refusing to publish.*/opt/token"):
-        disk_seal.seal_disk(disk, _stub(), tmp_path, log)
+        disk_seal.seal_disk(disk, qemu_image_manifest(), tmp_path, log)
     assert disk.read_bytes() == before, "a refused disk must not be rewritten"
     assert not (disk.parent / "seal-work").exists()

@@ -25,25 +25,13 @@ import pytest
 from images import manifest as manifest_mod
 from images.versions import sha256_file
 from tests.conftest import require_tools
-from tests.helpers import E2E_ROOT, REPO, nodeforge
+from tests.helpers import E2E_ROOT, REPO, debugfs_read, nodeforge
 
 pytestmark = pytest.mark.e2e
 
 SMOKE = REPO / "tests/fixtures/qemu-smoke.yml"
 QEMU_TOOLS = ("packer", "qemu-system-x86_64", "qemu-img", "mkfs.ext4", "debugfs", "fstrim",
               "sfdisk", "mmdebstrap", "ssh-keygen")
-
-
-def _debugfs(disk: Path, work: Path, request: str) -> str:
-    raw = work / "inspect.raw"
-    subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True,
-                   timeout=600)
-    try:
-        # debugfs reports a missing path on stderr and exits 0; callers check the text.
-        return subprocess.run(["debugfs", "-R", request, str(raw)], capture_output=True,
-                              text=True, timeout=120, check=True).stdout
-    finally:
-        raw.unlink()
 
 
 def _no_build_leftovers(out: Path, log: str) -> None:
@@ -96,12 +84,12 @@ def test_outputs_and_manifest(qemu_build):
 def test_disk_is_provisioned_and_sealed(qemu_build, tmp_path):
     out = qemu_build
     disk = out / "disk.qcow2"
-    assert "provisioned for" in _debugfs(disk, tmp_path, "cat /etc/nodeforge-qemu-smoke")
-    assert "ssh_host_" not in _debugfs(disk, tmp_path, "ls /etc/ssh")
-    assert "authorized_keys" not in _debugfs(disk, tmp_path, "ls /root/.ssh")
-    assert _debugfs(disk, tmp_path, "cat /etc/machine-id") == ""
-    assert "system.journal" not in _debugfs(disk, tmp_path, "ls -r /var/log/journal")
-    inside = json.loads(_debugfs(disk, tmp_path, "cat /etc/nodeforge/image.json"))
+    assert "provisioned for" in debugfs_read(disk, tmp_path, "cat /etc/nodeforge-qemu-smoke")
+    assert "ssh_host_" not in debugfs_read(disk, tmp_path, "ls /etc/ssh")
+    assert "authorized_keys" not in debugfs_read(disk, tmp_path, "ls /root/.ssh")
+    assert debugfs_read(disk, tmp_path, "cat /etc/machine-id") == ""
+    assert "system.journal" not in debugfs_read(disk, tmp_path, "ls -r /var/log/journal")
+    inside = json.loads(debugfs_read(disk, tmp_path, "cat /etc/nodeforge/image.json"))
     m = json.loads((out / "manifest.json").read_text())
     assert inside["packages"] == m["packages"] and inside["target"] == "qemu"
     assert "openssh-server" in inside["packages"]
@@ -136,12 +124,12 @@ def test_box_adds_and_the_lab_validates_with_it(qemu_build, tmp_path):
                     str(out / "nodeforge-libvirt.box")], env=env, check=True, timeout=600,
                    capture_output=True)
     listed = subprocess.run(["vagrant", "box", "list"], env=env, capture_output=True,
-                            text=True, timeout=120).stdout
+                            text=True, timeout=120, check=True).stdout
     assert "nodeforge/slurm" in listed and "libvirt" in listed
     (tmp_path / "lab").mkdir()
     (tmp_path / "lab/Vagrantfile").write_text((REPO / "Vagrantfile").read_text())
     cp = subprocess.run(["vagrant", "validate", "--ignore-provider"], cwd=tmp_path / "lab",
-                        env=env, capture_output=True, text=True, timeout=300)
+                        env=env, capture_output=True, text=True, timeout=300, check=False)
     assert "validated successfully" in cp.stdout, cp.stdout + cp.stderr
 
 

@@ -8,6 +8,7 @@ import pytest
 from images import disk_seal, export, manifest, remote, template
 from nodeforge.errors import NodeforgeError
 from tests.conftest import make_keypair
+from tests.helpers import qemu_image_manifest
 
 pytestmark = pytest.mark.unit
 
@@ -83,22 +84,13 @@ def _tree(tmp_path):
     return t
 
 
-def _stub():
-    return {"schema": 1, "name": "n", "target": "qemu", "created": "2026-12-03T00:00:00+00:00",
-            "arch": "amd64",
-            "base": {"name": "debian13", "suite": "trixie", "mirror": "m", "key": "k",
-                     "cached": True},
-            "inputs": {}, "tools": {"nodeforge": "0", "packer": "1.6.6", "ansible-core": "2.19"},
-            "phases": {"preflight": 1.0, "base": 2.0, "provision": 3.0}}
-
-
 def test_seal_tree_removes_identity_writes_image_json_and_copies_boot(tmp_path):
     t = _tree(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     log = tmp_path / "seal.log"
     with open(log, "w") as f:
-        image = disk_seal.seal_tree(t, _stub(), out, f, started=0.0)
+        image = disk_seal.seal_tree(t, qemu_image_manifest(), out, f, started=0.0)
     assert not list((t / "etc/ssh").glob("ssh_host_*"))
     assert not (t / "root/.ssh/authorized_keys").exists()
     assert (t / "etc/machine-id").read_text() == ""
@@ -123,7 +115,7 @@ def test_seal_tree_refuses_a_secret_it_cannot_remove(tmp_path):
     out.mkdir()
     with open(tmp_path / "log", "w") as f, \
             pytest.raises(NodeforgeError, match="(?s)refusing to publish.*/opt/deploy_key: private-key"):
-        disk_seal.seal_tree(t, _stub(), out, f, started=0.0)
+        disk_seal.seal_tree(t, qemu_image_manifest(), out, f, started=0.0)
     assert not (t / "etc/nodeforge/image.json").exists()
 
 
@@ -132,11 +124,11 @@ def test_seal_tree_without_kernel_names_the_fix(tmp_path):
     for p in (t / "boot").iterdir():
         p.unlink()
     with open(tmp_path / "log", "w") as f, pytest.raises(NodeforgeError, match="linux-image"):
-        disk_seal.seal_tree(t, _stub(), tmp_path, f, started=0.0)
+        disk_seal.seal_tree(t, qemu_image_manifest(), tmp_path, f, started=0.0)
 
 
 def test_manifest_phases_depend_on_the_target():
-    m = {**_stub(), "components": {}, "packages": {"a": "1"}}
+    m = {**qemu_image_manifest(), "components": {}, "packages": {"a": "1"}}
     m["phases"] = {"preflight": 1, "base": 1, "provision": 1, "seal": 1}
     assert manifest.check(m, outer=False) == []
     assert "'phases.sandbox'" in " ".join(manifest.check({**m, "target": "local"}, outer=False))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import process_running
+
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,13 +20,6 @@ with open(LOG, "w", buffering=1) as f:
     proc.stream(["sh", "-c", "echo child $$; sleep 300 & echo grandchild $!; wait"], logfile=f,
                 stamp=False, timeout=600)
 '''
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def test_streamed_command_and_its_group_die_with_a_sigkilled_caller(tmp_path):
@@ -40,13 +35,13 @@ def test_streamed_command_and_its_group_die_with_a_sigkilled_caller(tmp_path):
                 if word in ("child", "grandchild") and num.isdigit():
                     pids[word] = int(num)
             time.sleep(0.1)
-        assert len(pids) == 2 and all(map(_running, pids.values())), log.read_text()
+        assert len(pids) == 2 and all(map(process_running, pids.values())), log.read_text()
         caller.kill()  # no cleanup code runs in the caller
         caller.wait(timeout=10)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(map(_running, pids.values())):
+        while time.monotonic() < deadline and any(map(process_running, pids.values())):
             time.sleep(0.2)
-        left = [n for n, p in pids.items() if _running(p)]
+        left = [n for n, p in pids.items() if process_running(p)]
         for n in left:
             subprocess.run(["kill", "-9", str(pids[n])], check=False)
         assert not left, f"outlived the SIGKILLed caller: {left}"

@@ -13,6 +13,7 @@ import pytest
 
 from nodeforge import vm as vmmod
 from nodeforge.errors import CommandError, NodeforgeError
+from tests.helpers import process_running
 
 pytestmark = pytest.mark.unit
 
@@ -124,6 +125,20 @@ def test_cmdline_params_reject_mappings_and_spaces():
         "nodeforge.role=compute", "nodeforge.accounting=false"]
 
 
+def fake_runner(argv, **kw):
+    """proc.run for the VM harness without qemu-img / ssh-keygen (fake overlay and key)."""
+    if Path(argv[0]).name == "qemu-img":
+        Path(argv[-1]).write_bytes(b"overlay")
+        return None
+    if argv[0] == "ssh-keygen":
+        k = Path(argv[argv.index("-f") + 1])
+        k.write_text("priv")
+        k.with_suffix(".pub").write_text("ssh-ed25519 AAAA fake\n")
+        return None
+    from nodeforge import proc
+    return proc.run(argv, **kw)
+
+
 FAKE_QEMU = r'''#!PYTHON
 # Fake qemu: prints a few console lines to -serial file:, daemonizes like qemu and hangs.
 import os, sys, time
@@ -144,7 +159,7 @@ time.sleep(600)
 '''
 
 
-def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
+def _fake_image_and_qemu(tmp_path: Path) -> tuple[Path, Path]:
     img = tmp_path / "img"
     img.mkdir()
     for n in ("disk.qcow2", "vmlinuz", "initrd.img"):
@@ -152,23 +167,16 @@ def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
     fake = tmp_path / "qemu-system-x86_64"
     fake.write_text(FAKE_QEMU.replace("PYTHON", sys.executable))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    return img, fake
 
-    def runner(argv, **kw):  # qemu-img / ssh-keygen are not needed for this test
-        if Path(argv[0]).name == "qemu-img":
-            Path(argv[-1]).write_bytes(b"overlay")
-            return None
-        if argv[0] == "ssh-keygen":
-            k = Path(argv[argv.index("-f") + 1])
-            k.write_text("priv")
-            k.with_suffix(".pub").write_text("ssh-ed25519 AAAA fake\n")
-            return None
-        from nodeforge import proc
-        return proc.run(argv, **kw)
+
+def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
+    img, fake = _fake_image_and_qemu(tmp_path)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
 
     monkeypatch.setattr(vmmod.proc, "require_tool", lambda t: t)
     cfg = vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w", accel="tcg", boot_timeout=3, qemu=str(fake), keep=True)
-    v = vmmod.VM(cfg, runner=runner)
+    v = vmmod.VM(cfg, runner=fake_runner)
     t = time.monotonic()
     with pytest.raises(vmmod.BootTimeout) as ei, v:
         v.wait_ssh()
@@ -185,21 +193,10 @@ import sys
 from pathlib import Path
 sys.path.insert(0, REPO)
 from nodeforge import vm as vmmod
-
-def runner(argv, **kw):
-    if Path(argv[0]).name == "qemu-img":
-        Path(argv[-1]).write_bytes(b"overlay")
-        return None
-    if argv[0] == "ssh-keygen":
-        k = Path(argv[argv.index("-f") + 1])
-        k.write_text("priv")
-        k.with_suffix(".pub").write_text("ssh-ed25519 AAAA fake\n")
-        return None
-    from nodeforge import proc
-    return proc.run(argv, **kw)
+from tests.unit.test_vm_harness import fake_runner
 
 cfg = vmmod.VMConfig(image_dir=Path(IMG), workdir=Path(WORK), accel="tcg", qemu=QEMU, keep=True)
-v = vmmod.VM(cfg, runner=runner)
+v = vmmod.VM(cfg, runner=fake_runner)
 v.start()
 print(v.pid, flush=True)
 import time
@@ -207,25 +204,11 @@ time.sleep(600)
 '''
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie may linger where PID 1 does not reap)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def test_sigkilled_harness_leaves_no_vm(tmp_path):
     """qemu is detached (-daemonize); the watcher stops it when the harness is SIGKILLed."""
     import subprocess
 
-    img = tmp_path / "img"
-    img.mkdir()
-    for n in ("disk.qcow2", "vmlinuz", "initrd.img"):
-        (img / n).write_bytes(b"x")
-    fake = tmp_path / "qemu-system-x86_64"
-    fake.write_text(FAKE_QEMU.replace("PYTHON", sys.executable))
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    img, fake = _fake_image_and_qemu(tmp_path)
     script = (HARNESS.replace("REPO", repr(str(Path(__file__).resolve().parents[2])))
               .replace("IMG", repr(str(img))).replace("WORK", repr(str(tmp_path / "w")))
               .replace("QEMU", repr(str(fake))))
@@ -236,9 +219,9 @@ def test_sigkilled_harness_leaves_no_vm(tmp_path):
         h.kill()
         h.wait(timeout=10)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and _running(pid):
+        while time.monotonic() < deadline and process_running(pid):
             time.sleep(0.2)
-        if _running(pid):
+        if process_running(pid):
             os.kill(pid, 9)
             pytest.fail("the VM outlived its SIGKILLed harness")
     finally:
