@@ -21,7 +21,7 @@ from tests.helpers import debugfs_read, qemu_image_manifest
 pytestmark = pytest.mark.e2e
 
 
-def _disk(tmp_path, marker: bytes):
+def _tree(tmp_path, marker: bytes):
     t = tmp_path / "tree"
     (t / "var/lib/dpkg").mkdir(parents=True)
     (t / "var/lib/dpkg/status").write_text(
@@ -34,10 +34,46 @@ def _disk(tmp_path, marker: bytes):
     (t / "etc/ssh/ssh_host_ed25519_key").write_bytes(marker * (16384 // len(marker)))
     (t / "root/.ssh").mkdir(parents=True)
     (t / "root/.ssh/authorized_keys").write_text("ssh-ed25519 AAAAC3Nza nodeforge-build\n")
+    return t
+
+
+def _disk(tmp_path, marker: bytes):
+    """A bare ext4 disk, as the qemu target makes from the mmdebstrap base."""
+    t = _tree(tmp_path, marker)
     out = tmp_path / "disk"
     out.mkdir()
     export.export_disk(t, out, size_mib=256)
     return out / export.DISK
+
+
+EFI_MARK = b"NODEFORGE-EFI-PARTITION-UNTOUCHED"
+
+
+def _partitioned_disk(tmp_path, marker: bytes):
+    """A GPT disk like a cloud image's: a small ESP, then the root filesystem."""
+    t = _tree(tmp_path, marker)
+    out = tmp_path / "disk"
+    out.mkdir()
+    raw = out / "disk.raw"
+    subprocess.run(["truncate", "-s", "300M", str(raw)], check=True)
+    subprocess.run(["sfdisk", "--quiet", str(raw)], input="label: gpt\n,16MiB,U\n,,L\n",
+                   text=True, check=True, timeout=60)
+    parts = json.loads(subprocess.run(["sfdisk", "--json", str(raw)], capture_output=True,
+                                      text=True, check=True).stdout)["partitiontable"]["partitions"]
+    esp, root = parts
+    fs = out / "root.img"
+    subprocess.run(["truncate", "-s", str(root["size"] * 512), str(fs)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(t), str(fs)], check=True, timeout=120)
+    subprocess.run(["dd", f"if={fs}", f"of={raw}", "bs=512", f"seek={root['start']}",
+                    "conv=notrunc,sparse", "status=none"], check=True, timeout=120)
+    with open(raw, "r+b") as f:
+        f.seek(esp["start"] * 512)
+        f.write(EFI_MARK)
+    fs.unlink()
+    disk = out / export.DISK
+    subprocess.run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(disk)], check=True)
+    raw.unlink()
+    return disk
 
 
 def _raw_bytes(qcow2, tmp_path) -> bytes:
@@ -104,3 +140,27 @@ def test_a_secret_left_on_the_disk_fails_the_seal(tmp_path, root_required):
         disk_seal.seal_disk(disk, qemu_image_manifest(), tmp_path, log)
     assert disk.read_bytes() == before, "a refused disk must not be rewritten"
     assert not (disk.parent / "seal-work").exists()
+
+
+def test_cloud_image_disk_seals_its_root_partition_only(tmp_path, root_required):
+    """A cloud image (base_disk) is partitioned: the seal finds the root partition, and
+    leaves the partition table and the other partitions as they were."""
+    require_tools("qemu-img", "mkfs.ext4", "fstrim", "sfdisk", "mount")
+    marker = f"NODEFORGE-HOSTKEY-{uuid.uuid4()}".encode()
+    disk = _partitioned_disk(tmp_path, marker)
+    assert marker in _raw_bytes(disk, tmp_path)
+    boot = tmp_path / "boot-out"
+    boot.mkdir()
+    with open(tmp_path / "seal.log", "w") as log:
+        image = disk_seal.seal_disk(disk, qemu_image_manifest(), boot, log)
+    assert image["packages"] == {"slurmd": "24.11.5-1"}
+    data = _raw_bytes(disk, tmp_path)
+    assert marker not in data
+    assert EFI_MARK in data, "the ESP was changed"
+    raw = tmp_path / "check.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True)
+    table = json.loads(subprocess.run(["sfdisk", "--json", str(raw)], capture_output=True,
+                                      text=True, check=True).stdout)["partitiontable"]
+    assert [p["type"].upper() for p in table["partitions"]] == [
+        "C12A7328-F81F-11D2-BA4B-00A0C93EC93B", "0FC63DAF-8483-4772-8E79-3D69D8477DE4"]
+    assert (boot / "vmlinuz").read_bytes() == b"kernel"
