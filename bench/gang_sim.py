@@ -13,7 +13,9 @@ governor's decisions come from `gang.policy.decide`: the exact code the daemon r
 that are requeued or held are moved by the simulator the way slurmctld would.
 
 It prints, per scenario: node-hours wasted by allocations that were not ready, useful
-node-hours, jobs completed, and mean submit->completion time.
+node-hours, jobs completed, mean submit->completion time, and the nodes the governor's node
+strikes drained (in brackets: how many of them really were never-booting nodes; nobody
+resumes a drained node in the model, so a wrong drain costs its capacity to the end).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Node:
     boot_started: float | None = None
     job: str | None = None
     down: bool = False
+    drain_reason: str = ""  # drained by the governor's node strikes (nobody resumes it here)
 
     def ready(self, now: float) -> bool:
         return (
@@ -168,8 +171,10 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
             snap = _snapshot(jobs, nodes, now)
             st, actions = decide(cfg, st, snap, now)
             for a in actions:
+                if a.kind == "drain" and a.node in nodes:
+                    nodes[a.node].drain_reason = a.detail  # what slurmctld shows as Reason
                 j = jobs.get(a.job_id)
-                if j is None:
+                if j is None or a.node:  # node actions (strike, drain, ...) end here
                     continue
                 if a.kind == "requeue" and j.state == "RUNNING":
                     _requeue(j, nodes, now, held=a.hold, start_at=a.start_at or now)
@@ -184,7 +189,11 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
                 elif a.kind == "cancel" and j.state in ("PENDING", "RUNNING"):
                     _finish(j, nodes, now, "CANCELLED")
         # the scheduler: priority = submit order; start what fits (backfill style)
-        free = [n for n in nodes.values() if n.job is None and not n.down and n.joined <= now]
+        free = [
+            n
+            for n in nodes.values()
+            if n.job is None and not n.down and not n.drain_reason and n.joined <= now
+        ]
         free.sort(key=lambda n: (not n.ready(now), n.name))  # booted nodes first
         for j in sorted(
             (j for j in jobs.values() if j.state == "PENDING"), key=lambda j: (j.submit, int(j.jid))
@@ -206,7 +215,10 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
                 else:
                     useful += len(j.nodes) * p.tick
     done = [j for j in jobs.values() if j.state == "COMPLETED"]
+    drained = [n for n in nodes.values() if n.drain_reason]
     return {
+        "drained": len(drained),
+        "drained_bad": sum(1 for n in drained if n.bad),  # ground truth the governor lacks
         "wasted_node_hours": wasted / HOUR,
         "useful_node_hours": useful / HOUR,
         "completed": len(done),
@@ -263,13 +275,18 @@ def _snapshot(jobs: dict[str, Job], nodes: dict[str, Node], now: float) -> Snaps
             flags = {"ALLOCATED" if n.job else "IDLE"}
         else:
             flags = {"ALLOCATED" if n.job else "IDLE", "CLOUD", "POWERING_UP"}
+        if n.drain_reason:
+            flags.add("DRAIN")
         node_obs[n.name] = frozenset(flags)
-    return Snapshot(jobs=obs, nodes=node_obs, taken_at=now)
+    reasons = {n.name: n.drain_reason for n in nodes.values() if n.drain_reason}
+    return Snapshot(jobs=obs, nodes=node_obs, taken_at=now, node_reasons=reasons)
 
 
-def scenarios() -> list[tuple[str, gcfg.GangConfig | None]]:
+def scenarios(
+    timeout: str = "20m", strike_limit: int = 2
+) -> list[tuple[str, gcfg.GangConfig | None]]:
     common = {
-        "timeout": "20m",
+        "timeout": timeout,
         "requeuing": {"backoff_base_seconds": 60, "backoff_max_seconds": 1800, "jitter": 0.1},
     }
     return [
@@ -279,12 +296,22 @@ def scenarios() -> list[tuple[str, gcfg.GangConfig | None]]:
             "governance + block_admission",
             gcfg.from_dict({**common, "block_admission": True}, "sim"),
         ),
+        (
+            f"governance + node strikes ({strike_limit}/1h)",
+            gcfg.from_dict(
+                {**common, "node_strike_limit": strike_limit, "node_strike_window_seconds": 3600},
+                "sim",
+            ),
+        ),
     ]
 
 
 def cmd_sim(args) -> None:
-    p = Params(seed=args.seed, hours=args.hours)
+    p = Params(seed=args.seed, hours=args.hours, resume_timeout=args.resume_timeout)
+    runs = scenarios(args.timeout, args.strike_limit)
     print(
+        f"# governor: timeout={args.timeout} backoff 60-1800s jitter 0.1; node strikes: "
+        f"limit {args.strike_limit} in 1 h (last scenario only)\n"
         f"# simulator: seed={p.seed} hours={p.hours} tick={p.tick}s nodes {p.initial_nodes}->"
         f"{p.max_nodes} (+1 per {p.join_every:.0f}s) bad={p.bad_fraction:.0%} "
         f"boot {p.boot_min:.0f}-{p.boot_max:.0f}s ResumeTimeout={p.resume_timeout:.0f}s\n"
@@ -292,22 +319,22 @@ def cmd_sim(args) -> None:
         f"{p.job_every:.0f}s on average; jobs' time limit = 2 x runtime + 1 h"
     )
     print(
-        f"{'scenario':<32} {'wasted_nh':>10} {'useful_nh':>10} {'completed':>10} {'requeues':>9} {'mean_done_h':>11}"
+        f"{'scenario':<32} {'wasted_nh':>10} {'useful_nh':>10} {'completed':>10} {'requeues':>9}"
+        f" {'mean_done_h':>11} {'drained(bad)':>12}"
     )
     base = None
-    for name, cfg in scenarios():
+    for name, cfg in runs:
         t0 = time.perf_counter()
         r = simulate(p, cfg)
         base = base or r
         print(
             f"{name:<32} {r['wasted_node_hours']:>10.1f} {r['useful_node_hours']:>10.1f} "
             f"{r['completed']:>5}/{r['submitted']:<4} {r['requeues']:>9} {r['mean_completion_h']:>11.2f}"
-            f"   ({time.perf_counter() - t0:.1f}s)"
+            f" {r['drained']:>7} ({r['drained_bad']})   ({time.perf_counter() - t0:.1f}s)"
         )
     # determinism check: same seed, same numbers
-    assert simulate(Params(seed=p.seed, hours=min(p.hours, 6)), scenarios()[1][1]) == simulate(
-        Params(seed=p.seed, hours=min(p.hours, 6)), scenarios()[1][1]
-    )
+    short = Params(seed=p.seed, hours=min(p.hours, 6), resume_timeout=p.resume_timeout)
+    assert simulate(short, runs[-1][1]) == simulate(short, runs[-1][1])
     print("# deterministic: re-run with the same seed gives identical results")
 
 
@@ -468,6 +495,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--timeout", default="20m", help="sim: the governor's timeout")
+    ap.add_argument("--strike-limit", type=int, default=2, help="sim: node_strike_limit")
+    ap.add_argument(
+        "--resume-timeout", type=float, default=3600.0, help="sim: Slurm's ResumeTimeout (s)"
+    )
     args = ap.parse_args()
     if args.what in ("sim", "all"):
         cmd_sim(args)

@@ -21,7 +21,10 @@ def register(subparsers) -> None:
     r.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     r.set_defaults(func=_run)
 
-    s = sub.add_parser("status", help="list gang jobs: phase, counter, next eligible time")
+    s = sub.add_parser(
+        "status",
+        help="list gang jobs (phase, counter, next eligible time) and struck/drained nodes",
+    )
     s.add_argument("--config", default=DEFAULT_CONFIG)
     s.add_argument("--json", action="store_true")
     s.add_argument("--all", action="store_true", help="include finished jobs")
@@ -86,19 +89,47 @@ def _status(args) -> int:
                 "why": r.why,
             }
         )
+    nodes = _node_rows(st)
     if args.json:
-        json.dump({"state_file": cfg.state_file, "gangs": rows}, sys.stdout, indent=2)
+        json.dump(
+            {"state_file": cfg.state_file, "gangs": rows, "nodes": nodes}, sys.stdout, indent=2
+        )
         print()
         return 0
     if not rows:
         print(f"no gang jobs (state: {cfg.state_file})")
-        return 0
-    print(f"{'JOBID':<10} {'PHASE':<18} {'COUNT':>5} {'NEXT_ELIGIBLE':<20} WHY")
+    else:
+        print(f"{'JOBID':<10} {'PHASE':<18} {'COUNT':>5} {'NEXT_ELIGIBLE':<20} WHY")
     for r in rows:
         print(
             f"{r['job_id']:<10} {r['phase']:<18} {r['count']:>5} {_fmt_ts(r['next_eligible']):<20} {r['why']}"
         )
+    if nodes:
+        print(f"\n{'NODE':<16} {'STATE':<9} {'STRIKES':>7} {'LAST_STRIKE':<20} {'LAST_JOB':<9} WHY")
+    for n in nodes:
+        print(
+            f"{n['node']:<16} {n['state']:<9} {n['strikes']:>7} {_fmt_ts(n['last_strike_at']):<20}"
+            f" {n['last_job'] or '-':<9} {n['why']}"
+        )
     return 0
+
+
+def _node_rows(st) -> list[dict]:
+    """Nodes with strikes in the window, or drained by the governor (as of its last cycle)."""
+    out = []
+    for r in sorted(st.nodes.values(), key=lambda r: r.name):
+        last = r.strikes[-1] if r.strikes else None
+        out.append(
+            {
+                "node": r.name,
+                "state": r.drain or "struck",
+                "strikes": len(r.strikes),
+                "last_strike_at": last.at if last else None,
+                "last_job": last.job_id if last else "",
+                "why": r.drain_reason or (last.why if last else ""),
+            }
+        )
+    return out
 
 
 def _ready(args) -> int:

@@ -61,6 +61,14 @@ class GangConfig:
     event_log: str = "/var/log/nodeforge/gang-events.jsonl"
     metrics_file: str = "/var/lib/nodeforge/gang/metrics.prom"
     seed: int = 0  # jitter seed (jitter is a pure function of seed, job and attempt)
+    # Node strikes (gang/strikes.py): a node that was not up when a gang timed out gets a
+    # strike; this many within the window drain it. Off by default: a drain outlives the job
+    # and only an operator undoes it, so turning it on is the operator's decision.
+    node_strike_limit: int = 0
+    node_strike_window_seconds: float = 3600.0
+    # At most this many nodes drained by the governor at once (0 = no cap): a cluster-wide
+    # blip (switch, controller network) must not turn into a cluster-wide drain.
+    node_strike_max_drained: int = 10
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -77,7 +85,15 @@ _DURATIONS = {
     "requeuing.backoff_base_seconds",
     "requeuing.backoff_max_seconds",
     "probe.timeout",
+    "node_strike_window_seconds",
 }
+_COUNTS = (
+    "min_nodes",
+    "seed",
+    "backoff_limit_count",
+    "node_strike_limit",
+    "node_strike_max_drained",
+)
 
 
 def _duration(value: Any, where: str) -> float:
@@ -138,7 +154,7 @@ def _build(cls, data: Any, prefix: str, src: str):
             if not isinstance(v, bool):
                 raise ConfigError(f"{where}: expected true or false, got {v!r}")
             kw[name] = v
-        elif name in ("min_nodes", "seed", "backoff_limit_count"):
+        elif name in _COUNTS:
             if v is None and name == "backoff_limit_count":
                 kw[name] = None
                 continue
@@ -164,6 +180,11 @@ def from_dict(data: Any, src: str = "<config>") -> GangConfig:
         raise ConfigError(f"{src}: 'timeout' must be > 0 seconds, got {cfg.timeout}")
     if cfg.interval_seconds <= 0:
         raise ConfigError(f"{src}: 'interval_seconds' must be > 0, got {cfg.interval_seconds}")
+    if cfg.node_strike_window_seconds <= 0:
+        raise ConfigError(
+            f"{src}: 'node_strike_window_seconds' must be > 0 seconds, "
+            f"got {cfg.node_strike_window_seconds}"
+        )
     r = cfg.requeuing
     if r.backoff_max_seconds < r.backoff_base_seconds:
         raise ConfigError(

@@ -7,9 +7,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from nodeforge.errors import NodeforgeError
+from nodeforge.errors import CommandError, NodeforgeError
 
-from . import metrics, policy
+from . import metrics, policy, strikes
 from . import state as state_mod
 from .config import GangConfig
 from .events import EventLog, encode_admin
@@ -17,6 +17,7 @@ from .slurm import SlurmCli, Snapshot
 from .state import GovState
 
 log = logging.getLogger("nodeforge.gang")
+JOB_ALREADY_PENDING = "Job is pending execution"  # scontrol requeue of a job not running
 
 
 class Governor:
@@ -98,14 +99,13 @@ class Governor:
             ev["waited"] = round(a.waited, 3)
         if a.backoff is not None:
             ev["backoff_seconds"] = round(a.backoff, 3)
+        if a.node:
+            ev["node"] = a.node
         st = self.state
         try:
             if a.kind == "requeue":
                 self._admin(a, job, "backoff", a.reason)
-                if a.hold:
-                    self.slurm.requeuehold(a.job_id)
-                else:
-                    self.slurm.requeue(a.job_id)
+                self._requeue(a.job_id, a.hold, ev)
                 ev["requeued_at"] = round(time.time(), 3)
                 if a.deadline is not None:
                     metrics.observe(
@@ -117,7 +117,7 @@ class Governor:
                 self._count_eviction(a)
             elif a.kind == "requeuehold":
                 self._admin(a, job, "deactivated", a.reason)
-                self.slurm.requeuehold(a.job_id)
+                self._requeue(a.job_id, True, ev)
                 ev["requeued_at"] = round(time.time(), 3)
                 st.counters.deactivated += 1
                 self._count_eviction(a)
@@ -142,6 +142,12 @@ class Governor:
                     self.slurm.cancel(a.job_id)
             elif a.kind == "annotate":
                 self._admin(a, job, a.phase, a.reason)
+            elif a.kind == "strike":
+                st.counters.node_strikes += 1
+            elif a.kind == "drain":
+                self._drain(a, ev)
+            elif a.kind == "drain_skipped":
+                _count_skip(st, a.reason)
             elif a.kind == "note" and a.reason == "PodsReady" and a.waited is not None:
                 metrics.observe(st, "kueue_admitted_until_ready_wait_time_seconds", a.waited)
         except NodeforgeError as exc:
@@ -149,7 +155,9 @@ class Governor:
             ev["error"] = str(exc)[-800:]
             log.error("gang action %s on job %s failed: %s", a.kind, a.job_id, exc)
         self.events.write(ev)
-        if a.kind != "note":
+        if ev["action"] in ("drain", "drain_skipped"):
+            log.warning("gang %s node=%s job=%s: %s", ev["action"], a.node, a.job_id, ev["detail"])
+        elif a.kind != "note":
             log.info(
                 "gang %s job=%s reason=%s count=%s %s",
                 a.kind,
@@ -158,6 +166,40 @@ class Governor:
                 a.count,
                 a.detail,
             )
+
+    def _requeue(self, job_id: str, hold: bool, ev: dict) -> None:
+        try:
+            if hold:
+                self.slurm.requeuehold(job_id)
+            else:
+                self.slurm.requeue(job_id)
+        except CommandError as exc:
+            # Slurm got there first. Draining a node that is being powered up makes slurmctld
+            # requeue its jobs ("DRAIN/FAIL request for node X which is allocated and being
+            # powered up. Requeuing jobs"), and a struck node's drain goes out just before
+            # its gang's requeue. The job is back in the queue with Restarts+1 all the same;
+            # the hold and the backoff (StartTime, set next) are still ours to apply.
+            if JOB_ALREADY_PENDING not in exc.output:
+                raise
+            ev["requeued_by"] = "slurmctld"
+            if hold:
+                self.slurm.hold(job_id)
+
+    def _drain(self, a: policy.Action, ev: dict) -> None:
+        """Drain a struck node, unless someone else took it out since the snapshot: the
+        re-check narrows "never override a foreign drain/down" to the few ms before scontrol."""
+        now = self.slurm.show_node(a.node)
+        other = strikes.taken_out_by_other(*now) if now is not None else ""
+        if other:
+            ev.update(action="drain_skipped", reason="AlreadyOut")
+            ev["detail"] = f"node {a.node} has {a.count} strike(s) but is already {other}"
+            _count_skip(self.state, "AlreadyOut")
+            rec = self.state.nodes.get(a.node)
+            if rec is not None:
+                rec.drain = ""  # decided, not done: the next cycle must not report it again
+            return
+        self.slurm.drain_node(a.node, a.detail)
+        self.state.counters.nodes_drained += 1
 
     def _count_eviction(self, a: policy.Action) -> None:
         metrics.inc_evicted(self.state, policy.REASON_TIMEOUT, a.partition)
@@ -192,6 +234,10 @@ class Governor:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+
+def _count_skip(st: GovState, reason: str) -> None:
+    st.counters.drains_skipped[reason] = st.counters.drains_skipped.get(reason, 0) + 1
 
 
 def snapshot_only(slurm: SlurmCli) -> Snapshot:

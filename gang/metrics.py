@@ -3,7 +3,8 @@
 Kueue names used: kueue_evicted_workloads_total{cluster_queue,reason},
 kueue_pods_ready_to_evicted_time_seconds, kueue_admitted_until_ready_wait_time_seconds,
 kueue_pending_workloads{cluster_queue,status}, kueue_admitted_active_workloads{cluster_queue}.
-`cluster_queue` is the Slurm partition. nodeforge-only: nodeforge_gang_*.
+`cluster_queue` is the Slurm partition. nodeforge-only: nodeforge_gang_* (node strikes and
+drains among them: Kueue has no equivalent).
 """
 
 from __future__ import annotations
@@ -103,9 +104,33 @@ def render(st: GovState, cycle_seconds: float | None = None, up: bool = True) ->
             c.requeue_errors,
             "Slurm commands of the governor that failed",
         ),
+        (
+            "nodeforge_gang_node_strikes_total",
+            c.node_strikes,
+            "Strikes given to nodes that were not up when a gang was evicted",
+        ),
+        (
+            "nodeforge_gang_nodes_drained_total",
+            c.nodes_drained,
+            "Nodes drained by the governor for reaching node_strike_limit",
+        ),
     ):
         head(name, "counter", help_)
         L.append(f"{name} {v}")
+    head(
+        "nodeforge_gang_node_drains_skipped_total",
+        "counter",
+        "Nodes at node_strike_limit left undrained (AlreadyOut, MaxDrained, NotListed, ...)",
+    )
+    for reason, v in sorted(c.drains_skipped.items()):
+        L.append(f'nodeforge_gang_node_drains_skipped_total{{reason="{reason}"}} {v}')
+    head("nodeforge_gang_nodes_drained", "gauge", "Nodes held drained by the governor now")
+    L.append(f"nodeforge_gang_nodes_drained {sum(1 for r in st.nodes.values() if r.drain)}")
+    head("nodeforge_gang_nodes_struck", "gauge", "Undrained nodes with strikes in the window")
+    L.append(
+        "nodeforge_gang_nodes_struck "
+        f"{sum(1 for r in st.nodes.values() if r.strikes and not r.drain)}"
+    )
     head("nodeforge_gang_up", "gauge", "1 if the last cycle read slurmctld")
     L.append(f"nodeforge_gang_up {1 if up else 0}")
     if cycle_seconds is not None:

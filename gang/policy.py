@@ -9,15 +9,18 @@ Kueue's waitForPodsReady mapped onto Slurm:
   `backoff_limit_count` (deactivated); a job that cannot be requeued is recorded (or
   cancelled when configured), never silently skipped;
 - block_admission = gang jobs wait held; one is released only when no released gang job is
-  admitted-but-not-ready (or released-but-not-yet-started).
+  admitted-but-not-ready (or released-but-not-yet-started);
+- node strikes (gang/strikes.py, no Kueue equivalent) = each node that was not up at an
+  eviction gets a strike; `node_strike_limit` strikes within the window drain it.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from . import readiness
+from . import readiness, strikes
+from .actions import Action
 from .config import GangConfig
 from .events import decode_admin
 from .slurm import JobObs, Snapshot
@@ -39,23 +42,6 @@ from .state import (
 DONE_KEEP_SECONDS = 3600.0
 REASON_TIMEOUT = "PodsReadyTimeout"
 REASON_RECOVERY = "RecoveryTimeout"
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str  # requeue | requeuehold | set_start | hold | release | cancel | record | annotate | note
-    job_id: str
-    reason: str = ""
-    detail: str = ""
-    count: int = 0
-    start_at: float | None = None
-    waited: float | None = None  # admission (or readiness loss) -> this action, seconds
-    backoff: float | None = None  # the backoff delay applied (start_at - decision time)
-    deadline: float | None = None
-    hold: bool = False  # requeue as requeuehold (block_admission puts it back in the queue)
-    restarts: int = 0  # Slurm Restarts seen before acting
-    partition: str = ""
-    phase: str = ""  # the phase the record is in after this action
 
 
 def is_gang(cfg: GangConfig, job: JobObs) -> bool:
@@ -113,14 +99,18 @@ def _bootstrap(job: JobObs) -> GangRecord:
 def decide(
     cfg: GangConfig, st: GovState, snap: Snapshot, now: float
 ) -> tuple[GovState, list[Action]]:
-    actions: list[Action] = []
     recs: dict[str, GangRecord] = {}
     seen: set[str] = set()
     timeout, recovery = cfg.timeout, cfg.recovery_timeout
     limit = cfg.requeuing.backoff_limit_count
     block = cfg.block_admission
+    nodes, actions = strikes.reconcile(cfg, st.nodes, snap, now)
+    struck: set[str] = set()
 
     def evict(rec: GangRecord, job: JobObs, reason: str, waited: float, deadline: float) -> None:
+        # Node strikes (and drains) come first: the drain then reaches slurmctld before the
+        # requeue frees the node, so no scheduling pass in between can hand it out again.
+        actions.extend(strikes.strike(cfg, nodes, job, snap, now, struck, reason))
         rec.restarts_seen = job.restarts + (1 if job.requeue else 0)
         if not job.requeue:
             rec.phase = NOT_REQUEUEABLE
@@ -339,6 +329,7 @@ def decide(
         if rec.phase == ADMITTED:
             if ok:
                 rec.phase, rec.ready_at, rec.why = READY, now, ""
+                strikes.clear_on_ready(nodes, job)
                 actions.append(
                     Action(
                         "note",
@@ -372,6 +363,7 @@ def decide(
         elif rec.phase == RECOVERING:
             if ok:
                 rec.phase, rec.lost_at, rec.why = READY, None, ""
+                strikes.clear_on_ready(nodes, job)
                 actions.append(
                     Action(
                         "note",
@@ -433,4 +425,4 @@ def decide(
                         phase=PENDING,
                     )
                 )
-    return GovState(jobs=recs, counters=st.counters, version=st.version), actions
+    return GovState(jobs=recs, counters=st.counters, version=st.version, nodes=nodes), actions

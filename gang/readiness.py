@@ -19,6 +19,18 @@ BAD_NODE_FLAGS = (
     "POWERING_DOWN",
     "UNKNOWN",
 )
+# The node itself is not up (as opposed to a drain someone chose, or a job-level wait such
+# as a running prolog, which names no node): what a node strike is given for.
+NODE_DOWN_FLAGS = (
+    "DOWN",
+    "NOT_RESPONDING",
+    "POWERING_UP",
+    "FAIL",
+    "POWER_DOWN",
+    "POWERED_DOWN",
+    "POWERING_DOWN",
+    "UNKNOWN",
+)
 READY_MARK = "nfg-ready="
 
 
@@ -51,3 +63,18 @@ def check(
     if probe_mode == "command" and not probe_passed(job):
         return False, "app probe not signalled (nodeforge gang ready)"
     return True, ""
+
+
+def unready_nodes(job: JobObs, nodes: Mapping[str, frozenset[str]]) -> list[tuple[str, str]]:
+    """The job's nodes that are not up, with why: [(node, "POWERING_UP"), ...]. A node that
+    slurmctld does not list (e.g. a CLOUD node hidden as powered down) counts as not up."""
+    out = []
+    for n in job.nodes:
+        flags = nodes.get(n)
+        if flags is None:
+            out.append((n, "unknown to slurmctld"))
+            continue
+        bad = [f for f in NODE_DOWN_FLAGS if f in flags]
+        if bad:
+            out.append((n, "+".join(bad)))
+    return out

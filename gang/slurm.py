@@ -18,6 +18,7 @@ from datetime import datetime
 _BOUND = re.compile(r"\s[A-Za-z][A-Za-z0-9_:/]*=")
 
 from nodeforge import proc
+from nodeforge.errors import CommandError
 
 # A key starts after whitespace; keys are CamelCase words, possibly with ':' or '/' (TRES).
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
@@ -145,6 +146,7 @@ class Snapshot:
     jobs: list[JobObs]
     nodes: dict[str, frozenset[str]] = field(default_factory=dict)
     taken_at: float = 0.0
+    node_reasons: dict[str, str] = field(default_factory=dict)  # only nodes that have one
 
 
 _JOB_KEYS = (
@@ -168,6 +170,9 @@ _SPACED_KEYS = ("Comment", "AdminComment")
 _JOB_NEEDLES = tuple((k, f" {k}=") for k in _JOB_KEYS)
 _SPACED_NEEDLES = tuple((k, f" {k}=") for k in _SPACED_KEYS)
 _NODE_NEEDLES = tuple((k, f" {k}=") for k in ("NodeName", "State"))
+_REASON_NEEDLES = (("Reason", " Reason="),)
+# scontrol appends who set the reason and when: `Reason=text [root@2026-12-02T20:00:00]`
+_REASON_STAMP = re.compile(r"\s*\[[^\]\s]*@[^\]\s]*\]$")
 
 
 def _fields(line: str, keys, spaced=()) -> dict[str, str]:
@@ -223,6 +228,18 @@ def parse_nodes(text: str) -> dict[str, frozenset[str]]:
         if line.startswith("NodeName="):
             f = _fields(line, _NODE_NEEDLES)
             out[f["NodeName"]] = node_flags(f.get("State", ""))
+    return out
+
+
+def parse_node_reasons(text: str) -> dict[str, str]:
+    """`scontrol show node -o` -> {node: Reason without the `[user@time]` stamp}."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("NodeName=") and " Reason=" in line:
+            f = _fields(line, _NODE_NEEDLES, _REASON_NEEDLES)
+            reason = _REASON_STAMP.sub("", f.get("Reason", ""))
+            if reason and reason not in ("(null)", "none"):
+                out[f["NodeName"]] = reason
     return out
 
 
@@ -300,7 +317,28 @@ class SlurmCli:
         nodes_txt = self._run("scontrol", "show", "node", "-o").stdout
         jobs = parse_jobs(jobs_txt, self._job_cache)
         nodes = parse_nodes(nodes_txt)
-        return Snapshot(jobs=jobs, nodes=nodes, taken_at=now)
+        reasons = parse_node_reasons(nodes_txt)
+        return Snapshot(jobs=jobs, nodes=nodes, taken_at=now, node_reasons=reasons)
+
+    def show_node(self, name: str) -> tuple[frozenset[str], str] | None:
+        """(state flags, Reason) of one node now; None if slurmctld does not list it."""
+        cp = self._run("scontrol", "show", "node", "-o", name, check=False)
+        if cp.returncode != 0:
+            if "not found" in (cp.stdout or "").lower():
+                return None
+            raise CommandError(
+                ["scontrol", "show", "node", "-o", name],
+                cp.returncode,
+                cp.stdout or "",
+                hint="is slurmctld up and SLURM_CONF right?",
+            )
+        flags = parse_nodes(cp.stdout).get(name)
+        if flags is None:
+            return None
+        return flags, parse_node_reasons(cp.stdout).get(name, "")
+
+    def drain_node(self, name: str, reason: str) -> None:
+        self._run("scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
 
     def show_job(self, job_id: str) -> JobObs | None:
         cp = self._run("scontrol", "show", "job", "-o", job_id, check=False)

@@ -3,6 +3,8 @@
 Losing the file is survivable: the counter, phase and next eligible time are also written to
 the job's AdminComment (see events.encode_admin), and deadlines derive from Slurm's own
 StartTime; Slurm's Restarts counter tells whether an interrupted requeue went through.
+Nodes the governor drained are found again by their Reason prefix; only strikes that have
+not yet drained a node are lost with the file (the node then needs its strikes anew).
 """
 
 from __future__ import annotations
@@ -60,6 +62,29 @@ class GangRecord:
     done_at: float | None = None
 
 
+# Node drain states (NodeRecord.drain); "" = not drained by this governor.
+DRAINING = "draining"  # drain decided and persisted; not yet seen in Slurm
+DRAINED = "drained"  # Slurm shows the node drained with our reason
+
+
+@dataclass(frozen=True)
+class Strike:
+    at: float  # the gang's eviction (decision) time
+    job_id: str
+    why: str  # the node's state at the deadline, e.g. "POWERING_UP"
+
+
+@dataclass
+class NodeRecord:
+    """Strikes of one node (only those within node_strike_window_seconds are kept)."""
+
+    name: str
+    strikes: list[Strike] = field(default_factory=list)
+    drain: str = ""  # "" | draining | drained
+    drain_reason: str = ""  # the Reason we gave Slurm (starts with strikes.REASON_PREFIX)
+    drain_decided_at: float | None = None
+
+
 @dataclass
 class Counters:
     evicted: dict[str, int] = field(default_factory=dict)  # "reason|queue" -> n
@@ -67,6 +92,9 @@ class Counters:
     released: int = 0
     not_requeueable: int = 0
     requeue_errors: int = 0
+    node_strikes: int = 0
+    nodes_drained: int = 0  # drains that reached slurmctld
+    drains_skipped: dict[str, int] = field(default_factory=dict)  # reason -> n
     # histogram sums/counts: name -> [sum, count, bucket counts...]
     hist: dict[str, list[float]] = field(default_factory=dict)
 
@@ -76,6 +104,7 @@ class GovState:
     jobs: dict[str, GangRecord] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
     version: int = 1
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)  # struck or drained by us
 
 
 def to_json(st: GovState) -> dict:
@@ -85,7 +114,11 @@ def to_json(st: GovState) -> dict:
 def from_json(d: dict) -> GovState:
     jobs = {k: GangRecord(**v) for k, v in d.get("jobs", {}).items()}
     c = d.get("counters", {})
-    return GovState(jobs=jobs, counters=Counters(**c), version=d.get("version", 1))
+    nodes = {
+        k: NodeRecord(**{**v, "strikes": [Strike(**s) for s in v.get("strikes", [])]})
+        for k, v in d.get("nodes", {}).items()
+    }
+    return GovState(jobs=jobs, counters=Counters(**c), version=d.get("version", 1), nodes=nodes)
 
 
 def load(path: str | os.PathLike) -> GovState:

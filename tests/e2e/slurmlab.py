@@ -281,6 +281,26 @@ class Lab:
     def set_never(self, node: str) -> None:
         (self.base / "never" / node).touch()
 
+    def reset_cloud(self, node: str, timeout: float = 30) -> None:
+        """Back to powered down, IDLE, not drained, able to boot: a test whose cloud node
+        never came up (and was maybe drained) must not leave that to the next test."""
+        (self.base / "never" / node).unlink(missing_ok=True)
+        self.kill_slurmd(node)
+        # RESUME clears a drain or DOWN (refused, harmlessly, when there is none); first,
+        # because it would also cancel a power-down under way.
+        self.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+        if not self.listed(node):
+            return  # powered down already: Slurm hides powered-down CLOUD nodes
+        self.run("scontrol", "update", f"NodeName={node}", "State=POWER_DOWN_FORCE", check=False)
+        # POWERING_DOWN lasts SuspendTimeout (10 s); then the node is hidden again
+        self.wait(lambda: not self.listed(node), timeout, f"{node} powered down")
+
+    def listed(self, node: str) -> bool:
+        """Does slurmctld show *node*? Not when it is a powered-down CLOUD node (22.05 hides
+        those from `scontrol show node`, even with -a)."""
+        out = self.run("scontrol", "show", "node", "-o", node, check=False).stdout
+        return out.startswith("NodeName=")
+
     # ---- helpers ------------------------------------------------------------------------
     @staticmethod
     def wait(pred, timeout: float, what: str, interval: float = 0.2):

@@ -18,7 +18,7 @@ import pytest
 from gang import config as gcfg
 from gang.events import decode_admin, read_events
 from gang.governor import Governor
-from gang.slurm import SlurmCli
+from gang.slurm import SlurmCli, parse_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurmlab import Lab, check_tools
@@ -42,7 +42,8 @@ def lab():
 def clean(lab):
     (lab.base / "prolog" / "release").unlink(missing_ok=True)
     yield lab
-    # Reset: cancel jobs, end hung prologs, revive killed slurmds, resume drained nodes.
+    # Reset: cancel jobs, end hung prologs, revive killed slurmds, resume drained nodes,
+    # power cloud nodes back down (undrained, able to boot).
     lab.release_prologs()
     lab.run("scancel", "--partition=main", check=False)
     for n in lab.node_names:
@@ -67,6 +68,8 @@ def clean(lab):
         if "DRAIN" in st or "DOWN" in st:
             lab.run("scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
     lab.wait_nodes_idle(lab.node_names, timeout=40)
+    for n in lab.cloud_names:
+        lab.reset_cloud(n)
     (lab.base / "prolog" / "release").unlink(missing_ok=True)
 
 
@@ -453,3 +456,118 @@ def test_not_requeueable_is_recorded(lab, gov):
     assert adm["phase"] == "not_requeueable"
     assert info["Restarts"] == "0"
     assert g.rec(j).phase == "not_requeueable"
+
+
+def test_never_booting_node_drained_after_two_gang_timeouts(lab, gov, tmp_path):
+    """The gap node strikes close: a requeue frees a never-booting node and Slurm gives it to
+    the next gang, which times out too. After two such timeouts the node is drained (reason in
+    `sinfo -R`), the next gang waits for a good node instead, and a resume clears the strikes."""
+    import yaml
+
+    lab.set_never("gc1")
+    # gn2..gn4 busy with 1-node jobs (not gangs): gn1 and gc1 are the only free nodes, so
+    # Slurm places every 2-node gang on the never-booting gc1.
+    fillers = {
+        n: lab.sbatch("-N1", "-w", n, script="#!/bin/sh\nsleep 300\n")
+        for n in ("gn2", "gn3", "gn4")
+    }
+    wait_for(
+        lambda: all(lab.job(f)["JobState"] == "RUNNING" for f in fillers.values()), 20, "fillers"
+    )
+    # backoff 120 s: A and B stay out of the queue for the rest of the test
+    g = gov(
+        node_strike_limit=2,
+        node_strike_window_seconds=3600,
+        requeuing={"backoff_base_seconds": 120, "backoff_max_seconds": 120},
+    ).start()
+    a = lab.sbatch("-N2")
+    wait_for(lambda: g.events(a, "requeue"), 30, "A requeued (gc1 never comes up)")
+    assert "gc1" in g.events(a, "strike")[0]["detail"]
+    b = lab.sbatch("-N2")
+    wait_for(lambda: g.events(b, "requeue"), 30, "B requeued (given gc1 again)")
+    wait_for(lambda: "DRAIN" in lab.node_states().get("gc1", ""), 10, "gc1 drained")
+
+    # one strike per timed-out gang, all on gc1; gn1 was up both times: no strike
+    strikes = g.events(action="strike")
+    assert [(e["node"], e["job_id"], e["count"]) for e in strikes] == [
+        ("gc1", str(a), 1),
+        ("gc1", str(b), 2),
+    ], strikes
+    (drain,) = g.events(action="drain")
+    assert (drain["node"], drain["job_id"], drain["count"]) == ("gc1", str(b), 2)
+    assert "error" not in drain
+    reason = lab.run("sinfo", "-h", "-R", "-n", "gc1", "-o", "%E").stdout.strip()
+    assert reason.startswith(
+        f"nodeforge-gang: not ready at 2 gang timeouts within 3600s (last job {b}:"
+    ), reason
+    assert "POWERING_UP" in reason, reason
+    assert not lab.run("sinfo", "-h", "-R", "-n", "gn1", "-o", "%E").stdout.strip()
+    # what a governor that lost its state file finds again: our Reason, parsed from scontrol
+    fresh = SlurmCli(prefix=lab.prefix(), env=lab.env, timeout=10).snapshot()
+    assert fresh.node_reasons["gc1"] == drain["detail"]
+    # Draining a powering-up node makes slurmctld requeue B itself; the governor's requeue
+    # must still apply B's backoff, not fail.
+    for j in (a, b):
+        (req,) = g.events(j, "requeue")
+        assert "error" not in req, req
+        wait_for(lambda j=j: lab.job(j)["JobState"] == "PENDING", 20, f"job {j} pending")
+        assert abs(parse_time(lab.job(j)["EligibleTime"]) - req["next_eligible"]) <= 1.5
+    assert g.events(b, "requeue")[0].get("requeued_by") == "slurmctld"
+
+    # The operator's view: status, metrics.
+    cfgfile = tmp_path / "gang.yaml"
+    cfgfile.write_text(yaml.safe_dump({"state_file": g.cfg.state_file}))
+    status = proc_run_json(
+        sys.executable,
+        "-m",
+        "nodeforge.cli",
+        "gang",
+        "status",
+        "--json",
+        "--config",
+        str(cfgfile),
+        env={"PYTHONPATH": str(REPO)},
+    )
+    assert [(n["node"], n["state"], n["strikes"], n["last_job"]) for n in status["nodes"]] == [
+        ("gc1", "drained", 2, str(b))
+    ], status["nodes"]
+    prom = Path(g.cfg.metrics_file).read_text()
+    for line in (
+        "nodeforge_gang_nodes_drained_total 1",
+        "nodeforge_gang_node_strikes_total 2",
+        "nodeforge_gang_nodes_drained 1",
+        "nodeforge_gang_action_errors_total 0",
+    ):
+        assert line in prom.splitlines(), (line, prom)
+
+    # The next gang: gn1 is the only usable free node now, so it waits instead of taking gc1...
+    c = lab.sbatch("-N2", script="#!/bin/sh\nsleep 3\n")
+    t_end = time.monotonic() + 4
+    while time.monotonic() < t_end:
+        info = lab.job(c)
+        assert info["JobState"] == "PENDING" and "gc1" not in info.get("NodeList", ""), info
+        time.sleep(0.5)
+    # ...and runs, ready, on good nodes as soon as one frees up.
+    lab.run("scancel", str(fillers["gn2"]))
+    wait_for(lambda: lab.job(c)["JobState"] == "COMPLETED", 40, "C completed")
+    assert lab.job(c)["NodeList"] == "gn[1-2]"
+    assert [e["reason"] for e in g.events(c, "note")][:1] == ["PodsReady"]
+    assert not g.events(c, "requeue") and len(g.events(action="strike")) == 2
+
+    # The operator resumes gc1: the governor records it and forgets its strikes.
+    lab.run("scontrol", "update", "NodeName=gc1", "State=RESUME")
+    wait_for(
+        lambda: [e for e in g.events(action="note") if e["reason"] == "NodeResumed"],
+        10,
+        "resume recorded",
+    )
+    (resumed,) = [e for e in g.events(action="note") if e["reason"] == "NodeResumed"]
+    assert resumed["node"] == "gc1" and "2 strike(s) cleared" in resumed["detail"]
+    wait_for(lambda: "gc1" not in g.gov.state.nodes, 5, "strikes cleared in the state")
+    wait_for(
+        lambda: (
+            "nodeforge_gang_nodes_drained 0" in Path(g.cfg.metrics_file).read_text().split("\n")
+        ),
+        5,
+        "metrics: no node held drained",
+    )

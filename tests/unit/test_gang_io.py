@@ -86,6 +86,16 @@ def test_config_defaults_and_values(tmp_path):
         ),
         ("- a\n", "mapping"),
         ("timeout: [\n", "not valid YAML"),
+        ("node_strike_limt: 2\n", "'node_strike_limt'"),
+        ("node_strike_limit: -1\n", "'node_strike_limit'"),
+        ("node_strike_limit: true\n", "'node_strike_limit'"),
+        ("node_strike_limit: '2'\n", "'node_strike_limit'"),
+        ("node_strike_limit: 1.5\n", "'node_strike_limit'"),
+        ("node_strike_window_seconds: soon\n", "'node_strike_window_seconds'"),
+        ("node_strike_window_seconds: 0\n", "'node_strike_window_seconds'"),
+        ("node_strike_window_seconds: -5m\n", "'node_strike_window_seconds'"),
+        ("node_strike_max_drained: many\n", "'node_strike_max_drained'"),
+        ("requeuing:\n  node_strike_limit: 2\n", "'requeuing.node_strike_limit'"),
     ],
 )
 def test_config_errors_name_file_and_key(tmp_path, text, needle):
@@ -93,6 +103,27 @@ def test_config_errors_name_file_and_key(tmp_path, text, needle):
     with pytest.raises(gcfg.ConfigError) as ei:
         gcfg.load(p)
     assert str(p) in str(ei.value) and needle in str(ei.value)
+
+
+def test_node_strike_config_defaults_and_values(tmp_path):
+    d = gcfg.GangConfig()
+    # off by default: a drain outlives the job and needs an operator to undo
+    assert (d.node_strike_limit, d.node_strike_window_seconds, d.node_strike_max_drained) == (
+        0,
+        3600,
+        10,
+    )
+    c = gcfg.load(
+        write(
+            tmp_path,
+            "node_strike_limit: 2\nnode_strike_window_seconds: 2h\nnode_strike_max_drained: 0\n",
+        )
+    )
+    assert (c.node_strike_limit, c.node_strike_window_seconds, c.node_strike_max_drained) == (
+        2,
+        7200,
+        0,
+    )
 
 
 def test_missing_explicit_config_is_an_error(tmp_path):
@@ -158,3 +189,218 @@ def test_cli_module_imports_only_stdlib():
         "('rich','hcl2','ansible','jinja2')]; print(bad); sys.exit(1 if bad else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# ---- node strikes: parsing, state, metrics, status, the governor's drain ------------------
+
+NODE_LINE = (
+    "NodeName=gc1 CoresPerSocket=1 CPUAlloc=0 CPUEfctv=1 CPUTot=1 CPULoad=N/A "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=10.231.0.1 "
+    "NodeHostName=vm Port=7868 RealMemory=100 AllocMem=0 FreeMem=N/A Sockets=1 Boards=1 "
+    "State=IDLE+CLOUD+DRAIN+NOT_RESPONDING+POWERING_UP ThreadsPerCore=1 TmpDisk=0 Weight=1 "
+    "Owner=N/A MCS_label=N/A Partitions=main BootTime=None SlurmdStartTime=None "
+    "LastBusyTime=2026-12-03T00:49:14 CfgTRES=cpu=1,mem=100M,billing=1 AllocTRES= CapWatts=n/a "
+    "CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s "
+    "Reason=nodeforge-gang: not ready at 2 gang timeouts within 3600s (last job 5: "
+    "NOT_RESPONDING+POWERING_UP) [root@2026-12-03T00:49:18]"
+)
+
+
+def test_parse_node_reasons_strips_the_stamp():
+    from gang.slurm import parse_node_reasons, parse_nodes
+
+    text = NODE_LINE + "\nNodeName=gn1 State=IDLE Partitions=main\n"
+    assert parse_node_reasons(text) == {
+        "gc1": "nodeforge-gang: not ready at 2 gang timeouts within 3600s "
+        "(last job 5: NOT_RESPONDING+POWERING_UP)"
+    }
+    assert "DRAIN" in parse_nodes(text)["gc1"]
+    other = "NodeName=gn2 State=IDLE+DRAIN Reason=disk swap Comment=x [root@2026-12-03T00:49:18]"
+    assert parse_node_reasons(other) == {"gn2": "disk swap"}
+
+
+def test_state_roundtrip_keeps_node_strikes(tmp_path):
+    st = st_mod.GovState()
+    st.nodes["gc1"] = st_mod.NodeRecord(
+        "gc1", strikes=[st_mod.Strike(5.0, "7", "POWERING_UP")], drain="draining", drain_reason="r"
+    )
+    st.counters.drains_skipped["MaxDrained"] = 1
+    p = tmp_path / "state.json"
+    st_mod.save(st, p)
+    back = st_mod.load(p)
+    assert back.nodes == st.nodes and back.counters.drains_skipped == {"MaxDrained": 1}
+    # a state file written before node strikes existed still loads
+    p.write_text(json.dumps({"jobs": {}, "counters": {"deactivated": 2}}))
+    old = st_mod.load(p)
+    assert old.nodes == {} and old.counters.deactivated == 2 and old.counters.nodes_drained == 0
+
+
+def test_metrics_node_strikes():
+    st = st_mod.GovState()
+    st.nodes["gc1"] = st_mod.NodeRecord("gc1", drain="drained")
+    st.nodes["gc2"] = st_mod.NodeRecord("gc2", strikes=[st_mod.Strike(1.0, "3", "DOWN")])
+    st.counters.node_strikes, st.counters.nodes_drained = 3, 1
+    st.counters.drains_skipped["AlreadyOut"] = 2
+    lines = metrics.render(st).splitlines()
+    for want in (
+        "# TYPE nodeforge_gang_nodes_drained_total counter",
+        "nodeforge_gang_nodes_drained_total 1",
+        "nodeforge_gang_node_strikes_total 3",
+        'nodeforge_gang_node_drains_skipped_total{reason="AlreadyOut"} 2',
+        "nodeforge_gang_nodes_drained 1",
+        "nodeforge_gang_nodes_struck 1",
+    ):
+        assert want in lines, want
+
+
+def test_cli_status_lists_struck_and_drained_nodes(tmp_path, capsys):
+    from nodeforge.cli import main
+
+    st = st_mod.GovState()
+    st.nodes["gc1"] = st_mod.NodeRecord(
+        "gc1",
+        strikes=[st_mod.Strike(1e9, "4", "POWERING_UP"), st_mod.Strike(1e9 + 9, "5", "DOWN")],
+        drain="drained",
+        drain_reason="nodeforge-gang: not ready at 2 gang timeouts",
+    )
+    st.nodes["gn7"] = st_mod.NodeRecord("gn7", strikes=[st_mod.Strike(1e9, "4", "NOT_RESPONDING")])
+    st_mod.save(st, tmp_path / "state.json")
+    cfgp = write(tmp_path, f"state_file: {tmp_path / 'state.json'}\n")
+    assert main(["gang", "status", "--json", "--config", str(cfgp)]) == 0
+    rows = json.loads(capsys.readouterr().out)["nodes"]
+    assert [(r["node"], r["state"], r["strikes"], r["last_job"]) for r in rows] == [
+        ("gc1", "drained", 2, "5"),
+        ("gn7", "struck", 1, "4"),
+    ]
+    assert rows[0]["why"].startswith("nodeforge-gang:") and rows[1]["why"] == "NOT_RESPONDING"
+    assert main(["gang", "status", "--config", str(cfgp)]) == 0
+    out = capsys.readouterr().out
+    assert "NODE" in out and "gc1" in out and "drained" in out and "gn7" in out
+
+
+class FakeSlurm:
+    """SlurmCli stand-in: serves snapshots, records commands, can fail like slurmctld."""
+
+    def __init__(self, snaps, node_now=None, requeue_output=None):
+        self.snaps = list(snaps)
+        self.node_now = node_now  # what `scontrol show node X` says at drain time
+        self.requeue_output = requeue_output
+        self.calls: list[tuple] = []
+        self.on_drain = None
+
+    def snapshot(self):
+        return self.snaps.pop(0)
+
+    def show_node(self, name):
+        self.calls.append(("show_node", name))
+        return self.node_now
+
+    def drain_node(self, name, reason):
+        if self.on_drain:
+            self.on_drain()
+        self.calls.append(("drain", name, reason))
+
+    def requeue(self, job_id):
+        self.calls.append(("requeue", job_id))
+        if self.requeue_output:
+            from nodeforge.errors import CommandError
+
+            raise CommandError(["scontrol", "requeue", job_id], 1, self.requeue_output)
+
+    def __getattr__(self, name):  # set_admin_comment, set_start_time, hold, ...
+        return lambda *a: self.calls.append((name, *a))
+
+
+def _gov(tmp_path, slurm, t):
+    from gang.governor import Governor
+
+    c = gcfg.from_dict(
+        {
+            "timeout": 10,
+            "node_strike_limit": 1,
+            "requeuing": {"jitter": 0},
+            "state_file": str(tmp_path / "state.json"),
+            "event_log": str(tmp_path / "events.jsonl"),
+            "metrics_file": str(tmp_path / "metrics.prom"),
+        },
+        "t",
+    )
+    return Governor(c, slurm, clock=lambda: t)
+
+
+def _timed_out_gang():
+    from gang.slurm import JobObs, Snapshot
+
+    j = JobObs("9", "CONFIGURING", "None", ("gn1", "gc1"), 2, partition="main", start_time=1e9)
+    booting = frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})
+    return Snapshot([j], nodes={"gn1": frozenset({"ALLOCATED"}), "gc1": booting})
+
+
+def test_governor_drains_after_persisting_the_decision_then_requeues(tmp_path):
+    from gang.events import read_events
+
+    slurm = FakeSlurm([_timed_out_gang()], node_now=(frozenset({"IDLE", "POWERING_UP"}), ""))
+    g = _gov(tmp_path, slurm, 1e9 + 10)
+    on_disk = []
+    slurm.on_drain = lambda: on_disk.append(st_mod.load(tmp_path / "state.json").nodes["gc1"])
+    g.cycle()
+    assert on_disk and on_disk[0].drain == "draining"  # write-ahead
+    names = [c[0] for c in slurm.calls]
+    assert names.index("drain") < names.index("requeue")
+    (drain,) = [c for c in slurm.calls if c[0] == "drain"]
+    assert drain[1] == "gc1" and drain[2].startswith("nodeforge-gang: not ready at 1 gang")
+    ev = read_events(tmp_path / "events.jsonl")
+    assert [(e["action"], e.get("node")) for e in ev if e.get("node")] == [
+        ("strike", "gc1"),
+        ("drain", "gc1"),
+    ]
+    prom = (tmp_path / "metrics.prom").read_text().splitlines()
+    assert "nodeforge_gang_nodes_drained_total 1" in prom
+    assert "nodeforge_gang_node_strikes_total 1" in prom
+
+
+def test_governor_does_not_override_a_drain_set_since_the_snapshot(tmp_path):
+    from gang.events import read_events
+    from gang.slurm import Snapshot
+
+    foreign = (frozenset({"IDLE", "DRAIN", "POWERING_UP"}), "ops: chassis swap")
+    slurm = FakeSlurm([_timed_out_gang()], node_now=foreign)
+    g = _gov(tmp_path, slurm, 1e9 + 10)
+    g.cycle()
+    assert not [c for c in slurm.calls if c[0] == "drain"]
+    assert ("requeue", "9") in slurm.calls
+    # the next cycle sees the foreign drain: no second report, no drain
+    slurm.snaps.append(
+        Snapshot([], nodes={"gc1": foreign[0]}, node_reasons={"gc1": "ops: chassis swap"})
+    )
+    g.cycle()
+    assert not [c for c in slurm.calls if c[0] == "drain"]
+    (skip,) = [e for e in read_events(tmp_path / "events.jsonl") if e["action"] == "drain_skipped"]
+    assert skip["reason"] == "AlreadyOut" and "ops: chassis swap" in skip["detail"]
+    assert g.state.nodes["gc1"].drain == "" and len(g.state.nodes["gc1"].strikes) == 1
+    prom = (tmp_path / "metrics.prom").read_text().splitlines()
+    assert 'nodeforge_gang_node_drains_skipped_total{reason="AlreadyOut"} 1' in prom
+    assert "nodeforge_gang_nodes_drained_total 0" in prom
+
+
+def test_governor_requeue_after_slurm_requeued_on_the_drain_still_sets_backoff(tmp_path):
+    from gang.events import read_events
+
+    slurm = FakeSlurm(
+        [_timed_out_gang()],
+        node_now=(frozenset({"IDLE", "POWERING_UP"}), ""),
+        requeue_output="Job is pending execution for job 9\n",
+    )
+    _gov(tmp_path, slurm, 1e9 + 10).cycle()
+    assert [c[0] for c in slurm.calls if c[0] in ("set_start_time", "requeue")] == [
+        "requeue",
+        "set_start_time",
+    ]
+    (req,) = [e for e in read_events(tmp_path / "events.jsonl") if e["action"] == "requeue"]
+    assert req["requeued_by"] == "slurmctld" and "error" not in req
+    assert "nodeforge_gang_action_errors_total 0" in (tmp_path / "metrics.prom").read_text()
+    # any other requeue failure is still an error
+    slurm = FakeSlurm([_timed_out_gang()], requeue_output="Invalid job id specified\n")
+    (tmp_path / "state.json").unlink()
+    _gov(tmp_path, slurm, 1e9 + 10).cycle()
+    assert "nodeforge_gang_action_errors_total 1" in (tmp_path / "metrics.prom").read_text()

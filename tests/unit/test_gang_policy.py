@@ -308,3 +308,227 @@ def test_first_sight_of_a_job_slurm_already_requeued_is_noted():
     assert [a.reason for a in acts] == ["RequeuedBySlurm"] and st.jobs["1"].count == 0
     st, acts = run(cfg(), st, snap(pend), T0 + 1)
     assert acts == []
+
+
+# ---- node strikes -------------------------------------------------------------------------
+
+BOOTING = frozenset({"ALLOCATED", "CLOUD", "NOT_RESPONDING", "POWERING_UP"})
+OURS = "nodeforge-gang: not ready at 2 gang timeouts within 3600s (last job 2: POWERING_UP)"
+
+
+def scfg(**kw):
+    return cfg(**{"node_strike_limit": 2, "node_strike_window_seconds": 3600, **kw})
+
+
+def node_snap(*jobs, b=BOOTING, reasons=None, **more):
+    return Snapshot(jobs=list(jobs), nodes={"a": OK, "b": b, **more}, node_reasons=reasons or {})
+
+
+def kinds(acts):
+    return [(a.kind, a.node or a.job_id, a.count) for a in acts]
+
+
+def timeout_on(c, st, jid, t, **snapkw):
+    """Job *jid* admitted at *t* on nodes a, b; the governor cycle at its deadline."""
+    return run(c, st, node_snap(job(jid, start=t), **snapkw), t + c.timeout)
+
+
+def test_strike_for_unready_node_only_then_drain_before_requeue_at_limit():
+    c = scfg()
+    st, acts = timeout_on(c, GovState(), "1", T0)
+    assert kinds(acts) == [("strike", "b", 1), ("requeue", "1", 1)]
+    assert acts[0].reason == "PodsReadyTimeout" and "POWERING_UP" in acts[0].detail
+    assert set(st.nodes) == {"b"}  # a was up: no strike
+    assert (st.nodes["b"].strikes[0].job_id, st.nodes["b"].drain) == ("1", "")
+    # Slurm hands the still-booting b to the next gang, which times out too
+    st, acts = timeout_on(c, st, "2", T0 + 100)
+    assert kinds(acts) == [("strike", "b", 2), ("drain", "b", 2), ("requeue", "2", 1)]
+    drain = acts[1]
+    assert drain.job_id == "2" and drain.reason == "NodeStrikes"
+    assert drain.detail == (
+        "nodeforge-gang: not ready at 2 gang timeouts within 3600s "
+        "(last job 2: NOT_RESPONDING+POWERING_UP)"
+    )
+    assert (st.nodes["b"].drain, st.nodes["b"].drain_reason) == ("draining", drain.detail)
+
+
+@pytest.mark.parametrize(
+    "obs,b",
+    [
+        ({"reason": "Prolog"}, OK),  # hung prolog: no node to blame
+        ({"state": "CONFIGURING"}, OK),
+        ({"comment": ""}, OK),  # app probe never signalled (probe mode below)
+        ({}, frozenset({"ALLOCATED", "DRAIN"})),  # someone drained it: their call, not a strike
+    ],
+)
+def test_no_strike_without_a_node_that_is_not_up(obs, b):
+    c = scfg(probe={"mode": "command"})
+    st, acts = run(c, GovState(), node_snap(job(**obs), b=b), T0 + 10)
+    assert [a.kind for a in acts] == ["requeue"] and st.nodes == {}
+
+
+def test_node_unknown_to_slurmctld_is_struck():
+    _, acts = run(scfg(), GovState(), Snapshot([job()], nodes={"a": OK}), T0 + 10)
+    assert kinds(acts)[0] == ("strike", "b", 1) and "unknown to slurmctld" in acts[0].detail
+
+
+def test_strike_limit_zero_is_off():
+    st, acts = timeout_on(cfg(), GovState(), "1", T0)
+    st, acts = timeout_on(cfg(), st, "2", T0 + 100)
+    assert [a.kind for a in acts] == ["requeue"] and st.nodes == {}
+
+
+def test_strikes_expire_after_the_window():
+    c = scfg()
+    st, _ = timeout_on(c, GovState(), "1", T0)
+    # one second too late: the first strike has left the window, no drain
+    st, acts = timeout_on(c, st, "2", T0 + 3600 + 1)
+    assert kinds(acts) == [("strike", "b", 1), ("requeue", "2", 1)]
+    # and a struck node whose strikes all expire is forgotten
+    st, acts = run(c, st, node_snap(), T0 + 10 + 2 * 3600 + 2)
+    assert acts == [] and st.nodes == {}
+    # just inside the window: drained
+    st, _ = timeout_on(c, GovState(), "1", T0)
+    st, acts = timeout_on(c, st, "2", T0 + 3600 - 11)
+    assert ("drain", "b", 2) in kinds(acts)
+
+
+def test_gang_that_becomes_ready_clears_its_nodes_strikes():
+    c = scfg()
+    st, _ = timeout_on(c, GovState(), "1", T0)
+    st, acts = run(c, st, node_snap(job("2", start=T0 + 50), b=OK), T0 + 51)
+    assert [a.reason for a in acts] == ["PodsReady"] and st.nodes == {}
+    st, acts = timeout_on(c, st, "3", T0 + 100)
+    assert kinds(acts)[0] == ("strike", "b", 1)
+
+
+def test_one_strike_per_node_per_cycle_for_gangs_sharing_it():
+    c = scfg()
+    _, acts = run(c, GovState(), node_snap(job("1"), job("2")), T0 + 10)
+    assert [k for k in kinds(acts) if k[0] == "strike"] == [("strike", "b", 1)]
+    assert [a.job_id for a in acts if a.kind == "requeue"] == ["1", "2"]
+
+
+def test_recovery_timeout_strikes_the_node_that_went_away():
+    c = scfg(recovery_timeout=6)
+    st, _ = run(c, GovState(), node_snap(job(), b=OK), T0 + 1)
+    dead = frozenset({"ALLOCATED", "NOT_RESPONDING"})
+    st, _ = run(c, st, node_snap(job(), b=dead), T0 + 2)
+    st, acts = run(c, st, node_snap(job(), b=dead), T0 + 8)
+    assert kinds(acts) == [("strike", "b", 1), ("requeue", "1", 1)]
+    assert acts[0].reason == "RecoveryTimeout"
+
+
+@pytest.mark.parametrize(
+    "b,reason",
+    [
+        (frozenset({"IDLE", "DRAIN", "POWERING_UP"}), "ops: reseat the NIC"),
+        (frozenset({"DOWN", "NOT_RESPONDING"}), "Not responding"),
+        (frozenset({"DOWN", "CLOUD", "POWERED_DOWN"}), "ResumeTimeout reached"),
+    ],
+)
+def test_someone_elses_drain_or_down_is_never_overridden(b, reason):
+    c = scfg()
+    st, _ = timeout_on(c, GovState(), "1", T0)
+    st, acts = timeout_on(c, st, "2", T0 + 100, b=b, reasons={"b": reason})
+    assert kinds(acts) == [("strike", "b", 2), ("drain_skipped", "b", 2), ("requeue", "2", 1)]
+    assert acts[1].reason == "AlreadyOut" and reason in acts[1].detail
+    assert st.nodes["b"].drain == ""
+
+
+def test_drain_confirmed_then_operator_resume_clears_strikes():
+    c = scfg()
+    st, _ = timeout_on(c, GovState(), "1", T0)
+    st, _ = timeout_on(c, st, "2", T0 + 100)
+    drained = frozenset({"IDLE", "DRAIN", "POWERING_UP"})
+    st, acts = run(c, st, node_snap(b=drained, reasons={"b": OURS}), T0 + 111)
+    assert acts == [] and st.nodes["b"].drain == "drained"
+    # drained nodes keep their evidence past the window
+    st, acts = run(c, st, node_snap(b=drained, reasons={"b": OURS}), T0 + 5 * 3600)
+    assert acts == [] and len(st.nodes["b"].strikes) == 2
+    # `scontrol update NodeName=b State=RESUME`
+    st, acts = run(c, st, node_snap(b=frozenset({"IDLE"})), T0 + 5 * 3600 + 1)
+    assert kinds(acts) == [("note", "b", 0)] and acts[0].reason == "NodeResumed"
+    assert "2 strike(s) cleared" in acts[0].detail and st.nodes == {}
+    st, acts = timeout_on(c, st, "3", T0 + 6 * 3600)
+    assert kinds(acts)[0] == ("strike", "b", 1)
+
+
+def test_drain_taken_over_by_someone_else_is_theirs():
+    c = scfg()
+    st, _ = timeout_on(c, GovState(), "1", T0)
+    st, _ = timeout_on(c, st, "2", T0 + 100)
+    drained = frozenset({"IDLE", "DRAIN"})
+    st, _ = run(c, st, node_snap(b=drained, reasons={"b": OURS}), T0 + 111)
+    st, acts = run(c, st, node_snap(b=drained, reasons={"b": "RMA ticket 42"}), T0 + 112)
+    assert [a.reason for a in acts] == ["DrainTakenOver"] and st.nodes == {}
+
+
+def test_drain_that_did_not_reach_slurm_is_reissued_once_per_cycle():
+    c = scfg()
+    st, _ = timeout_on(c, GovState(), "1", T0)
+    st, acts = timeout_on(c, st, "2", T0 + 100)
+    reason = next(a.detail for a in acts if a.kind == "drain")
+    # the daemon died before scontrol: the next cycle (or the next daemon) re-issues it
+    st, acts = run(c, st, node_snap(), T0 + 111)
+    assert kinds(acts) == [("drain", "b", 2)]
+    assert (acts[0].reason, acts[0].detail, acts[0].job_id) == ("ReissueDrain", reason, "2")
+    assert len(st.nodes["b"].strikes) == 2  # no extra strike
+    # ...unless someone took the node out meanwhile
+    gone = frozenset({"DOWN", "NOT_RESPONDING"})
+    st, acts = run(c, st, node_snap(b=gone, reasons={"b": "Not responding"}), T0 + 112)
+    assert [(a.kind, a.reason) for a in acts] == [("drain_skipped", "AlreadyOut")]
+    assert st.nodes["b"].drain == ""
+
+
+def test_pending_drain_is_dropped_when_strikes_are_turned_off():
+    st, _ = timeout_on(scfg(), GovState(), "1", T0)
+    st, _ = timeout_on(scfg(), st, "2", T0 + 100)
+    st, acts = run(cfg(), st, node_snap(), T0 + 111)  # restarted with node_strike_limit: 0
+    assert [(a.kind, a.reason) for a in acts] == [("drain_skipped", "Disabled")]
+    assert st.nodes["b"].drain == ""
+
+
+def test_lost_state_finds_our_drains_by_reason():
+    drained = frozenset({"IDLE", "DRAIN", "POWERING_UP"})
+    st, acts = run(scfg(), GovState(), node_snap(b=drained, reasons={"b": OURS}), T0)
+    assert acts == [] and st.nodes["b"].drain == "drained"
+    st, acts = run(scfg(), st, node_snap(b=frozenset({"IDLE"})), T0 + 1)
+    assert [a.reason for a in acts] == ["NodeResumed"] and st.nodes == {}
+    # a foreign drain is not adopted
+    st, _ = run(scfg(), GovState(), node_snap(b=drained, reasons={"b": "maint"}), T0)
+    assert st.nodes == {}
+
+
+def test_max_drained_caps_how_many_nodes_the_governor_holds():
+    c = scfg(node_strike_max_drained=1)
+    two = job("1", nodes=("b", "c"))
+    boot = {"b": BOOTING, "c": BOOTING}
+    st, _ = run(c, GovState(), Snapshot([two], nodes=boot), T0 + 10)
+    st, acts = run(
+        c, st, Snapshot([job("2", nodes=("b", "c"), start=T0 + 100)], nodes=boot), T0 + 110
+    )
+    assert kinds(acts) == [
+        ("strike", "b", 2),
+        ("drain", "b", 2),
+        ("strike", "c", 2),
+        ("drain_skipped", "c", 2),
+        ("requeue", "2", 1),
+    ]
+    assert acts[3].reason == "MaxDrained" and "node_strike_max_drained 1" in acts[3].detail
+    assert (st.nodes["b"].drain, st.nodes["c"].drain) == ("draining", "")
+
+
+def test_limit_one_and_not_requeueable_jobs_strike_too():
+    c = scfg(node_strike_limit=1)
+    _, acts = run(c, GovState(), node_snap(job(requeue=False)), T0 + 10)
+    assert kinds(acts) == [("strike", "b", 1), ("drain", "b", 1), ("record", "1", 0)]
+    assert "at 1 gang timeout within" in acts[1].detail
+
+
+def test_decide_does_not_mutate_the_input_node_state():
+    c = scfg()
+    st, _ = timeout_on(c, GovState(), "1", T0)
+    before = [s.job_id for s in st.nodes["b"].strikes]
+    timeout_on(c, st, "2", T0 + 100)
+    assert [s.job_id for s in st.nodes["b"].strikes] == before and st.nodes["b"].drain == ""

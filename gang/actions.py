@@ -1,0 +1,29 @@
+"""What the governor decided to do: one Action per Slurm command or recorded observation.
+
+Its own module so that gang.policy (jobs) and gang.strikes (nodes) both produce them without
+importing each other; `gang.policy.Action` stays the public name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Action:
+    # requeue | requeuehold | set_start | hold | release | cancel | record | annotate | note
+    # | strike | drain | drain_skipped
+    kind: str
+    job_id: str  # for node actions: the gang job whose timeout gave the (last) strike
+    reason: str = ""
+    detail: str = ""
+    count: int = 0  # node actions: the node's strikes within the window
+    start_at: float | None = None
+    waited: float | None = None  # admission (or readiness loss) -> this action, seconds
+    backoff: float | None = None  # the backoff delay applied (start_at - decision time)
+    deadline: float | None = None
+    hold: bool = False  # requeue as requeuehold (block_admission puts it back in the queue)
+    restarts: int = 0  # Slurm Restarts seen before acting
+    partition: str = ""
+    phase: str = ""  # the phase the record is in after this action
+    node: str = ""  # node actions (strike, drain, drain_skipped, note NodeResumed)
