@@ -12,7 +12,9 @@ machines where nested KVM hangs, "kvm" is reported as unavailable with the probe
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
 import sys
 import tempfile
 import time
@@ -30,8 +32,11 @@ def one(args: argparse.Namespace, accel: str) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"nodeforge-bench-{accel}-"))
     node_yaml = None
     if args.role:
+        # A throwaway cluster key: the agent refuses to start munge without one.
+        key = base64.b64encode(os.urandom(32)).decode()
         node_yaml = (f"role: {args.role}\ncluster_name: bench\nnode_name: bench\n"
-                     "controller: {host: bench, address: 127.0.0.1}\n")
+                     "controller: {host: bench, address: 127.0.0.1}\n"
+                     f"munge_key: {key}\n")
     cfg = VMConfig(image_dir=Path(args.image), workdir=work, name=f"bench-{accel}", accel=accel,
                    node_yaml=node_yaml, compat_net=args.compat_net, compat_keygen=args.compat_keygen,
                    boot_timeout=args.timeout, keep=args.keep)
