@@ -103,7 +103,11 @@ def build(
     timeout: float = 3600,
     cache_dir: Path | None = None,
     cwd: Path | None = None,
+    kill_grace: float = 30,
 ) -> None:
+    """*kill_grace*: how long Packer may clean up after SIGTERM before it is killed: seconds
+    for the null and qemu builders, minutes for amazon-ebs (terminate the instance, delete
+    its temporary key pair and security group)."""
     env = {"PACKER_NO_COLOR": "1", "CHECKPOINT_DISABLE": "1"}
     if cache_dir is not None:
         # Packer's download cache otherwise lands in ./packer_cache of whatever directory the
@@ -120,8 +124,6 @@ def build(
         env=env,
         cwd=cwd,
         timeout=timeout,
-        # Packer's own cleanup on SIGTERM: stop qemu, or terminate the EC2 instance and
-        # delete its temporary key pair and security group (can take minutes).
-        kill_grace=300,
+        kill_grace=kill_grace,
         hint=f"the full Packer/Ansible output is in {getattr(logfile, 'name', 'the build log')}",
     )

@@ -251,7 +251,8 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                 t_packer = time.monotonic()
                 try:
                     packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
-                                 timeout=4 * 3600, cache_dir=opts.cache_dir / "packer", cwd=work)
+                                 timeout=4 * 3600, cache_dir=opts.cache_dir / "packer", cwd=work,
+                                 kill_grace=300 if target == "amazon-ebs" else 30)
                 except NodeforgeError as e:
                     if target != "qemu":
                         raise

@@ -65,3 +65,12 @@ def debugfs_read(disk: Path, work: Path, request: str) -> str:
                               text=True, timeout=120, check=True).stdout
     finally:
         raw.unlink()
+
+
+def ctrl_c_enabled() -> None:
+    """preexec_fn for a child that the test interrupts with SIGINT, as Ctrl-C would: a test
+    run started in the background (`cmd &` in a script) inherits SIGINT ignored, and Python
+    then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

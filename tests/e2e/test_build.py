@@ -14,7 +14,7 @@ import pytest
 from images import manifest as manifest_mod
 from images import scan
 from images.versions import sha256_file
-from tests.helpers import E2E_ROOT, REPO, build_image
+from tests.helpers import E2E_ROOT, REPO, build_image, ctrl_c_enabled
 
 pytestmark = pytest.mark.e2e
 
@@ -138,7 +138,8 @@ def test_interrupt_cleans_up_sandbox_and_mounts(built_image, fixture_mirror, pin
     p = subprocess.Popen([sys.executable, "-m", "nodeforge", "build", "--artifact-mirror",
                           str(fixture_mirror), "--versions-file", str(pinned_versions),
                           "--output", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         preexec_fn=ctrl_c_enabled)  # noqa: PLW1509 (no threads here)
     deadline = time.monotonic() + 600
     seen = []
     assert p.stderr is not None

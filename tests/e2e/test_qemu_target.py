@@ -25,7 +25,7 @@ import pytest
 from images import manifest as manifest_mod
 from images.versions import sha256_file
 from tests.conftest import require_tools
-from tests.helpers import E2E_ROOT, REPO, debugfs_read, nodeforge
+from tests.helpers import E2E_ROOT, REPO, ctrl_c_enabled, debugfs_read, nodeforge
 
 pytestmark = pytest.mark.e2e
 
@@ -160,7 +160,8 @@ def test_interrupt_during_provisioning_stops_the_vm_and_leaves_nothing(
         [sys.executable, "-m", "nodeforge", "build", "--target", "qemu", "--playbook", str(SMOKE),
          "--artifact-mirror", str(fixture_mirror), "--versions-file", str(pinned_versions),
          "--output", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True)
+        text=True, start_new_session=True,
+        preexec_fn=ctrl_c_enabled)  # noqa: PLW1509 (no threads here)
     try:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline and p.poll() is None:
