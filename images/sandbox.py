@@ -72,6 +72,7 @@ class Sandbox:
         self.port = free_port()
         self.key_file = workdir / "build_ed25519"
         self._proc: subprocess.Popen | None = None
+        self._watcher: subprocess.Popen | None = None
 
     # -- build access -------------------------------------------------------------------
     def prepare(self) -> SandboxAccess:
@@ -121,6 +122,8 @@ class Sandbox:
             argv, stdin=subprocess.DEVNULL, stdout=self.logfile, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        # A SIGKILLed build runs no cleanup: the watcher powers the sandbox off then.
+        self._watcher = proc.stop_with_this_process(self._proc.pid, STOP_TIMEOUT)
         self._wait_ssh()
 
     def ssh_argv(self, *cmd: str) -> list[str]:
@@ -174,6 +177,10 @@ class Sandbox:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=30)
         self._proc = None
+        if self._watcher is not None:
+            self._watcher.kill()
+            self._watcher.wait(timeout=10)
+            self._watcher = None
         release_mounts(self.tree)
 
     def __enter__(self) -> Sandbox:
