@@ -6,19 +6,6 @@ from collections.abc import Mapping
 
 from .slurm import JobObs
 
-BAD_NODE_FLAGS = (
-    "DOWN",
-    "DRAIN",
-    "DRAINED",
-    "DRAINING",
-    "NOT_RESPONDING",
-    "POWERING_UP",
-    "FAIL",
-    "POWER_DOWN",
-    "POWERED_DOWN",
-    "POWERING_DOWN",
-    "UNKNOWN",
-)
 # The node itself is not up (as opposed to a drain someone chose, or a job-level wait such
 # as a running prolog, which names no node): what a node strike is given for.
 NODE_DOWN_FLAGS = (
@@ -31,6 +18,8 @@ NODE_DOWN_FLAGS = (
     "POWERING_DOWN",
     "UNKNOWN",
 )
+# A node with any of these is not ready for its gang.
+BAD_NODE_FLAGS = ("DRAIN", "DRAINED", "DRAINING", *NODE_DOWN_FLAGS)
 READY_MARK = "nfg-ready="
 
 

@@ -210,22 +210,18 @@ def test_cli_run_once_and_status(lab, gov, tmp_path):
         str(cfgfile),
         timeout=30,
     )
-    out = proc_run_json(
-        sys.executable,
-        "-m",
-        "nodeforge.cli",
-        "gang",
-        "status",
-        "--json",
-        "--config",
-        str(cfgfile),
-        env=env_py,
-    )
+    out = gang_status_json(cfgfile, env=env_py)
     rows = {r["job_id"]: r for r in out["gangs"]}
     assert rows[str(j)]["phase"] == "ready" and rows[str(j)]["count"] == 0
     prom = (tmp_path / "cli-metrics.prom").read_text()
     assert 'kueue_admitted_active_workloads{cluster_queue="main"} 1' in prom
     lab.run("scancel", str(j))
+
+
+def gang_status_json(cfgfile, env=None):
+    """`nodeforge gang status --json` as the operator runs it."""
+    return proc_run_json(sys.executable, "-m", "nodeforge.cli", "gang", "status", "--json",
+                         "--config", str(cfgfile), env=env)
 
 
 def proc_run_json(*argv, env=None):
@@ -517,17 +513,7 @@ def test_never_booting_node_drained_after_two_gang_timeouts(lab, gov, tmp_path):
     # The operator's view: status, metrics.
     cfgfile = tmp_path / "gang.yaml"
     cfgfile.write_text(yaml.safe_dump({"state_file": g.cfg.state_file}))
-    status = proc_run_json(
-        sys.executable,
-        "-m",
-        "nodeforge.cli",
-        "gang",
-        "status",
-        "--json",
-        "--config",
-        str(cfgfile),
-        env={"PYTHONPATH": str(REPO)},
-    )
+    status = gang_status_json(cfgfile, env={"PYTHONPATH": str(REPO)})
     assert [(n["node"], n["state"], n["strikes"], n["last_job"]) for n in status["nodes"]] == [
         ("gc1", "drained", 2, str(b))
     ], status["nodes"]
