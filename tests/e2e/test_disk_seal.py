@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from images import disk_seal, export
-from tests.conftest import require_tools
+from tests.conftest import make_keypair, require_tools
 from tests.helpers import debugfs_read, qemu_image_manifest
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +33,7 @@ def _tree(tmp_path, marker: bytes):
     # A build-time host key: its blocks must not survive in the published disk.
     (t / "etc/ssh/ssh_host_ed25519_key").write_bytes(marker * (16384 // len(marker)))
     (t / "root/.ssh").mkdir(parents=True)
-    (t / "root/.ssh/authorized_keys").write_text("ssh-ed25519 AAAAC3Nza nodeforge-build\n")
+    (t / "root/.ssh/authorized_keys").write_text(make_keypair(tmp_path, "build")[0] + "\n")
     return t
 
 
@@ -130,7 +130,8 @@ def test_a_secret_left_on_the_disk_fails_the_seal(tmp_path, root_required):
     subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True)
     with disk_seal.loop_mounted(raw, tmp_path / "mnt") as tree:
         (tree / "opt").mkdir()
-        (tree / "opt/token").write_text("-----BEGIN RSA PRIVATE KEY-----\nMIIE\n")
+        # A private key left behind by a provisioning step (generated here, never in git).
+        (tree / "opt/token").write_text(make_keypair(tmp_path, "stray")[1])
     subprocess.run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(disk)], check=True)
     before = disk.read_bytes()
     from nodeforge.errors import NodeforgeError

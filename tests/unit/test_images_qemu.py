@@ -77,7 +77,7 @@ def _tree(tmp_path):
     _, priv = make_keypair(tmp_path, "hostkey")
     (t / "etc/ssh/ssh_host_ed25519_key").write_text(priv)
     (t / "root/.ssh").mkdir(parents=True)
-    (t / "root/.ssh/authorized_keys").write_text("ssh-ed25519 AAAAC3Nza build\n")
+    (t / "root/.ssh/authorized_keys").write_text(make_keypair(tmp_path, "build")[0] + "\n")
     (t / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
     (t / "var/log/journal/abc").mkdir(parents=True)
     (t / "var/log/journal/abc/system.journal").write_bytes(b"x" * 100)
