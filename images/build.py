@@ -24,7 +24,7 @@ from nodeforge import __version__, proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import export, packer, scan, seal, varfile, versions
+from . import export, packer, seal, varfile, versions
 from . import manifest as manifest_mod
 from .sandbox import Sandbox, extract, release_mounts
 from .template import TARGETS
@@ -34,10 +34,6 @@ log = logging.getLogger("nodeforge.build")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCAL_TOOLS = ("packer", "mmdebstrap", "systemd-nspawn", "mkfs.ext4", "qemu-img", "ssh-keygen",
                "ssh", "tar", "zstd", "dpkg-query", "ansible-playbook")
-# Components whose installed versions the manifest summarises (all packages are listed too).
-COMPONENT_PACKAGES = ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "sackd", "munge",
-                      "mariadb-server", "docker.io", "docker-ce", "enroot", "enroot+caps",
-                      "openssh-server", "systemd", "logrotate", "python3")
 
 
 @dataclass
@@ -232,47 +228,20 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
             packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line)
         with phases.phase("seal"):
             sandbox.stop()
-            seal.finalize(tree, logfile)
             export.write_fstab(tree)
-            findings = scan.scan(tree)
-            if findings:
-                raise NodeforgeError(
-                    "the sealed tree still holds secrets or per-node identity; refusing to "
-                    "export:\n  " + "\n  ".join(str(f) for f in findings)
-                )
+            seal.seal_and_scan(tree, logfile)
         with phases.phase("export"):
-            pkgs = export.dpkg_versions(tree)
-            manifest = {
-                "schema": 1,
-                "name": name,
-                "target": opts.target,
-                "created": started.isoformat(timespec="seconds"),
-                "arch": arch,
-                "base": {"name": base.name, "suite": base.suite, "mirror": base.mirror,
-                         "key": spec.key(), "cached": base_cached},
-                "components": {p: pkgs[p] for p in COMPONENT_PACKAGES if p in pkgs},
-                "inputs": {a.name: {"component": a.component, "version": a.version,
-                                    "file": a.file, "sha256": seen[a.name], "pinned": a.pinned}
-                           for a in arts},
-                "packages": pkgs,
-                "tools": tools,
-                "phases": dict(phases.durations),
-            }
-            problems = manifest_mod.check(manifest, outer=False)
-            if problems:
-                raise NodeforgeError("internal: image manifest is incomplete: " + "; ".join(problems))
-            (tree / "etc/nodeforge").mkdir(parents=True, exist_ok=True)
-            export.write_json_atomic(tree / "etc/nodeforge/image.json", manifest)
+            manifest = manifest_mod.with_packages(manifest_mod.header(
+                name=name, target=opts.target, created=started.isoformat(timespec="seconds"),
+                arch=arch, base=base, base_key=spec.key(), base_cached=base_cached, arts=arts,
+                seen=seen, tools=tools), export.dpkg_versions(tree))
+            manifest["phases"] = dict(phases.durations)
+            export.write_image_json(tree, manifest)
             export.export_rootfs(tree, partial / export.ROOTFS)
             export.export_disk(tree, partial)
         manifest["phases"] = dict(phases.durations)
-        manifest["artifacts"] = {
-            p.name: {"sha256": versions.sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(partial.iterdir()) if p.is_file() and p.name != "build.log"
-        }
-        problems = manifest_mod.check(manifest)
-        if problems:
-            raise NodeforgeError("internal: manifest.json is incomplete: " + "; ".join(problems))
+        manifest["artifacts"] = manifest_mod.artifact_sums(partial)
+        manifest_mod.require_valid(manifest)
         export.write_json_atomic(partial / "manifest.json", manifest)
         logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
         logfile.close()

@@ -32,9 +32,8 @@ from typing import IO
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
-from . import export, scan, seal
+from . import export, seal
 from . import manifest as manifest_mod
-from .build import COMPONENT_PACKAGES
 
 
 def root_partition(raw: Path) -> tuple[int, int] | None:
@@ -71,22 +70,10 @@ def loop_mounted(raw: Path, mountpoint: Path):
 def seal_tree(tree: Path, stub: dict, boot_out: Path, logfile: IO[str],
               started: float) -> dict:
     """Steps 1-4 on a mounted tree; returns the image manifest written into it."""
-    seal.finalize(tree, logfile)
-    findings = scan.scan(tree)
-    if findings:
-        raise NodeforgeError(
-            "the built disk still holds secrets or per-node identity; refusing to publish:\n  "
-            + "\n  ".join(str(f) for f in findings))
-    pkgs = export.dpkg_versions(tree)
-    image = {**stub,
-             "components": {p: pkgs[p] for p in COMPONENT_PACKAGES if p in pkgs},
-             "packages": pkgs,
-             "phases": {**stub["phases"], "seal": round(time.monotonic() - started, 1)}}
-    problems = manifest_mod.check(image, outer=False)
-    if problems:
-        raise NodeforgeError("internal: image manifest is incomplete: " + "; ".join(problems))
-    (tree / "etc/nodeforge").mkdir(parents=True, exist_ok=True)
-    export.write_json_atomic(tree / "etc/nodeforge/image.json", image)
+    seal.seal_and_scan(tree, logfile)
+    image = manifest_mod.with_packages(stub, export.dpkg_versions(tree))
+    image["phases"] = {**stub["phases"], "seal": round(time.monotonic() - started, 1)}
+    export.write_image_json(tree, image)
     export.copy_boot_files(tree, boot_out)
     return image
 

@@ -99,3 +99,12 @@ def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+def write_image_json(tree: Path, manifest: dict) -> None:
+    """The image manifest inside the image, at /etc/nodeforge/image.json (checked first)."""
+    from . import manifest as manifest_mod
+
+    manifest_mod.require_valid(manifest, outer=False)
+    (tree / "etc/nodeforge").mkdir(parents=True, exist_ok=True)
+    write_json_atomic(tree / "etc/nodeforge/image.json", manifest)

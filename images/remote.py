@@ -59,8 +59,9 @@ def aws_credentials_present(env: dict[str, str] | None = None) -> bool:
     return (home / ".aws/credentials").is_file() or (home / ".aws/config").is_file()
 
 
-def check_qemu_vars(user_vars: dict[str, object]) -> None:
-    """Refuse var-file combinations the qemu target cannot build, before anything starts."""
+def check_qemu_vars(user_vars: dict[str, object]) -> int:
+    """Refuse var-file combinations the qemu target cannot build, before anything starts.
+    Returns disk_size in MiB."""
     if "base_disk" in user_vars:
         if str(user_vars.get("base_disk_checksum", "none")) == "none":
             raise NodeforgeError(
@@ -71,7 +72,7 @@ def check_qemu_vars(user_vars: dict[str, object]) -> None:
             raise NodeforgeError(
                 "kernel/initrd are set by nodeforge for its own base disk; with base_disk "
                 "(a cloud image that boots with its own loader) remove them from the var file")
-    disk_size_mib(str(user_vars.get("disk_size", "8G")))
+    return disk_size_mib(str(user_vars.get("disk_size", "8G")))
 
 
 def write_nocloud_seed(dest: Path, key_pub: str, name: str) -> Path:
@@ -144,8 +145,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
     user_vars: dict[str, object] = {}
     for vf in opts.var_files:
         user_vars.update(varfile.load(vf, target))
-    if target == "qemu":
-        check_qemu_vars(user_vars)
+    size_mib = check_qemu_vars(user_vars) if target == "qemu" else 0
     playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)
     playbook = opts.playbook or playbook
     phases = Phases(reporter)
@@ -182,8 +182,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                             spec, opts.cache_dir / "base", base.keyring, logfile)
                         base_key = spec.key()
                         disk, kernel, initrd = make_base_disk(
-                            tar, work / "base", Path(f"{key}.pub").read_text(),
-                            disk_size_mib(str(user_vars.get("disk_size", "8G"))))
+                            tar, work / "base", Path(f"{key}.pub").read_text(), size_mib)
                         values.update(base_disk=disk, kernel=kernel, initrd=initrd)
                     else:
                         values["seed_directory"] = write_nocloud_seed(
@@ -226,17 +225,11 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
             values["extra_vars_file"] = ev
             tpl = work / f"{target}.pkr.hcl"
             tpl.write_text(packer.render(target))
-            manifest = {
-                "schema": 1, "name": name, "target": target,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-                "arch": arch,
-                "base": {"name": base.name, "suite": base.suite, "mirror": base.mirror,
-                         "key": base_key, "cached": base_cached},
-                "inputs": {a.name: {"component": a.component, "version": a.version,
-                                    "file": a.file, "sha256": seen[a.name], "pinned": a.pinned}
-                           for a in arts},
-                "tools": tools,
-            }
+            manifest = manifest_mod.header(
+                name=name, target=target,
+                created=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), arch=arch,
+                base=base, base_key=base_key, base_cached=base_cached, arts=arts, seen=seen,
+                tools=tools)
             sealed = work / "image.json"
             if target == "qemu":
                 stub = work / "manifest-stub.json"
@@ -264,7 +257,6 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                     raise NodeforgeError(
                         f"{e}\nbuild VM console (accelerator {values['accelerator']}, Packer "
                         f"ran {waited:.0f}s; SSH wait limit 20m), last lines:\n{tail}") from e
-            artifacts: dict[str, dict] = {}
             with phases.phase("export"):
                 if target == "qemu":
                     # Sealed, scanned and given its image.json by images/disk_seal.py, which
@@ -277,19 +269,13 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                     pm = work / "packer-manifest.json"
                     if pm.is_file():
                         shutil.move(str(pm), partial / "packer-manifest.json")
-                for p in sorted(partial.iterdir()):
-                    if p.is_file() and p.name != "build.log":
-                        artifacts[p.name] = {"sha256": versions.sha256_file(p),
-                                             "bytes": p.stat().st_size}
+                artifacts = manifest_mod.artifact_sums(partial)
             manifest["phases"] = dict(phases.durations)
             if target == "qemu":
                 # Packer's run holds both: the VM's provisioning and the host-side seal.
                 manifest["phases"].update(provision=image["phases"]["provision"],
                                           seal=image["phases"]["seal"])
-                problems = manifest_mod.check({**manifest, "artifacts": artifacts})
-                if problems:
-                    raise NodeforgeError("internal: manifest.json is incomplete: "
-                                         + "; ".join(problems))
+                manifest_mod.require_valid({**manifest, "artifacts": artifacts})
             manifest["artifacts"] = artifacts
             export.write_json_atomic(partial / "manifest.json", manifest)
             ok = True

@@ -83,3 +83,18 @@ def finalize(tree: Path, logfile: IO[str]) -> list[str]:
                 done.append(rel)
                 logfile.write(f"seal: {item.action} {rel} — {item.reason}\n")
     return done
+
+
+def seal_and_scan(tree: Path, logfile: IO[str]) -> list[str]:
+    """finalize(), then the secret scanner: any finding stops the build before export."""
+    from nodeforge.errors import NodeforgeError
+
+    from . import scan
+
+    done = finalize(tree, logfile)
+    findings = scan.scan(tree)
+    if findings:
+        raise NodeforgeError(
+            "the sealed image still holds secrets or per-node identity; refusing to publish:\n  "
+            + "\n  ".join(str(f) for f in findings))
+    return done
