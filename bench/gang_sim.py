@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gang import config as gcfg
-from gang.policy import decide
-from gang.slurm import JobObs, Snapshot
-from gang.state import GovState
+from nodeforge.gang import config as gcfg
+from nodeforge.gang.policy import decide
+from nodeforge.gang.slurm import JobObs, Snapshot
+from nodeforge.gang.state import GovState
 
 HOUR = 3600.0
 
@@ -340,7 +340,7 @@ def cmd_sim(args) -> None:
 
 def cmd_cycle(args) -> None:
     """Governor cycle cost with N jobs: parse `scontrol show job -o` text + decide()."""
-    from gang.slurm import parse_jobs, parse_nodes
+    from nodeforge.gang.slurm import parse_jobs, parse_nodes
 
     n = args.jobs
     rng = random.Random(args.seed)
@@ -420,9 +420,9 @@ def cmd_deadline(args) -> None:
     import tempfile
     import threading
 
-    from gang.events import read_events
-    from gang.governor import Governor
-    from gang.slurm import SlurmCli
+    from nodeforge.gang.events import read_events
+    from nodeforge.gang.governor import Governor
+    from nodeforge.gang.slurm import SlurmCli
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
     from slurmlab import Lab

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import time_to_ready as ttr
 
-from bootstrap.localcluster import Cluster, LocalCluster, _agent_seconds
+from nodeforge.lab.localcluster import Cluster, LocalCluster, _agent_seconds
 from nodeforge.errors import NodeforgeError
 
 log = ttr.log

@@ -50,7 +50,7 @@ if str(REPO) not in sys.path:
 
 import yaml
 
-from bootstrap.localcluster import (
+from nodeforge.lab.localcluster import (
     READY_STATES,
     Cluster,
     LocalCluster,
@@ -189,7 +189,7 @@ def floor_prepare(cluster: Cluster):
         os.chmod(kf, 0o400)
         d = sysd / "slurmd.service.d"
         d.mkdir(parents=True, exist_ok=True)
-        # The agent's drop-in (bootstrap/roles/compute.py slurmd_exec), without --conf (no
+        # The agent's drop-in (bootstrap/node_roles/compute.py slurmd_exec), without --conf (no
         # features/gres in these params).
         (d / "nodeforge.conf").write_text(
             "[Service]\nExecStart=\n"

@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from nodeforge import verify
+from nodeforge.lab import verify
 from nodeforge.errors import NodeforgeError
-from nodeforge.vm import VM, VMConfig, probe_accel, ssh_banner
+from nodeforge.lab.vm import VM, VMConfig, probe_accel, ssh_banner
 
 
 def one(args: argparse.Namespace, accel: str) -> dict:

@@ -26,7 +26,7 @@ from .params import Params
 from .params_sources import Loaded, SourceConfig, load_params
 from .paths import Paths
 from .readiness import Gate
-from .roles import RoleContext, compute, controller, login
+from .node_roles import RoleContext, compute, controller, login
 from .slurm import SlurmFeatures, read_features
 from .state import State, now, uptime
 

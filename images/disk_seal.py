@@ -14,7 +14,7 @@ powered-off disk (loop-mounted on the host):
 5. free blocks discarded (fstrim), so nothing deleted can be recovered from the image, then
    the disk is rewritten as a compact qcow2 in place.
 
-Usage (internal): python -m images.disk_seal --disk D --manifest-stub F --boot-out DIR --result F
+Usage (internal): python -m nodeforge.images.disk_seal --disk D --manifest-stub F --boot-out DIR --result F
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def seal_disk(disk: Path, stub: dict, boot_out: Path, logfile: IO[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m images.disk_seal")
+    ap = argparse.ArgumentParser(prog="python -m nodeforge.images.disk_seal")
     ap.add_argument("--disk", type=Path, required=True)
     ap.add_argument("--manifest-stub", type=Path, required=True)
     ap.add_argument("--boot-out", type=Path, required=True)

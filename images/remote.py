@@ -188,7 +188,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                         values["seed_directory"] = write_nocloud_seed(
                             work / "seed", Path(f"{key}.pub").read_text(), name)
                     if "accelerator" not in user_vars:
-                        from nodeforge.vm import probe_accel
+                        from nodeforge.lab.vm import probe_accel
 
                         kern = values.get("kernel")
                         acc = probe_accel(Path(kern), Path(values["initrd"]), work) if kern \
@@ -236,7 +236,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                 export.write_json_atomic(stub, {**manifest, "phases": {
                     **phases.durations, "provision_started": time.time()}})
                 values["seal_command"] = shlex.join([
-                    sys.executable, "-m", "images.disk_seal",
+                    sys.executable, "-m", "nodeforge.images.disk_seal",
                     "--disk", str(Path(values["output_directory"]) / "nodeforge.qcow2"),
                     "--manifest-stub", str(stub), "--boot-out", str(partial),
                     "--result", str(sealed)])
@@ -249,7 +249,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                 except NodeforgeError as e:
                     if target != "qemu":
                         raise
-                    from nodeforge.vm import console_tail
+                    from nodeforge.lab.vm import console_tail
 
                     tail = console_tail(Path(values["console_log"]))
                     logfile.write(f"--- build VM console (last lines) ---\n{tail}\n")

@@ -21,7 +21,7 @@ from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
-from nodeforge.vm import free_port
+from nodeforge.lab.vm import free_port
 
 log = logging.getLogger("nodeforge.sandbox")
 

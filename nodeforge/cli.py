@@ -15,13 +15,14 @@ import sys
 from . import __version__
 from .errors import NodeforgeError
 
-# Packages whose cli module is optional on a node (the agent image ships without images/).
+# Packages whose cli module is optional on a node (the image's agent ships without images/
+# and lab/, which run on build hosts).
 _CLI_MODULES = (
-    "images.cli",
-    "bootstrap.cli",
-    "bootstrap.cluster_cli",
-    "gang.cli",
-    "nodeforge.verify_cli",
+    "nodeforge.images.cli",
+    "nodeforge.bootstrap.cli",
+    "nodeforge.gang.cli",
+    "nodeforge.lab.cluster_cli",
+    "nodeforge.lab.verify_cli",
 )
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from images import manifest as manifest_mod
-from images import scan
-from images.versions import sha256_file
+from nodeforge.images import manifest as manifest_mod
+from nodeforge.images import scan
+from nodeforge.images.versions import sha256_file
 from tests.helpers import E2E_ROOT, REPO, build_image, ctrl_c_enabled
 
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from images import disk_seal, export
+from nodeforge.images import disk_seal, export
 from tests.conftest import make_keypair, require_tools
 from tests.helpers import debugfs_read, qemu_image_manifest
 

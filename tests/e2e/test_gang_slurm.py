@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gang import config as gcfg
-from gang.events import decode_admin, read_events
-from gang.governor import Governor
-from gang.slurm import SlurmCli, parse_time
+from nodeforge.gang import config as gcfg
+from nodeforge.gang.events import decode_admin, read_events
+from nodeforge.gang.governor import Governor
+from nodeforge.gang.slurm import SlurmCli, parse_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurmlab import Lab, check_tools
@@ -311,7 +311,7 @@ def test_probe_never_signals_backoff_steps(lab, gov):
     assert int(info["Restarts"]) == 3
     # Slurm's EligibleTime is the governor's next eligible time (Slurm's own ~120 s requeue
     # hold-off on 22.05 is replaced by the backoff)
-    from gang.slurm import parse_time
+    from nodeforge.gang.slurm import parse_time
 
     last = g.events(j, "requeue")[-1]
     assert abs(parse_time(info["EligibleTime"]) - last["next_eligible"]) <= 1.5

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from images import manifest as manifest_mod
-from images.versions import sha256_file
+from nodeforge.images import manifest as manifest_mod
+from nodeforge.images.versions import sha256_file
 from tests.conftest import require_tools
 from tests.helpers import E2E_ROOT, REPO, ctrl_c_enabled, debugfs_read, nodeforge
 

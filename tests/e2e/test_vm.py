@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeforge import proc, verify
-from nodeforge.vm import VM, BootTimeout, VMConfig, free_port
+from nodeforge import proc
+from nodeforge.lab import verify
+from nodeforge.lab.vm import VM, BootTimeout, VMConfig, free_port
 from tests.conftest import require_tools
 
 pytestmark = pytest.mark.e2e

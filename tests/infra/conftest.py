@@ -1,4 +1,4 @@
-"""testinfra suites, run by `nodeforge verify --hosts …` (nodeforge/verify.py).
+"""testinfra suites, run by `nodeforge verify --hosts …` (lab/verify.py).
 
 Each module holds the checks of one role (common, controller, compute, login). A host's role
 is read from the host itself (/var/lib/nodeforge/state.json, else `nodeforge node status
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from nodeforge import verify
-from nodeforge.verify import explain
+from nodeforge.lab import verify
+from nodeforge.lab.verify import explain
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from nodeforge.verify import explain
+from nodeforge.lab.verify import explain
 
 # Units the image must never start on its own, whatever the role (enabled per role at first boot).
 ROLE_UNITS = ("slurmctld", "slurmd", "slurmdbd", "sackd", "mariadb")

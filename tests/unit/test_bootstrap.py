@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.agent import Agent, StepFailed
-from bootstrap.host import Host
-from bootstrap.params_sources import SourceConfig
-from bootstrap.paths import Paths
-from bootstrap.state import State
-from bootstrap.status import as_json, as_text
+from nodeforge.bootstrap.agent import Agent, StepFailed
+from nodeforge.bootstrap.host import Host
+from nodeforge.bootstrap.params_sources import SourceConfig
+from nodeforge.bootstrap.paths import Paths
+from nodeforge.bootstrap.state import State
+from nodeforge.bootstrap.status import as_json, as_text
 from nodeforge.errors import CommandError
 
 pytestmark = pytest.mark.unit
@@ -567,7 +567,7 @@ def test_state_survives_crash_mid_step(tmp_path):
 def test_uptime_is_since_pid1_started(tmp_path):
     import os
 
-    from bootstrap.state import uptime
+    from nodeforge.bootstrap.state import uptime
 
     proc = tmp_path / "proc"
     (proc / "1").mkdir(parents=True)
@@ -582,7 +582,7 @@ def test_uptime_is_since_pid1_started(tmp_path):
 
 
 def test_address_detection(tmp_path):
-    from bootstrap.identity import detect_address
+    from nodeforge.bootstrap.identity import detect_address
 
     fm = FakeMachine(tmp_path)
     host = Host(run=fm.run, source_address=lambda t: "10.9.0.5" if t == "10.9.0.2" else None)
@@ -621,7 +621,7 @@ def test_real_role_templates_render_with_agent_context(tmp_path):
 
 
 def test_compute_dropin_keeps_systemd_notify_on_24_11(tmp_path):
-    from bootstrap.roles import compute
+    from nodeforge.bootstrap.node_roles import compute
 
     class Ctx:
         pass

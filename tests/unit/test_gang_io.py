@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from gang import config as gcfg
-from gang import metrics
-from gang import state as st_mod
-from gang.slurm import expand_hostlist, job_from_record, node_flags, parse_records
+from nodeforge.gang import config as gcfg
+from nodeforge.gang import metrics
+from nodeforge.gang import state as st_mod
+from nodeforge.gang.slurm import expand_hostlist, job_from_record, node_flags, parse_records
 
 pytestmark = pytest.mark.unit
 
@@ -185,7 +185,7 @@ def test_cli_module_imports_only_stdlib():
     import sys
 
     code = (
-        "import sys; import gang.cli; bad=[m for m in sys.modules if m.split('.')[0] in "
+        "import sys; import nodeforge.gang.cli; bad=[m for m in sys.modules if m.split('.')[0] in "
         "('rich','hcl2','ansible','jinja2')]; print(bad); sys.exit(1 if bad else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
@@ -207,7 +207,7 @@ NODE_LINE = (
 
 
 def test_parse_node_reasons_strips_the_stamp():
-    from gang.slurm import parse_node_reasons, parse_nodes
+    from nodeforge.gang.slurm import parse_node_reasons, parse_nodes
 
     text = NODE_LINE + "\nNodeName=gn1 State=IDLE Partitions=main\n"
     assert parse_node_reasons(text) == {
@@ -312,7 +312,7 @@ class FakeSlurm:
 
 
 def _gov(tmp_path, slurm, t):
-    from gang.governor import Governor
+    from nodeforge.gang.governor import Governor
 
     c = gcfg.from_dict(
         {
@@ -329,7 +329,7 @@ def _gov(tmp_path, slurm, t):
 
 
 def _timed_out_gang():
-    from gang.slurm import JobObs, Snapshot
+    from nodeforge.gang.slurm import JobObs, Snapshot
 
     j = JobObs("9", "CONFIGURING", "None", ("gn1", "gc1"), 2, partition="main", start_time=1e9)
     booting = frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})
@@ -337,7 +337,7 @@ def _timed_out_gang():
 
 
 def test_governor_drains_after_persisting_the_decision_then_requeues(tmp_path):
-    from gang.events import read_events
+    from nodeforge.gang.events import read_events
 
     slurm = FakeSlurm([_timed_out_gang()], node_now=(frozenset({"IDLE", "POWERING_UP"}), ""))
     g = _gov(tmp_path, slurm, 1e9 + 10)
@@ -360,8 +360,8 @@ def test_governor_drains_after_persisting_the_decision_then_requeues(tmp_path):
 
 
 def test_governor_does_not_override_a_drain_set_since_the_snapshot(tmp_path):
-    from gang.events import read_events
-    from gang.slurm import Snapshot
+    from nodeforge.gang.events import read_events
+    from nodeforge.gang.slurm import Snapshot
 
     foreign = (frozenset({"IDLE", "DRAIN", "POWERING_UP"}), "ops: chassis swap")
     slurm = FakeSlurm([_timed_out_gang()], node_now=foreign)
@@ -384,7 +384,7 @@ def test_governor_does_not_override_a_drain_set_since_the_snapshot(tmp_path):
 
 
 def test_governor_requeue_after_slurm_requeued_on_the_drain_still_sets_backoff(tmp_path):
-    from gang.events import read_events
+    from nodeforge.gang.events import read_events
 
     slurm = FakeSlurm(
         [_timed_out_gang()],

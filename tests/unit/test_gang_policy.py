@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gang import config as gcfg
-from gang.events import decode_admin, encode_admin
-from gang.policy import backoff_delay, decide, is_gang
-from gang.slurm import JobObs, Snapshot
-from gang.state import GovState
+from nodeforge.gang import config as gcfg
+from nodeforge.gang.events import decode_admin, encode_admin
+from nodeforge.gang.policy import backoff_delay, decide, is_gang
+from nodeforge.gang.slurm import JobObs, Snapshot
+from nodeforge.gang.state import GovState
 
 pytestmark = pytest.mark.unit
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.hooks import HookEnv, HookError, Runner, discover, fetch
-from bootstrap.params import parse_params
-from bootstrap.paths import Paths
+from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover, fetch
+from nodeforge.bootstrap.params import parse_params
+from nodeforge.bootstrap.paths import Paths
 
 pytestmark = pytest.mark.unit
 

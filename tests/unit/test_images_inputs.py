@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import make_keypair
 
-from images import build, manifest, scan, seal, varfile
+from nodeforge.images import build, manifest, scan, seal, varfile
 from nodeforge.errors import NodeforgeError
 
 pytestmark = pytest.mark.unit
@@ -156,7 +156,7 @@ def test_cli_versions_show_json():
 
 
 def test_aws_credentials_detection(tmp_path):
-    from images.remote import aws_credentials_present
+    from nodeforge.images.remote import aws_credentials_present
 
     assert not aws_credentials_present({"HOME": str(tmp_path)})
     assert aws_credentials_present({"HOME": str(tmp_path), "AWS_PROFILE": "ci"})
@@ -175,6 +175,6 @@ def test_amazon_build_without_credentials_names_the_fix(tmp_path):
 
 
 def test_ami_tags_map_literal():
-    from images.remote import _hcl_map
+    from nodeforge.images.remote import _hcl_map
 
     assert _hcl_map({"nodeforge:enroot": "4.1.2"}) == '{"nodeforge:enroot" = "4.1.2"}'

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from images import disk_seal, export, manifest, remote, template
+from nodeforge.images import disk_seal, export, manifest, remote, template
 from nodeforge.errors import NodeforgeError
 from tests.conftest import make_keypair
 from tests.helpers import qemu_image_manifest
@@ -160,8 +160,8 @@ def test_nocloud_seed_authorizes_only_the_build_key(tmp_path):
 
 def test_qemu_template_validates_with_direct_kernel_boot(tmp_path):
     """`nodeforge validate` covers the cloud-image branch; this covers the direct-boot one."""
-    from images import packer
-    from images.build import repo_paths
+    from nodeforge.images import packer
+    from nodeforge.images.build import repo_paths
 
     playbook, cfg, _ = repo_paths()
     make_keypair(tmp_path, "k")

@@ -5,8 +5,8 @@ import subprocess
 import hcl2
 import pytest
 
-from images import packer, template
-from images.packer import PackerVersion
+from nodeforge.images import packer, template
+from nodeforge.images.packer import PackerVersion
 
 pytestmark = pytest.mark.unit
 OLD = PackerVersion(1, 6, 6)
@@ -75,7 +75,7 @@ def test_unknown_target_is_named():
 
 
 def test_packer_validate_passes_for_every_target():
-    from images.validate import validate_targets
+    from nodeforge.images.validate import validate_targets
 
     res = validate_targets(list(template.TARGETS), [])
     assert set(res) == set(template.TARGETS)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from images import versions
+from nodeforge.images import versions
 from nodeforge.errors import NodeforgeError
 
 pytestmark = pytest.mark.unit

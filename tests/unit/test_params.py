@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import make_keypair
 
-from bootstrap.params import ParamsError, parse_params
-from bootstrap.params_sources import (
+from nodeforge.bootstrap.params import ParamsError, parse_params
+from nodeforge.bootstrap.params_sources import (
     SourceConfig,
     hyperpod_params,
     imds_user_data,
@@ -23,7 +23,7 @@ from bootstrap.params_sources import (
     params_from_user_data,
     parse_cmdline,
 )
-from bootstrap.paths import Paths
+from nodeforge.bootstrap.paths import Paths
 from nodeforge.errors import NodeforgeError
 
 pytestmark = pytest.mark.unit

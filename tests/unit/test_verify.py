@@ -1,4 +1,4 @@
-"""nodeforge.verify: host spec parsing, nsenter wrapping, failure reports (no root, no hosts)."""
+"""nodeforge.lab.verify: host spec parsing, nsenter wrapping, failure reports (no root, no hosts)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from nodeforge import verify
-from nodeforge.verify import CheckResult, HostSpecError, parse_host_spec, parse_host_specs
+from nodeforge.lab import verify
+from nodeforge.lab.verify import CheckResult, HostSpecError, parse_host_spec, parse_host_specs
 
 pytestmark = pytest.mark.unit
 
@@ -129,7 +129,7 @@ def test_run_suite_collects_host_role_and_assertion_output(tmp_path):
 def test_verify_cli_imports_stdlib_only():
     import subprocess
     import sys
-    code = ("import sys, nodeforge.verify_cli as m; "
+    code = ("import sys, nodeforge.lab.verify_cli as m; "
             "bad=[n for n in ('pytest','testinfra','paramiko','yaml') if n in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

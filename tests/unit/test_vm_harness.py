@@ -1,4 +1,4 @@
-"""nodeforge.vm: KVM probe decision, command line injection, boot timeout reporting (no root, no qemu)."""
+"""nodeforge.lab.vm: KVM probe decision, command line injection, boot timeout reporting (no root, no qemu)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeforge import vm as vmmod
+from nodeforge.lab import vm as vmmod
 from nodeforge.errors import CommandError, NodeforgeError
 from tests.helpers import process_running
 
@@ -192,7 +192,7 @@ HARNESS = r'''
 import sys
 from pathlib import Path
 sys.path.insert(0, REPO)
-from nodeforge import vm as vmmod
+from nodeforge.lab import vm as vmmod
 from tests.unit.test_vm_harness import fake_runner
 
 cfg = vmmod.VMConfig(image_dir=Path(IMG), workdir=Path(WORK), accel="tcg", qemu=QEMU, keep=True)

@@ -9,7 +9,7 @@ Host specs (``--hosts``, comma separated or repeated):
   has no nspawn backend; this wraps its local one).
 * ``nspawn://CLUSTER``  every node of a `nodeforge cluster` (leader PIDs from its state),
   ``nspawn://CLUSTER/NODE`` one of them.
-* ``vm://IMAGE_DIR?role=…&name=…``  boot the built disk in qemu (nodeforge.vm), run the
+* ``vm://IMAGE_DIR?role=…&name=…``  boot the built disk in qemu (nodeforge.lab.vm), run the
   suite over SSH, stop it. Params for the agent: ``params=PATH`` (a node.yaml) or ``role=``.
 
 Every check learns the host's role from the host itself (/var/lib/nodeforge/state.json);
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import NodeforgeError
+from nodeforge.errors import NodeforgeError
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE_DIR = REPO / "tests" / "infra"
@@ -120,7 +120,7 @@ def expand_nspawn(spec: HostSpec) -> list[HostSpec]:
     """nspawn://CLUSTER[/NODE] -> nsenter specs, via the local cluster's state (needs root)."""
     if spec.scheme != "nspawn":
         return [spec]
-    from bootstrap import localcluster  # the cluster code; imported only when used
+    from nodeforge.lab import localcluster  # the cluster code; imported only when used
 
     cluster = localcluster.Cluster.load(spec.cluster or "")
     nodes = [cluster.node(spec.node)] if spec.node else list(cluster.nodes)

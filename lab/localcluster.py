@@ -28,7 +28,7 @@ import yaml
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
-from .host import write_atomic
+from nodeforge.bootstrap.host import write_atomic
 from .netns import Fabric
 
 log = logging.getLogger("nodeforge.cluster")

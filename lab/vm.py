@@ -51,10 +51,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import proc
-from .errors import CommandError, NodeforgeError
+from nodeforge import proc
+from nodeforge.errors import CommandError, NodeforgeError
 
-log = logging.getLogger("nodeforge.vm")
+log = logging.getLogger("nodeforge.lab.vm")
 
 QEMU = "qemu-system-x86_64"
 # x86 COMMAND_LINE_SIZE; the kernel silently truncates beyond it.
