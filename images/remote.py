@@ -16,15 +16,26 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import export, packer, varfile, versions
+from . import export, packer
 from . import manifest as manifest_mod
+from .pipeline import (
+    BuildResult,
+    Inputs,
+    Phases,
+    Reporter,
+    build_wheel,
+    extra_vars,
+    fetch_inputs,
+    manifest_header,
+    now_iso,
+    output_session,
+)
 from .sandbox import release_mounts
 
 NETWORK_UNIT = """# nodeforge: DHCP on the VM's NIC (containers get their network from the host)
@@ -126,12 +137,9 @@ def make_base_disk(base_tar: Path, dest: Path, key_pub: str,
     return dest / export.DISK, dest / export.KERNEL, dest / export.INITRD
 
 
-def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
-                      reporter: Callable[[str, str], None], on_line) -> dict:
-    """Build `qemu` or `amazon-ebs`; returns the manifest. Caller handles output publishing."""
-    from .build import Phases, _tool_versions, build_wheel, repo_paths
-
-    target = opts.target
+def check_target(target: str, user_vars: dict[str, object]) -> int:
+    """Tools, credentials and var-file combinations, before anything starts. Returns the
+    qemu disk size in MiB (0 for amazon-ebs)."""
     for tool in ("packer", "ansible-playbook", "ssh-keygen"):
         proc.require_tool(tool)
     if target == "qemu":
@@ -142,151 +150,127 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
             "target amazon-ebs needs AWS credentials: set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY) or configure ~/.aws; `nodeforge validate` checks the "
             "template without them")
-    user_vars: dict[str, object] = {}
-    for vf in opts.var_files:
-        user_vars.update(varfile.load(vf, target))
-    size_mib = check_qemu_vars(user_vars) if target == "qemu" else 0
-    playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)
-    playbook = opts.playbook or playbook
+    return check_qemu_vars(user_vars) if target == "qemu" else 0
+
+
+def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
+    """Build `qemu` or `amazon-ebs` through Packer's own builder."""
+    opts, name, user_vars = inp.opts, inp.name, inp.user_vars
+    target = opts.target
+    size_mib = check_target(target, user_vars)
     phases = Phases(reporter)
-    partial = output.with_name(output.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    work = Path(tempfile.mkdtemp(prefix=f"nodeforge-{target}-", dir=opts.cache_dir))
-    log_path = partial / "build.log"
-    ok = False
-    with open(log_path, "w", buffering=1) as logfile:
-        try:
-            with phases.phase("preflight"):
-                tools = _tool_versions()
-                arts = vers.for_arch(arch)
-                art_dir = opts.cache_dir / "artifacts"
-                seen = versions.fetch(arts, art_dir, mirror=opts.artifact_mirror,
-                                      allow_unpinned=opts.allow_unpinned, versions_path=vers.path)
-                wheel = build_wheel(work / "wheel", logfile)
-            base_key, base_cached = str(user_vars.get("base_disk", "source AMI")), False
-            values: dict[str, object] = {
-                "playbook_file": playbook, "ansible_config": cfg, "image_name": name,
-                "ansible_playbook": proc.require_tool("ansible-playbook"),
-            }
-            if target == "qemu":
-                with phases.phase("base"):
-                    key = work / "build_ed25519"
-                    proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                              "nodeforge-build", "-f", key])
-                    values["ssh_private_key_file"] = key
-                    if "base_disk" not in user_vars:
-                        spec = base_mod.spec_for(base, arch)
-                        tar, base_cached = base_mod.ensure_base(
-                            spec, opts.cache_dir / "base", base.keyring, logfile)
-                        base_key = spec.key()
-                        disk, kernel, initrd = make_base_disk(
-                            tar, work / "base", Path(f"{key}.pub").read_text(), size_mib)
-                        values.update(base_disk=disk, kernel=kernel, initrd=initrd)
-                    else:
-                        values["seed_directory"] = write_nocloud_seed(
-                            work / "seed", Path(f"{key}.pub").read_text(), name)
-                    if "accelerator" not in user_vars:
-                        from nodeforge.lab.vm import probe_accel
-
-                        kern = values.get("kernel")
-                        acc = probe_accel(Path(kern), Path(values["initrd"]), work) if kern \
-                            else None
-                        values["accelerator"] = acc.accel if acc else "tcg"
-                        logfile.write(f"accelerator: {values['accelerator']}\n")
-                    values["output_directory"] = work / "packer-out"
-                    values["box_output"] = partial / "nodeforge-libvirt.box"
-                    values["console_log"] = work / "console.log"
-                    values["kernel_out"] = partial / export.KERNEL
-                    values["initrd_out"] = partial / export.INITRD
-                    # A cloud image boots its own loader; the local base disk needs the
-                    # box to carry and boot its kernel.
-                    values["box_vagrantfile"] = (
-                        BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER)
-            else:
-                comps = {a.component: a.version for a in arts}
-                # Tags carry the versions, so an AMI says what it holds.
-                values["ami_tags"] = _hcl_map({
-                    **{f"nodeforge:{k}": v for k, v in comps.items()},
-                    "nodeforge:slurm": base.slurm,
-                    **dict(user_vars.get("ami_tags", {}) or {}),
-                })
-            extra = {
-                "nodeforge_image_name": name,
-                "nodeforge_artifacts_dir": str(opts.cache_dir / "artifacts"),
-                "nodeforge_artifacts": {a.name: a.file for a in arts},
-                "nodeforge_wheel": str(wheel),
-                "nodeforge_base": base.name,
-                **dict(user_vars.get("ansible_vars", {}) or {}),
-            }
-            ev = work / "extra-vars.json"
-            ev.write_text(json.dumps(extra, indent=2))
-            values["extra_vars_file"] = ev
-            tpl = work / f"{target}.pkr.hcl"
-            tpl.write_text(packer.render(target))
-            manifest = manifest_mod.header(
-                name=name, target=target,
-                created=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), arch=arch,
-                base=base, base_key=base_key, base_cached=base_cached, arts=arts, seen=seen,
-                tools=tools)
-            sealed = work / "image.json"
-            if target == "qemu":
-                stub = work / "manifest-stub.json"
-                export.write_json_atomic(stub, {**manifest, "phases": {
-                    **phases.durations, "provision_started": time.time()}})
-                values["seal_command"] = shlex.join([
-                    sys.executable, "-m", "nodeforge.images.disk_seal",
-                    "--disk", str(Path(values["output_directory"]) / "nodeforge.qcow2"),
-                    "--manifest-stub", str(stub), "--boot-out", str(partial),
-                    "--result", str(sealed)])
-            with phases.phase("provision"):
-                t_packer = time.monotonic()
-                try:
-                    packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
-                                 timeout=4 * 3600, cache_dir=opts.cache_dir / "packer", cwd=work,
-                                 kill_grace=300 if target == "amazon-ebs" else 30)
-                except NodeforgeError as e:
-                    if target != "qemu":
-                        raise
-                    from nodeforge.lab.vm import console_tail
-
-                    tail = console_tail(Path(values["console_log"]))
-                    logfile.write(f"--- build VM console (last lines) ---\n{tail}\n")
-                    waited = time.monotonic() - t_packer
-                    raise NodeforgeError(
-                        f"{e}\nbuild VM console (accelerator {values['accelerator']}, Packer "
-                        f"ran {waited:.0f}s; SSH wait limit 20m), last lines:\n{tail}") from e
-            with phases.phase("export"):
-                if target == "qemu":
-                    # Sealed, scanned and given its image.json by images/disk_seal.py, which
-                    # Packer ran before packing the box.
-                    image = json.loads(sealed.read_text())
-                    manifest.update(components=image["components"], packages=image["packages"])
-                    shutil.move(str(Path(values["output_directory"]) / "nodeforge.qcow2"),
-                                partial / export.DISK)
+    with output_session(inp.output, reporter) as s:
+        partial, logfile = s.partial, s.logfile
+        work = Path(tempfile.mkdtemp(prefix=f"nodeforge-{target}-", dir=opts.cache_dir))
+        s.on_cleanup("release mounts", lambda: release_mounts(work))  # an interrupted disk seal
+        s.on_cleanup("remove work tree", lambda: shutil.rmtree(work, ignore_errors=True))
+        with phases.phase("preflight"):
+            fetched = fetch_inputs(inp)
+            wheel = build_wheel(work / "wheel", logfile)
+        arts = fetched.arts
+        base_key, base_cached = str(user_vars.get("base_disk", "source AMI")), False
+        values: dict[str, object] = {
+            "playbook_file": inp.playbook, "ansible_config": inp.ansible_cfg, "image_name": name,
+            "ansible_playbook": proc.require_tool("ansible-playbook"),
+        }
+        if target == "qemu":
+            with phases.phase("base"):
+                key = work / "build_ed25519"
+                proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                          "nodeforge-build", "-f", key])
+                values["ssh_private_key_file"] = key
+                if "base_disk" not in user_vars:
+                    spec = base_mod.spec_for(inp.base, inp.arch)
+                    tar, base_cached = base_mod.ensure_base(
+                        spec, opts.cache_dir / "base", inp.base.keyring, logfile)
+                    base_key = spec.key()
+                    disk, kernel, initrd = make_base_disk(
+                        tar, work / "base", Path(f"{key}.pub").read_text(), size_mib)
+                    values.update(base_disk=disk, kernel=kernel, initrd=initrd)
                 else:
-                    pm = work / "packer-manifest.json"
-                    if pm.is_file():
-                        shutil.move(str(pm), partial / "packer-manifest.json")
-                artifacts = manifest_mod.artifact_sums(partial)
-            manifest["phases"] = dict(phases.durations)
+                    values["seed_directory"] = write_nocloud_seed(
+                        work / "seed", Path(f"{key}.pub").read_text(), name)
+                if "accelerator" not in user_vars:
+                    from nodeforge.lab.vm import probe_accel
+
+                    kern = values.get("kernel")
+                    acc = probe_accel(Path(kern), Path(values["initrd"]), work) if kern \
+                        else None
+                    values["accelerator"] = acc.accel if acc else "tcg"
+                    logfile.write(f"accelerator: {values['accelerator']}\n")
+                values["output_directory"] = work / "packer-out"
+                values["box_output"] = partial / "nodeforge-libvirt.box"
+                values["console_log"] = work / "console.log"
+                values["kernel_out"] = partial / export.KERNEL
+                values["initrd_out"] = partial / export.INITRD
+                # A cloud image boots its own loader; the local base disk needs the
+                # box to carry and boot its kernel.
+                values["box_vagrantfile"] = (
+                    BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER)
+        else:
+            comps = {a.component: a.version for a in arts}
+            # Tags carry the versions, so an AMI says what it holds.
+            values["ami_tags"] = _hcl_map({
+                **{f"nodeforge:{k}": v for k, v in comps.items()},
+                "nodeforge:slurm": inp.base.slurm,
+                **dict(user_vars.get("ami_tags", {}) or {}),
+            })
+        ev = work / "extra-vars.json"
+        ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
+        values["extra_vars_file"] = ev
+        tpl = work / f"{target}.pkr.hcl"
+        tpl.write_text(packer.render(target))
+        manifest = manifest_header(inp, fetched, created=now_iso(), base_key=base_key,
+                                   base_cached=base_cached)
+        sealed = work / "image.json"
+        if target == "qemu":
+            stub = work / "manifest-stub.json"
+            export.write_json_atomic(stub, {**manifest, "phases": {
+                **phases.durations, "provision_started": time.time()}})
+            values["seal_command"] = shlex.join([
+                sys.executable, "-m", "nodeforge.images.disk_seal",
+                "--disk", str(Path(values["output_directory"]) / "nodeforge.qcow2"),
+                "--manifest-stub", str(stub), "--boot-out", str(partial),
+                "--result", str(sealed)])
+        with phases.phase("provision"):
+            t_packer = time.monotonic()
+            try:
+                packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
+                             timeout=4 * 3600, cache_dir=opts.cache_dir / "packer", cwd=work,
+                             kill_grace=300 if target == "amazon-ebs" else 30)
+            except NodeforgeError as e:
+                if target != "qemu":
+                    raise
+                from nodeforge.lab.vm import console_tail
+
+                tail = console_tail(Path(values["console_log"]))
+                logfile.write(f"--- build VM console (last lines) ---\n{tail}\n")
+                waited = time.monotonic() - t_packer
+                raise NodeforgeError(
+                    f"{e}\nbuild VM console (accelerator {values['accelerator']}, Packer "
+                    f"ran {waited:.0f}s; SSH wait limit 20m), last lines:\n{tail}") from e
+        with phases.phase("export"):
             if target == "qemu":
-                # Packer's run holds both: the VM's provisioning and the host-side seal.
-                manifest["phases"].update(provision=image["phases"]["provision"],
-                                          seal=image["phases"]["seal"])
-                manifest_mod.require_valid({**manifest, "artifacts": artifacts})
-            manifest["artifacts"] = artifacts
-            export.write_json_atomic(partial / "manifest.json", manifest)
-            ok = True
-        finally:
-            release_mounts(work)  # a loop mount of an interrupted disk seal
-            shutil.rmtree(work, ignore_errors=True)
-            if not ok:
-                logfile.flush()
-                shutil.move(log_path, output.with_name(output.name + ".failed-build.log"))
-                shutil.rmtree(partial, ignore_errors=True)
-    return manifest
+                # Sealed, scanned and given its image.json by images/disk_seal.py, which
+                # Packer ran before packing the box.
+                image = json.loads(sealed.read_text())
+                manifest.update(components=image["components"], packages=image["packages"])
+                shutil.move(str(Path(values["output_directory"]) / "nodeforge.qcow2"),
+                            partial / export.DISK)
+            else:
+                pm = work / "packer-manifest.json"
+                if pm.is_file():
+                    shutil.move(str(pm), partial / "packer-manifest.json")
+            artifacts = manifest_mod.artifact_sums(partial)
+        manifest["phases"] = dict(phases.durations)
+        if target == "qemu":
+            # Packer's run holds both: the VM's provisioning and the host-side seal.
+            manifest["phases"].update(provision=image["phases"]["provision"],
+                                      seal=image["phases"]["seal"])
+            manifest_mod.require_valid({**manifest, "artifacts": artifacts})
+        manifest["artifacts"] = artifacts
+        export.write_json_atomic(partial / "manifest.json", manifest)
+    return BuildResult(inp.output, manifest, inp.output / "build.log")
 
 
 def _hcl_map(d: dict[str, str]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from nodeforge import proc
 
 from . import packer, varfile
-from .build import repo_paths
+from .pipeline import repo_paths
 from .remote import BOX_VAGRANTFILE
 
 

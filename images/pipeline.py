@@ -1,0 +1,296 @@
+"""The build pipeline every target shares: options, inputs, extra vars, manifest skeleton and
+one output session (partial output, build log, failed-build log, cleanup with SIGINT masked).
+
+Everything is built under `<output>.partial` and renamed into place only when complete, so a
+failed or interrupted build never leaves an artifact under the final name. Cleanup steps
+registered with the session always run (also on Ctrl-C and SIGTERM, and a second Ctrl-C
+during cleanup is ignored). images/local.py and images/remote.py hold only what is specific
+to their targets; images/build.py dispatches.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from nodeforge import __version__, proc
+from nodeforge.errors import NodeforgeError
+
+from . import base as base_mod
+from . import manifest as manifest_mod
+from . import packer, varfile, versions
+
+log = logging.getLogger("nodeforge.build")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+Reporter = Callable[[str, str], None]
+
+
+@dataclass
+class BuildOptions:
+    target: str = "local"
+    base: str | None = None
+    var_files: list[Path] = field(default_factory=list)
+    artifact_mirror: str | None = None
+    allow_unpinned: bool = False
+    output: Path | None = None
+    cache_dir: Path = Path("/var/cache/nodeforge")
+    name: str | None = None
+    versions_file: Path | None = None
+    keep_work: bool = False
+    playbook: Path | None = None  # default images/site.yml; tests provision with smaller ones
+    force: bool = False  # rebuild even when an identical build is already published
+
+
+@dataclass
+class BuildResult:
+    output: Path
+    manifest: dict
+    log_file: Path
+    reused: bool = False  # True: nothing changed, the published build was returned as is
+
+
+class Phases:
+    """Times each phase and reports it (to rich progress, or plain lines)."""
+
+    def __init__(self, reporter: Reporter):
+        self.durations: dict[str, float] = {}
+        self.report = reporter
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.report(name, "start")
+        t0 = time.monotonic()
+        try:
+            yield
+        except BaseException:
+            self.durations[name] = round(time.monotonic() - t0, 2)
+            self.report(name, "failed")
+            raise
+        self.durations[name] = round(time.monotonic() - t0, 2)
+        self.report(name, f"done {self.durations[name]:.1f}s")
+
+
+def repo_paths(need_playbook: bool = True) -> tuple[Path, Path, Path]:
+    playbook = REPO_ROOT / "images" / "site.yml"
+    cfg = REPO_ROOT / "ansible.cfg"
+    roles = REPO_ROOT / "roles"
+    for p in ((playbook,) if need_playbook else ()) + (cfg, roles):
+        if not p.exists():
+            raise NodeforgeError(
+                f"{p} not found: `nodeforge build` runs from a nodeforge source checkout "
+                "(git clone, then pip install -e .)"
+            )
+    return playbook, cfg, roles
+
+
+def tool_versions() -> dict[str, str]:
+    out = {"nodeforge": __version__, "packer": str(packer.version())}
+    cp = proc.run([proc.require_tool("ansible-playbook"), "--version"], check=False)
+    first = cp.stdout.splitlines()[0] if cp.stdout else ""
+    out["ansible-core"] = first.split("core ")[-1].rstrip("]") if "core" in first else first
+    mm = proc.run([proc.require_tool("mmdebstrap"), "--version"], check=False).stdout.strip()
+    out["mmdebstrap"] = mm.split()[-1] if mm else "unknown"
+    return out
+
+
+def build_wheel(dest: Path, logfile: IO[str]) -> Path:
+    """The agent installed into the image is this checkout, as a wheel."""
+    dest.mkdir(parents=True, exist_ok=True)
+    proc.stream([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                 "-w", dest, REPO_ROOT], logfile=logfile, timeout=600)
+    wheels = sorted(dest.glob("nodeforge-*.whl"))
+    if not wheels:
+        raise NodeforgeError(f"pip wheel produced no nodeforge wheel in {dest}")
+    return wheels[-1]
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+@dataclass
+class Inputs:
+    """What a build is made from, resolved once for every target."""
+
+    opts: BuildOptions
+    vers: versions.Versions
+    base: versions.Base
+    arch: str
+    name: str
+    output: Path
+    user_vars: dict[str, object]
+    playbook: Path
+    ansible_cfg: Path
+
+    @property
+    def art_dir(self) -> Path:
+        return self.opts.cache_dir / "artifacts"
+
+    @property
+    def ansible_vars(self) -> dict[str, object]:
+        return dict(self.user_vars.get("ansible_vars", {}) or {})
+
+
+def resolve_inputs(opts: BuildOptions) -> Inputs:
+    vers = versions.load(opts.versions_file)
+    base = vers.base(opts.base)
+    arch = base_mod.host_arch()
+    user_vars: dict[str, object] = {}
+    for vf in opts.var_files:
+        user_vars.update(varfile.load(vf, opts.target))
+    playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)
+    return Inputs(opts=opts, vers=vers, base=base, arch=arch,
+                  name=opts.name or f"nodeforge-{base.name}-{arch}",
+                  output=(opts.output or Path("output") / opts.target).resolve(),
+                  user_vars=user_vars, playbook=opts.playbook or playbook, ansible_cfg=cfg)
+
+
+@dataclass
+class Fetched:
+    """The preflight phase's results: tool versions and the verified artifacts."""
+
+    tools: dict[str, str]
+    arts: list
+    seen: dict[str, str]
+
+
+def fetch_inputs(inp: Inputs) -> Fetched:
+    tools = tool_versions()
+    arts = inp.vers.for_arch(inp.arch)
+    seen = versions.fetch(arts, inp.art_dir, mirror=inp.opts.artifact_mirror,
+                          allow_unpinned=inp.opts.allow_unpinned, versions_path=inp.vers.path)
+    return Fetched(tools, arts, seen)
+
+
+def extra_vars(inp: Inputs, fetched: Fetched, wheel: Path) -> dict[str, object]:
+    """The extra vars the playbook asserts (images/site.yml), plus the var files' ansible_vars."""
+    return {
+        "nodeforge_image_name": inp.name,
+        "nodeforge_artifacts_dir": str(inp.art_dir),
+        "nodeforge_artifacts": {a.name: a.file for a in fetched.arts},
+        "nodeforge_wheel": str(wheel),
+        "nodeforge_base": inp.base.name,
+        **inp.ansible_vars,
+    }
+
+
+def manifest_header(inp: Inputs, fetched: Fetched, *, created: str, base_key: str,
+                    base_cached: bool) -> dict:
+    return manifest_mod.header(
+        name=inp.name, target=inp.opts.target, created=created, arch=inp.arch, base=inp.base,
+        base_key=base_key, base_cached=base_cached, arts=fetched.arts, seen=fetched.seen,
+        tools=fetched.tools)
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+# -- the output session ---------------------------------------------------------------------
+
+@dataclass
+class Session:
+    """One build's partial output and log; cleanup steps run in the order they were added."""
+
+    output: Path
+    partial: Path
+    log_path: Path
+    logfile: IO[str]
+    steps: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
+
+    @property
+    def failed_log(self) -> Path:
+        return self.output.with_name(self.output.name + ".failed-build.log")
+
+    def on_cleanup(self, what: str, fn: Callable[[], object]) -> None:
+        self.steps.append((what, fn))
+
+
+def _interrupt(signum, frame):  # SIGTERM takes the Ctrl-C path: the same cleanup runs
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def output_session(output: Path, reporter: Reporter) -> Iterator[Session]:
+    """Build under `<output>.partial`; publish it whole on success. On failure the log is
+    kept as `<output>.failed-build.log` and the partial output removed. Cleanup runs with
+    SIGINT ignored, so a second Ctrl-C cannot leave a sandbox, mount or work tree behind."""
+    partial = output.with_name(output.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)  # a leftover of an earlier interrupted build
+    partial.mkdir(parents=True)
+    log_path = partial / "build.log"
+    logfile = open(log_path, "w", buffering=1)  # noqa: SIM115 (the session closes it)
+    s = Session(output, partial, log_path, logfile)
+    old_term = signal.signal(signal.SIGTERM, _interrupt)
+    failure: BaseException | None = None
+    try:
+        yield s
+        if not s.logfile.closed:
+            s.logfile.close()
+        publish(partial, output)
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            _cleanup(s, failure, reporter)
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, old_int)
+
+
+def _cleanup(s: Session, failure: BaseException | None, reporter: Reporter) -> None:
+    steps = list(s.steps)
+    if failure is not None:
+
+        def keep_log():
+            if not s.logfile.closed:
+                s.logfile.write(f"build FAILED: {type(failure).__name__}: {failure}\n")
+                s.logfile.close()
+            if s.log_path.exists():
+                shutil.move(s.log_path, s.failed_log)
+
+        steps.append(("keep the build log", keep_log))
+        steps.append(("remove partial output",
+                      lambda: shutil.rmtree(s.partial, ignore_errors=True)))
+    elif not s.logfile.closed:
+        s.logfile.close()
+    problems = []
+    for what, fn in steps:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 (every other cleanup step must still run)
+            problems.append(f"{what}: {e}")
+            log.error("cleanup step '%s' failed: %s", what, e)
+    if failure is not None:
+        try:
+            reporter("build", f"failed; full log: {s.failed_log}")
+        except OSError:
+            pass  # stderr closed (e.g. the caller went away); the log file has it all
+    if problems:
+        raise NodeforgeError("cleanup after the build was incomplete: " + "; ".join(problems))
+
+
+def publish(partial: Path, output: Path) -> None:
+    """Swap the finished build into place; an older build under that name is replaced whole."""
+    old = output.with_name(output.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if output.exists():
+        os.replace(output, old)
+    os.replace(partial, output)
+    if old.exists():
+        shutil.rmtree(old)
+    stale = output.with_name(output.name + ".failed-build.log")
+    stale.unlink(missing_ok=True)
