@@ -13,6 +13,7 @@ from collections.abc import Callable
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
+from . import cache
 from .pipeline import (
     REPO_ROOT,
     BuildOptions,
@@ -55,10 +56,16 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
               on_line: Callable[[str], None] | None = None) -> BuildResult:
     preflight(opts)
     inp = resolve_inputs(opts)
-    if opts.target == "local":
-        from .local import run_local
+    if opts.target != "local":
+        from .remote import check_target
 
-        return run_local(inp, reporter, on_line)
-    from .remote import run_packer_target
+        check_target(opts.target, inp.user_vars)  # tools and credentials before anything
+    # One build per cache dir: layers, base tarballs and artifacts are shared state.
+    with cache.locked(opts.cache_dir):
+        if opts.target == "local":
+            from .local import run_local
 
-    return run_packer_target(inp, reporter, on_line)
+            return run_local(inp, reporter, on_line)
+        from .remote import run_packer_target
+
+        return run_packer_target(inp, reporter, on_line)

@@ -29,8 +29,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--playbook", type=Path,
                    help="provision with another playbook (default: images/site.yml); for "
                         "testing the build machinery, the result is not a node image")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild even when no input changed since the build in --output")
+    p.add_argument("--cache-max-size", default="20G", metavar="SIZE",
+                   help="cap of the layer cache; least recently used layers beyond it are "
+                        "pruned (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result summary as JSON")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("cache", help="list or prune the layered build cache")
+    cs = p.add_subparsers(dest="cache_cmd", metavar="ACTION")
+    cs.required = True
+    s = cs.add_parser("ls", help="list the cached layers and base tarballs")
+    s.add_argument("--cache-dir", type=Path, default=Path("/var/cache/nodeforge"),
+                   help="the build cache (default: %(default)s)")
+    s.add_argument("--json", action="store_true", help="print the list as JSON")
+    s.set_defaults(func=cmd_cache_ls)
+    s = cs.add_parser("prune", help="remove unfinished entries and layers beyond a size")
+    s.add_argument("--cache-dir", type=Path, default=Path("/var/cache/nodeforge"),
+                   help="the build cache (default: %(default)s)")
+    s.add_argument("--max-size", default="20G", metavar="SIZE",
+                   help="keep at most this much, most recently used first (default: "
+                        "%(default)s)")
+    s.add_argument("--all", action="store_true", help="remove every layer")
+    s.set_defaults(func=cmd_cache_prune)
 
     p = sub.add_parser("render", help="print the Packer template of a target")
     p.add_argument("--target", default="local", choices=TARGET_CHOICES)
@@ -60,9 +82,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .build import BuildOptions, run_build
+    from .cache import parse_size
 
     err = Console(stderr=True, highlight=False)
     opts = BuildOptions(
+        force=args.force, cache_max_bytes=parse_size(args.cache_max_size),
         target=args.target, base=args.base, var_files=list(args.var_file),
         artifact_mirror=args.artifact_mirror, allow_unpinned=args.allow_unpinned,
         output=args.output, cache_dir=args.cache_dir, name=args.name,
@@ -98,7 +122,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"output": str(result.output), "name": m["name"],
                           "phases": m["phases"], "artifacts": m["artifacts"],
-                          "components": m.get("components", {})}, indent=2))
+                          "components": m.get("components", {}), "reused": result.reused,
+                          "cache": m.get("cache", {})}, indent=2))
+    elif result.reused:
+        err.print(f"unchanged: {m['name']} built {m['created']} → {result.output}")
     else:
         total = sum(m["phases"].values())
         err.print(f"built {m['name']} in {total:.0f}s → {result.output}")
@@ -149,4 +176,39 @@ def cmd_versions_lock(args: argparse.Namespace) -> int:
     for url, sha in res.items():
         print(f"{sha}  {url}")
     print(f"pinned {len(res)} artifacts in {v.path}", file=sys.stderr)
+    return 0
+
+
+def cmd_cache_ls(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from .cache import LayerStore
+
+    layers = LayerStore(args.cache_dir).entries()
+    bases = sorted((args.cache_dir / "base").glob("base-*.tar")) \
+        if (args.cache_dir / "base").is_dir() else []
+    rows = [{"kind": "layer", "key": i.key, "bytes": i.bytes, "entries": i.entries,
+             "last_used": dt.datetime.fromtimestamp(i.last_used, dt.UTC).isoformat(
+                 timespec="seconds")} for i in layers]
+    rows += [{"kind": "base", "key": b.name, "bytes": b.stat().st_size} for b in bases]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['kind']:<6} {r['key'][:40]:<40} {r['bytes'] / 2**20:9.1f} MiB"
+              f"  {r.get('last_used', '')}")
+    total = sum(r["bytes"] for r in rows)
+    print(f"{len(rows)} entries, {total / 2**30:.2f} GiB in {args.cache_dir}", file=sys.stderr)
+    return 0
+
+
+def cmd_cache_prune(args: argparse.Namespace) -> int:
+    from .cache import LayerStore, locked, parse_size
+
+    cap = 0 if args.all else parse_size(args.max_size)
+    with locked(args.cache_dir):
+        removed = LayerStore(args.cache_dir).prune(cap)
+    for r in removed:
+        print(f"removed {r}")
+    print(f"pruned {len(removed)} entries from {args.cache_dir}", file=sys.stderr)
     return 0

@@ -1,5 +1,14 @@
 """The `local` target: base → nspawn sandbox → packer/ansible → seal → export → manifest.
 
+With the layered cache (images/cache.py):
+- no input changed (same build key as the published output, its artifacts intact): the
+  published build is reported as it is, in seconds (`--force` rebuilds);
+- a cached layer for the install inputs: the layer is the read-only lower dir of an overlay
+  mount, and one pass of the whole playbook over it installs nothing and applies every
+  template, configuration variable and the agent again; then seal and export;
+- no layer: the base is provisioned without the seal role, the unsealed tree moves into the
+  cache (temp name, then rename), and the seal role runs over the overlay of that layer.
+
 Only what is specific to this target lives here; options, inputs, extra vars, the manifest
 skeleton and the output session (partial output, logs, cleanup) are images/pipeline.py.
 """
@@ -9,79 +18,176 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from nodeforge import __version__, proc
+from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import export, packer, seal
+from . import cache, export, packer, seal, versions
 from . import manifest as manifest_mod
 from .pipeline import (
+    REPO_ROOT,
     BuildResult,
+    Fetched,
     Inputs,
     Phases,
     Reporter,
     build_wheel,
     extra_vars,
-    fetch_inputs,
     manifest_header,
     now_iso,
     output_session,
+    tool_versions,
 )
 from .sandbox import Sandbox, extract, release_mounts
+
+# Ansible tag selections (passed through Packer's environment) for the cache's passes.
+PASS_INSTALL = {"ANSIBLE_SKIP_TAGS": "seal"}
+PASS_SEAL = {"ANSIBLE_RUN_TAGS": "seal"}
+PASS_ALL: dict[str, str] = {}
+
+
+def build_keys(inp: Inputs, base_key: str, seen: dict[str, str]) -> tuple[cache.LayerInputs,
+                                                                           str]:
+    """(layer inputs, build key) of this build."""
+    li = cache.layer_inputs(base_key=base_key, roles_dir=REPO_ROOT / "roles",
+                            playbook=inp.playbook, versions_file=inp.vers.path,
+                            artifacts=seen, ansible_vars=inp.ansible_vars)
+    bk = cache.build_key(layer_key=li.key(), repo=REPO_ROOT, playbook=inp.playbook,
+                         user_vars=inp.user_vars,
+                         options={"target": inp.opts.target, "name": inp.name,
+                                  "base": inp.base.name, "arch": inp.arch})
+    return li, bk
+
+
+def published_unchanged(output: Path, build_key: str) -> dict | None:
+    """The manifest of the build published at *output* when it has *build_key* and every
+    artifact still has the sha256 the manifest records; else None."""
+    try:
+        m = json.loads((output / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or (m.get("cache") or {}).get("build_key") != build_key:
+        return None
+    arts = m.get("artifacts")
+    if not isinstance(arts, dict) or not arts:
+        return None
+    for name, a in arts.items():
+        f = output / name
+        if not f.is_file() or f.stat().st_size != a.get("bytes") \
+                or versions.sha256_file(f) != a.get("sha256"):
+            return None
+    return m
+
+
+def mount_overlay(lower: Path, work: Path) -> Path:
+    """The layer as a read-only lower dir, this build's changes in work/upper: the merged
+    tree at work/rootfs (unmounted by the session's release-mounts step)."""
+    upper, scratch, merged = work / "upper", work / "overlay-work", work / "rootfs"
+    for d in (upper, scratch, merged):
+        d.mkdir(parents=True, exist_ok=True)
+    proc.run(["mount", "-t", "overlay", "overlay", "-o",
+              f"lowerdir={lower},upperdir={upper},workdir={scratch}", merged],
+             hint="the layered build cache needs overlayfs (modprobe overlay); "
+                  "or build with another --cache-dir on a local filesystem")
+    return merged
 
 
 def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
     opts, name, output = inp.opts, inp.name, inp.output
-    cache = opts.cache_dir
+    cache_dir = opts.cache_dir
+    spec = base_mod.spec_for(inp.base, inp.arch)
+    arts = inp.vers.for_arch(inp.arch)
+    seen = versions.fetch(arts, inp.art_dir, mirror=opts.artifact_mirror,
+                          allow_unpinned=opts.allow_unpinned, versions_path=inp.vers.path)
+    layer_in, bkey = build_keys(inp, spec.key(), seen)
+    lkey = layer_in.key()
+    if not opts.force:
+        m = published_unchanged(output, bkey)
+        if m is not None:
+            reporter("cache", f"no input changed: {output} is this build (--force rebuilds)")
+            return BuildResult(output, m, output / "build.log", reused=True)
     started = now_iso()
     with output_session(output, reporter) as s:
         logfile = s.logfile
-        work = cache / "work" / f"{name}-{os.getpid()}"
+        store = cache.LayerStore(cache_dir, log=lambda msg: (logfile.write(msg + "\n"),
+                                                             reporter("cache", msg)))
+        work = cache_dir / "work" / f"{name}-{os.getpid()}"
         if work.exists():
             release_mounts(work)
             shutil.rmtree(work)
         work.mkdir(parents=True)
-        sandbox: list[Sandbox] = []  # set once the sandbox exists
-        s.on_cleanup("stop sandbox", lambda: sandbox and sandbox[0].stop())
+        sandbox: list[Sandbox] = []  # the sandbox of the current pass, once it exists
+        s.on_cleanup("stop sandbox", lambda: sandbox and sandbox[-1].stop())
         s.on_cleanup("release mounts", lambda: release_mounts(work))
         if not opts.keep_work:
             s.on_cleanup("remove work tree", lambda: work.exists() and shutil.rmtree(work))
         phases = Phases(reporter)
         logfile.write(f"nodeforge {__version__} build {name} target={opts.target} "
-                      f"base={inp.base.name}\n")
+                      f"base={inp.base.name} layer={lkey[:16]} build={bkey[:16]}\n")
         with phases.phase("preflight"):
-            fetched = fetch_inputs(inp)
+            fetched = Fetched(tool_versions(), arts, seen)
             wheel = build_wheel(work / "wheel", logfile)
-        with phases.phase("base"):
-            spec = base_mod.spec_for(inp.base, inp.arch)
-            base_tar, base_cached = base_mod.ensure_base(spec, cache / "base", inp.base.keyring,
-                                                         logfile)
-            tree = work / "rootfs"
-            extract(base_tar, tree)
-        apt_cache = cache / "apt-archives"
-        (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
-        sandbox.append(Sandbox(tree, work, logfile, name=f"nfbuild-{os.getpid()}",
-                               binds=[(apt_cache, "/var/cache/apt/archives")]))
-        with phases.phase("sandbox"):
-            access = sandbox[0].prepare()
-            sandbox[0].start()
-        with phases.phase("provision"):
             ev = work / "extra-vars.json"
             ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
             tpl = work / "local.pkr.hcl"
             tpl.write_text(packer.render("local"))
-            values = {
-                "ssh_port": access.port,
-                "ssh_private_key_file": access.key_file,
-                "playbook_file": inp.playbook,
-                "extra_vars_file": ev,
-                "ansible_playbook": proc.require_tool("ansible-playbook"),
-                "ansible_config": inp.ansible_cfg,
-                "image_name": name,
-            }
-            packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line)
+        apt_cache = cache_dir / "apt-archives"
+        (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
+        tree = work / "rootfs"
+
+        def boot() -> None:
+            sb = Sandbox(tree, work, logfile, name=f"nfbuild-{os.getpid()}",
+                         binds=[(apt_cache, "/var/cache/apt/archives")])
+            sandbox.append(sb)
+            access = sb.prepare()
+            sb.start()
+            values.update(ssh_port=access.port, ssh_private_key_file=access.key_file)
+
+        def provision(env: dict[str, str]) -> None:
+            logfile.write(f"provision pass: {env or 'all tags'}\n")
+            packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
+                         ansible_env=env)
+
+        values: dict[str, object] = {
+            "playbook_file": inp.playbook,
+            "extra_vars_file": ev,
+            "ansible_playbook": proc.require_tool("ansible-playbook"),
+            "ansible_config": inp.ansible_cfg,
+            "image_name": name,
+        }
+        with phases.phase("base"):
+            store.drop_unfinished()
+            layer = store.lookup(lkey)
+            base_cached = True
+            if layer is None:
+                base_tar, base_cached = base_mod.ensure_base(spec, cache_dir / "base",
+                                                             inp.base.keyring, logfile)
+                extract(base_tar, tree)
+            else:
+                reporter("cache", f"reusing layer {lkey[:16]}")
+                mount_overlay(layer.tree, work)
+        with phases.phase("sandbox"):
+            boot()
+        layer_reused = layer is not None
+        if layer is None:
+            with phases.phase("provision"):
+                provision(PASS_INSTALL)
+            with phases.phase("layer"):
+                sandbox[-1].stop()
+                layer = store.store(lkey, tree, layer_in)
+                mount_overlay(layer.tree, work)
+                store.prune(opts.cache_max_bytes, keep=lkey)
+            with phases.phase("configure"):
+                boot()
+                provision(PASS_SEAL)
+        else:
+            with phases.phase("provision"):
+                provision(PASS_ALL)
         with phases.phase("seal"):
-            sandbox[0].stop()
+            sandbox[-1].stop()
             export.write_fstab(tree)
             seal.seal_and_scan(tree, logfile)
         with phases.phase("export"):
@@ -91,11 +197,24 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 export.dpkg_versions(tree))
             manifest["phases"] = dict(phases.durations)
             export.write_image_json(tree, manifest)
-            export.export_rootfs(tree, s.partial / export.ROOTFS)
-            export.export_disk(tree, s.partial)
+            export_parallel(tree, s.partial)
         manifest["phases"] = dict(phases.durations)
+        manifest["cache"] = {"build_key": bkey, "layer_key": lkey,
+                             "layer_reused": layer_reused}
         manifest["artifacts"] = manifest_mod.artifact_sums(s.partial)
         manifest_mod.require_valid(manifest)
         export.write_json_atomic(s.partial / "manifest.json", manifest)
         logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
     return BuildResult(output, manifest, output / "build.log")
+
+
+def export_parallel(tree: Path, dest: Path) -> None:
+    """The rootfs archive (zstd on all cores) and the disk image are made at the same time:
+    both only read the sealed tree."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="export") as pool:
+        jobs = [pool.submit(export.export_rootfs, tree, dest / export.ROOTFS),
+                pool.submit(export.export_disk, tree, dest)]
+        errors = [j.exception() for j in jobs]
+    for e in errors:
+        if e is not None:
+            raise e if isinstance(e, NodeforgeError) else NodeforgeError(f"export failed: {e}")

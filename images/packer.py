@@ -104,11 +104,13 @@ def build(
     cache_dir: Path | None = None,
     cwd: Path | None = None,
     kill_grace: float = 30,
+    ansible_env: dict[str, str] | None = None,
 ) -> None:
     """*kill_grace*: how long Packer may clean up after SIGTERM before it is killed: seconds
     for the null and qemu builders, minutes for amazon-ebs (terminate the instance, delete
-    its temporary key pair and security group)."""
-    env = {"PACKER_NO_COLOR": "1", "CHECKPOINT_DISABLE": "1"}
+    its temporary key pair and security group). *ansible_env*: variables Packer passes on to
+    ansible-playbook (ANSIBLE_RUN_TAGS / ANSIBLE_SKIP_TAGS for the layered cache's passes)."""
+    env = {"PACKER_NO_COLOR": "1", "CHECKPOINT_DISABLE": "1", **(ansible_env or {})}
     if cache_dir is not None:
         # Packer's download cache otherwise lands in ./packer_cache of whatever directory the
         # user ran nodeforge from.

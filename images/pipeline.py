@@ -50,6 +50,7 @@ class BuildOptions:
     keep_work: bool = False
     playbook: Path | None = None  # default images/site.yml; tests provision with smaller ones
     force: bool = False  # rebuild even when an identical build is already published
+    cache_max_bytes: int = 20 << 30  # layers beyond this are pruned, least recently used first
 
 
 @dataclass

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from nodeforge.lab.vm import free_port
+
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
-from nodeforge.lab.vm import free_port
 
 log = logging.getLogger("nodeforge.sandbox")
 

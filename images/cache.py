@@ -1,0 +1,326 @@
+"""The layered build cache: provisioned, unsealed root trees keyed by what affects installation.
+
+Layout under the cache dir (`--cache-dir`, default /var/cache/nodeforge):
+
+    .lock                      fcntl lock: one build (or prune) per cache dir at a time
+    layers/<key>/tree/         the provisioned tree before sealing (read-only lower layer)
+    layers/<key>/layer.json    its key inputs, content digest, size and last use
+    layers/.tmp-<key>-<pid>/   an entry being written; renamed into place only when complete
+
+The layer key covers the base key, every role file except its templates (tasks, defaults,
+handlers, meta), the playbook, the versions file, the artifacts' sha256s and the role
+variables that choose what is installed (INSTALL_VAR). Templates, other configuration
+variables, extensions/hooks and the agent's code are applied over a cached layer by an
+idempotent pass of the same playbook. A layer is verified by its content digest before use:
+a corrupt or partial entry is dropped (and rebuilt by the caller), never used.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeforge.errors import NodeforgeError
+
+from .export import write_json_atomic
+
+LAYER_SCHEMA = 1  # bump when what a layer holds changes: every older entry then misses
+LAYER_META = "layer.json"
+DEFAULT_MAX_BYTES = 20 << 30
+# Role variables that choose packages, sources or install locations: they key the layer.
+# Any other variable (config files, limits, names) is applied by the pass over the layer.
+INSTALL_VAR = re.compile(
+    r"[a-z][a-z0-9_]*_(packages|packages_[a-z0-9_]+|source|url|key_url|version|prefix"
+    r"|plugin_dir|stage_dir|build_dir|remove_build_packages|time_sync)")
+# Sources whose change makes a build differ (no-change detection, see build_key).
+SOURCE_DIRS = ("nodeforge", "images", "bootstrap", "gang", "lab", "extensions", "roles")
+SOURCE_FILES = ("pyproject.toml", "ansible.cfg")
+_SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+_KEY = re.compile(r"[0-9a-f]{64}")
+_HASH_CHUNK = 1 << 20
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def files_digest(root: Path, files: Iterable[Path]) -> str:
+    """sha256 over (relative path, content) of *files*, in path order."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(_file_sha(f).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _source_files(d: Path) -> list[Path]:
+    return [p for p in d.rglob("*") if p.is_file() and not (_SKIP_PARTS & set(p.parts))
+            and p.suffix != ".pyc" and not any(x.endswith(".egg-info") for x in p.parts)]
+
+
+def role_install_digests(roles_dir: Path) -> dict[str, str]:
+    """Per role: digest of every file that is not a template (templates are configuration)."""
+    out = {}
+    for role in sorted(p for p in roles_dir.iterdir() if p.is_dir()):
+        files = [f for f in _source_files(role) if f.relative_to(role).parts[0] != "templates"]
+        out[role.name] = files_digest(role, files)
+    return out
+
+
+def install_vars(ansible_vars: dict[str, object]) -> dict[str, object]:
+    return {k: ansible_vars[k] for k in sorted(ansible_vars) if INSTALL_VAR.fullmatch(k)}
+
+
+@dataclass(frozen=True)
+class LayerInputs:
+    """Everything that affects what the install pass puts into the tree."""
+
+    base_key: str
+    roles: dict[str, str]  # role name -> digest of its non-template files
+    playbook: str  # sha256 of the playbook
+    versions_file: str  # sha256 of the versions file
+    artifacts: dict[str, str]  # artifact name -> sha256
+    install_vars: dict[str, object]
+
+    def key(self) -> str:
+        blob = json.dumps({"schema": LAYER_SCHEMA, **self.__dict__}, sort_keys=True)
+        return sha256_bytes(blob.encode())
+
+
+def layer_inputs(*, base_key: str, roles_dir: Path, playbook: Path, versions_file: Path,
+                 artifacts: dict[str, str], ansible_vars: dict[str, object]) -> LayerInputs:
+    return LayerInputs(base_key=base_key, roles=role_install_digests(roles_dir),
+                       playbook=_file_sha(playbook), versions_file=_file_sha(versions_file),
+                       artifacts=dict(sorted(artifacts.items())),
+                       install_vars=install_vars(ansible_vars))
+
+
+def build_key(*, layer_key: str, repo: Path, playbook: Path, user_vars: dict[str, object],
+              options: dict[str, object]) -> str:
+    """Key of the whole build: the layer key plus every source the build reads (roles with
+    their templates, the agent and build code, extensions), the playbook, every var-file
+    value and the build options. Equal keys mean an identical build."""
+    files = [f for d in SOURCE_DIRS if (repo / d).is_dir() for f in _source_files(repo / d)]
+    files += [repo / f for f in SOURCE_FILES if (repo / f).is_file()]
+    blob = json.dumps({"layer": layer_key, "sources": files_digest(repo, files),
+                       "playbook": _file_sha(playbook), "vars": user_vars, "options": options},
+                      sort_keys=True, default=str)
+    return sha256_bytes(blob.encode())
+
+
+# -- tree digest ----------------------------------------------------------------------------
+
+def tree_digest(tree: Path) -> tuple[str, int, int]:
+    """(sha256, bytes, entries) over every entry of *tree*: path, type, mode, owner, size,
+    link target and the content of regular files. Any truncated, missing, extra or altered
+    file changes it."""
+    h = hashlib.sha256()
+    total = count = 0
+    root = str(tree)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            rel = os.path.relpath(p, root)
+            h.update(f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0".encode(
+                "utf-8", "surrogateescape"))
+            if stat.S_ISLNK(st.st_mode):
+                h.update(os.readlink(p).encode("utf-8", "surrogateescape"))
+            elif stat.S_ISREG(st.st_mode):
+                h.update(f"{st.st_size}\0".encode() + _file_sha(Path(p)).encode())
+                total += st.st_size
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                h.update(f"{st.st_rdev}".encode())
+            h.update(b"\n")
+            count += 1
+    return h.hexdigest(), total, count
+
+
+# -- the lock -------------------------------------------------------------------------------
+
+@contextmanager
+def locked(cache_dir: Path) -> Iterator[None]:
+    """Hold the cache dir's lock for one build or prune; a second one fails at once, naming
+    the holder, instead of sharing half-written layers and artifacts."""
+    path = cache_dir / ".lock"
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise NodeforgeError(f"cannot lock the build cache {cache_dir}: {e.strerror}; builds "
+                             "run as root, or pass a --cache-dir you can write") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise NodeforgeError(
+                f"the build cache {cache_dir} is in use by another nodeforge build or prune "
+                f"(pid {holder}); wait for it to finish, or pass another --cache-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+# -- the layer store ------------------------------------------------------------------------
+
+@dataclass
+class Layer:
+    key: str
+    path: Path  # layers/<key>
+
+    @property
+    def tree(self) -> Path:
+        return self.path / "tree"
+
+
+@dataclass
+class LayerInfo:
+    key: str
+    bytes: int
+    entries: int
+    created: float
+    last_used: float
+
+
+class LayerStore:
+    """Layers under `<cache>/layers`; callers hold locked(cache_dir)."""
+
+    def __init__(self, cache_dir: Path, *, clock: Callable[[], float] = time.time,
+                 log: Callable[[str], None] = lambda msg: None):
+        self.root = cache_dir / "layers"
+        self.clock = clock
+        self.log = log
+
+    def _meta(self, key: str) -> Path:
+        return self.root / key / LAYER_META
+
+    def drop_unfinished(self) -> list[str]:
+        """Remove entries whose write never finished (an interrupted or killed build)."""
+        gone = []
+        if self.root.is_dir():
+            for p in self.root.iterdir():
+                if p.name.startswith(".tmp-"):
+                    shutil.rmtree(p, ignore_errors=True)
+                    gone.append(p.name)
+        return gone
+
+    def lookup(self, key: str) -> Layer | None:
+        """The verified layer for *key*, or None. An entry that fails verification (no or
+        bad layer.json, a digest that no longer matches its tree) is dropped."""
+        if not _KEY.fullmatch(key):
+            raise NodeforgeError(f"internal: bad layer key {key!r}")
+        path = self.root / key
+        if not path.exists():
+            return None
+        problem = self._verify(path, key)
+        if problem:
+            self.log(f"cache: layer {key[:16]} is unusable ({problem}); dropped, rebuilding")
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        meta = json.loads(self._meta(key).read_text())
+        meta["last_used"] = self.clock()
+        write_json_atomic(self._meta(key), meta)
+        return Layer(key, path)
+
+    def _verify(self, path: Path, key: str) -> str:
+        try:
+            meta = json.loads((path / LAYER_META).read_text())
+        except (OSError, ValueError) as e:
+            return f"no readable {LAYER_META}: {e}"
+        if not isinstance(meta, dict) or meta.get("schema") != LAYER_SCHEMA \
+                or meta.get("key") != key or not _KEY.fullmatch(str(meta.get("digest", ""))):
+            return f"{LAYER_META} is not a schema-{LAYER_SCHEMA} record of this key"
+        if not (path / "tree").is_dir():
+            return "its tree is missing"
+        digest, _, _ = tree_digest(path / "tree")
+        if digest != meta["digest"]:
+            return "its content digest does not match (corrupt or altered tree)"
+        return ""
+
+    def store(self, key: str, tree: Path, inputs: LayerInputs) -> Layer:
+        """Move *tree* into the cache as the layer for *key*: written under a temp name and
+        renamed into place once its digest is recorded, so an interrupted write leaves no
+        entry. *tree* must be on the cache's filesystem (the build's work dir is)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{key}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        os.rename(tree, tmp / "tree")
+        digest, size, entries = tree_digest(tmp / "tree")
+        now = self.clock()
+        write_json_atomic(tmp / LAYER_META, {
+            "schema": LAYER_SCHEMA, "key": key, "digest": digest, "bytes": size,
+            "entries": entries, "created": now, "last_used": now, "inputs": inputs.__dict__})
+        final = self.root / key
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        return Layer(key, final)
+
+    def entries(self) -> list[LayerInfo]:
+        out = []
+        if not self.root.is_dir():
+            return out
+        for p in sorted(self.root.iterdir()):
+            if p.name.startswith(".tmp-") or not _KEY.fullmatch(p.name):
+                continue
+            try:
+                m = json.loads((p / LAYER_META).read_text())
+                out.append(LayerInfo(p.name, int(m["bytes"]), int(m["entries"]),
+                                     float(m["created"]), float(m["last_used"])))
+            except (OSError, ValueError, KeyError, TypeError):
+                out.append(LayerInfo(p.name, 0, 0, 0.0, 0.0))  # unusable: pruned first
+        return out
+
+    def prune(self, max_bytes: int, *, keep: str | None = None) -> list[str]:
+        """Remove unfinished entries, then the least recently used layers until the rest
+        fit in *max_bytes* (0 removes all). *keep* (the layer in use) is never removed."""
+        removed = [f"{n} (unfinished)" for n in self.drop_unfinished()]
+        infos = sorted(self.entries(), key=lambda i: i.last_used)
+        total = sum(i.bytes for i in infos)
+        for info in infos:
+            if total <= max_bytes and info.bytes:
+                break
+            if info.key == keep:
+                continue
+            shutil.rmtree(self.root / info.key, ignore_errors=True)
+            total -= info.bytes
+            removed.append(info.key)
+        return removed
+
+
+def parse_size(value: str) -> int:
+    """A size with an optional K/M/G/T suffix (powers of 1024); bare means bytes."""
+    m = re.fullmatch(r"([0-9]{1,15})([KMGT]?)i?B?", value, re.IGNORECASE)
+    if not m:
+        raise NodeforgeError(f"size {value!r} is not a size: use a number with K, M, G or T "
+                             "(e.g. 20G)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]

@@ -1,0 +1,323 @@
+"""The layered build cache: what keys a layer, integrity of entries, the lock, the size cap."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nodeforge.images import cache, local
+from nodeforge.images.versions import sha256_file
+
+from nodeforge.errors import NodeforgeError
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A copy of the roles and playbook, plus a stand-in agent package, to edit freely."""
+    r = tmp_path / "repo"
+    shutil.copytree(REPO / "roles", r / "roles")
+    (r / "images").mkdir()
+    shutil.copyfile(REPO / "images/site.yml", r / "images/site.yml")
+    shutil.copyfile(REPO / "images/versions.yaml", r / "images/versions.yaml")
+    (r / "bootstrap").mkdir()
+    (r / "bootstrap/agent.py").write_text("STEP = 1\n")
+    (r / "extensions/hooks").mkdir(parents=True)
+    (r / "extensions/hooks/10-x.sh").write_text("#!/bin/sh\necho x\n")
+    (r / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    return r
+
+
+def _keys(r: Path, *, base_key="b1", arts=None, ansible_vars=None, user_vars=None):
+    li = cache.layer_inputs(base_key=base_key, roles_dir=r / "roles",
+                            playbook=r / "images/site.yml",
+                            versions_file=r / "images/versions.yaml",
+                            artifacts=arts or {"pyxis_src": "a" * 64},
+                            ansible_vars=ansible_vars or {})
+    bk = cache.build_key(layer_key=li.key(), repo=r, playbook=r / "images/site.yml",
+                         user_vars=user_vars or {}, options={"target": "local"})
+    return li.key(), bk
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change", [
+    "role install tasks", "role defaults", "role handlers", "versions file", "artifact",
+    "base", "install variable", "playbook",
+])
+def test_layer_key_changes_with_what_affects_installation(repo, change):
+    layer0, build0 = _keys(repo)
+    kw: dict = {}
+    if change == "role install tasks":
+        _append(repo / "roles/munge/tasks/install.yml", "\n# changed\n")
+    elif change == "role defaults":
+        _append(repo / "roles/slurm/defaults/main.yml", "\nslurm_extra: 1\n")
+    elif change == "role handlers":
+        handlers = next((repo / "roles").glob("*/handlers/main.yml"))
+        _append(handlers, "\n# changed\n")
+    elif change == "versions file":
+        _append(repo / "images/versions.yaml", "\n# changed\n")
+    elif change == "artifact":
+        kw["arts"] = {"pyxis_src": "b" * 64}
+    elif change == "base":
+        kw["base_key"] = "b2"
+    elif change == "install variable":
+        kw["ansible_vars"] = {"docker_source": "upstream"}
+    elif change == "playbook":
+        _append(repo / "images/site.yml", "\n# changed\n")
+    layer1, build1 = _keys(repo, **kw)
+    assert layer1 != layer0
+    assert build1 != build0
+
+
+@pytest.mark.parametrize("change", [
+    "first-boot template", "config variable", "agent code", "extension hook", "pycache",
+])
+def test_layer_key_ignores_configuration_but_build_key_sees_it(repo, change):
+    layer0, build0 = _keys(repo)
+    kw: dict = {}
+    if change == "first-boot template":
+        _append(repo / "roles/slurm/templates/slurm.conf.j2", "\n# changed\n")
+    elif change == "config variable":
+        kw["ansible_vars"] = {"logrotate_slurm_rotate": "9"}
+        kw["user_vars"] = {"ansible_vars": {"logrotate_slurm_rotate": "9"}}
+    elif change == "agent code":
+        (repo / "bootstrap/agent.py").write_text("STEP = 2\n")
+    elif change == "extension hook":
+        _append(repo / "extensions/hooks/10-x.sh", "echo y\n")
+    elif change == "pycache":
+        (repo / "bootstrap/__pycache__").mkdir()
+        (repo / "bootstrap/__pycache__/agent.cpython-313.pyc").write_bytes(b"\0junk")
+    layer1, build1 = _keys(repo, **kw)
+    assert layer1 == layer0, f"a {change} change must reuse the cached layer"
+    if change == "pycache":
+        assert build1 == build0, "byte-code caches are not an input"
+    else:
+        assert build1 != build0, f"a {change} change must rebuild"
+
+
+def test_same_inputs_same_keys(repo):
+    assert _keys(repo) == _keys(repo)
+
+
+def test_install_variables_are_the_ones_that_choose_packages():
+    v = {"docker_source": "upstream", "slurm_packages": ["x"], "docker_upstream_url": "u",
+         "pyxis_remove_build_packages": False, "logrotate_slurm_rotate": 9,
+         "base_journald_system_max_use": "2G", "docker_sourcex": 1, "base_time_sync": "ntp"}
+    assert list(cache.install_vars(v)) == ["base_time_sync", "docker_source",
+                                           "docker_upstream_url", "pyxis_remove_build_packages",
+                                           "slurm_packages"]
+
+
+# -- the store ------------------------------------------------------------------------------
+
+KEY_A, KEY_B, KEY_C = "a" * 64, "b" * 64, "c" * 64
+INPUTS = cache.LayerInputs("b", {}, "p", "v", {}, {})
+
+
+def _tree(root: Path, size: int = 100) -> Path:
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text("ID=debian\n")
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/tool").write_bytes(b"\x7fELF" + b"x" * size)
+    (root / "usr/bin/tool").chmod(0o755)
+    (root / "usr/bin/alias").symlink_to("tool")
+    return root
+
+
+def test_store_then_lookup_returns_the_verified_layer(tmp_path):
+    store = cache.LayerStore(tmp_path / "cache", clock=lambda: 1000.0)
+    layer = store.store(KEY_A, _tree(tmp_path / "work/rootfs"), INPUTS)
+    assert not (tmp_path / "work/rootfs").exists()  # moved, not copied
+    assert (layer.tree / "usr/bin/tool").is_file()
+    got = store.lookup(KEY_A)
+    assert got is not None and got.tree == layer.tree
+    assert store.lookup(KEY_B) is None
+    assert [i.key for i in store.entries()] == [KEY_A]
+
+
+@pytest.mark.parametrize("damage", [
+    "content", "truncated", "removed", "added", "mode", "symlink", "no meta", "bad meta",
+    "meta of another key", "no tree",
+])
+def test_corrupt_or_partial_entry_is_dropped_never_used(tmp_path, damage):
+    logged: list[str] = []
+    store = cache.LayerStore(tmp_path / "cache", log=logged.append)
+    layer = store.store(KEY_A, _tree(tmp_path / "rootfs"), INPUTS)
+    tool = layer.tree / "usr/bin/tool"
+    if damage == "content":  # same size, one byte flipped
+        data = bytearray(tool.read_bytes())
+        data[-1] ^= 1
+        tool.write_bytes(bytes(data))
+    elif damage == "truncated":
+        tool.write_bytes(tool.read_bytes()[:10])
+    elif damage == "removed":
+        (layer.tree / "etc/os-release").unlink()
+    elif damage == "added":
+        (layer.tree / "etc/extra").write_text("x")
+    elif damage == "mode":
+        tool.chmod(0o4755)
+    elif damage == "symlink":
+        (layer.tree / "usr/bin/alias").unlink()
+        (layer.tree / "usr/bin/alias").symlink_to("/etc/shadow")
+    elif damage == "no meta":
+        (layer.path / cache.LAYER_META).unlink()
+    elif damage == "bad meta":
+        (layer.path / cache.LAYER_META).write_text('{"schema": 1, "key": ')
+    elif damage == "meta of another key":
+        m = json.loads((layer.path / cache.LAYER_META).read_text())
+        (layer.path / cache.LAYER_META).write_text(json.dumps({**m, "key": KEY_B}))
+    elif damage == "no tree":
+        shutil.rmtree(layer.tree)
+    assert store.lookup(KEY_A) is None
+    assert not layer.path.exists(), "a damaged entry must be dropped"
+    assert logged and "dropped, rebuilding" in logged[0]
+
+
+def test_interrupted_store_leaves_no_entry(tmp_path, monkeypatch):
+    store = cache.LayerStore(tmp_path / "cache")
+
+    def interrupted(tree):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "tree_digest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.store(KEY_A, _tree(tmp_path / "rootfs"), INPUTS)
+    monkeypatch.undo()
+    assert store.lookup(KEY_A) is None
+    assert store.entries() == []
+    assert [p.name for p in store.root.iterdir()] == [f".tmp-{KEY_A}-{os.getpid()}"]
+    assert store.drop_unfinished() == [f".tmp-{KEY_A}-{os.getpid()}"]
+    assert list(store.root.iterdir()) == []
+
+
+def test_lookup_refuses_a_key_that_is_not_a_sha256(tmp_path):
+    store = cache.LayerStore(tmp_path / "cache")
+    for bad in ("../../etc", "a" * 63, "A" * 64, "a" * 64 + "\n", ""):
+        with pytest.raises(NodeforgeError, match="bad layer key"):
+            store.lookup(bad)
+
+
+def test_prune_keeps_the_most_recently_used_within_the_cap(tmp_path):
+    now = [0.0]
+    store = cache.LayerStore(tmp_path / "cache", clock=lambda: now[0])
+    for i, key in enumerate((KEY_A, KEY_B, KEY_C)):
+        now[0] = 100.0 * (i + 1)
+        store.store(key, _tree(tmp_path / f"t{i}", size=1000), INPUTS)
+    now[0] = 400.0
+    assert store.lookup(KEY_A) is not None  # A is now the most recently used
+    one = max(i.bytes for i in store.entries())
+    (store.root / f".tmp-{KEY_C}-1").mkdir()  # an interrupted write
+    removed = store.prune(2 * one)
+    assert removed == [f".tmp-{KEY_C}-1 (unfinished)", KEY_B]
+    assert sorted(i.key for i in store.entries()) == [KEY_A, KEY_C]
+    assert store.prune(0, keep=KEY_C) == [KEY_A]
+    assert [i.key for i in store.entries()] == [KEY_C]
+
+
+# -- the lock -------------------------------------------------------------------------------
+
+def test_second_build_on_one_cache_is_refused_naming_the_holder(tmp_path):
+    with cache.locked(tmp_path), pytest.raises(NodeforgeError) as e:  # noqa: SIM117
+        with cache.locked(tmp_path):
+            pass
+    assert f"in use by another nodeforge build or prune (pid {os.getpid()})" in str(e.value)
+    assert "--cache-dir" in str(e.value)
+    with cache.locked(tmp_path):  # released: the next build goes ahead
+        pass
+
+
+def test_lock_held_by_another_process_is_seen(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         ("import sys,time; from pathlib import Path; from nodeforge.images import cache\n"
+         "with cache.locked(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(60)"),
+         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(NodeforgeError, match=f"pid {holder.pid}"), cache.locked(tmp_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with cache.locked(tmp_path):  # a killed holder's lock is gone with its process
+        pass
+
+
+# -- sizes and the no-change check ----------------------------------------------------------
+
+@pytest.mark.parametrize("text,want", [("20G", 20 << 30), ("512M", 512 << 20), ("7", 7),
+                                       ("1TiB", 1 << 40), ("3k", 3 << 10)])
+def test_parse_size(text, want):
+    assert cache.parse_size(text) == want
+
+
+@pytest.mark.parametrize("text", ["1\n2G", "20G\n", "=", "NaN", "-1G", "1.5G", "", "G",
+                                  "9" * 16, "1 G x", "inf", "1e9", "20G\x00", "1G=2", "'1G'",
+                                  "１G"])
+def test_parse_size_rejects_hostile_text(text):
+    with pytest.raises(NodeforgeError, match="is not a size"):
+        cache.parse_size(text)
+
+
+def _published(out: Path, key: str) -> dict:
+    out.mkdir()
+    (out / "rootfs.tar.zst").write_bytes(b"rootfs")
+    (out / "disk.qcow2").write_bytes(b"disk")
+    m = {"name": "img", "cache": {"build_key": key},
+         "artifacts": {n: {"sha256": sha256_file(out / n), "bytes": (out / n).stat().st_size}
+                       for n in ("rootfs.tar.zst", "disk.qcow2")}}
+    (out / "manifest.json").write_text(json.dumps(m))
+    return m
+
+
+def test_unchanged_build_is_the_published_one_while_its_artifacts_are_intact(tmp_path):
+    out = tmp_path / "out"
+    m = _published(out, KEY_A)
+    assert local.published_unchanged(out, KEY_A) == m
+    assert local.published_unchanged(out, KEY_B) is None  # some input changed
+    assert local.published_unchanged(tmp_path / "none", KEY_A) is None
+    (out / "disk.qcow2").write_bytes(b"disc")  # same size, other content
+    assert local.published_unchanged(out, KEY_A) is None
+    (out / "disk.qcow2").unlink()
+    assert local.published_unchanged(out, KEY_A) is None
+
+
+NO_ARTIFACTS = json.dumps({"cache": {"build_key": KEY_A}, "artifacts": {}})
+
+
+@pytest.mark.parametrize("body", ["", "{", "[]", '{"cache": null}', NO_ARTIFACTS])
+def test_unreadable_or_incomplete_manifest_means_rebuild(tmp_path, body):
+    (tmp_path / "manifest.json").write_text(body)
+    assert local.published_unchanged(tmp_path, KEY_A) is None
+
+
+def test_cli_cache_ls_and_prune(tmp_path):
+    store = cache.LayerStore(tmp_path, clock=lambda: 1.0)
+    store.store(KEY_A, _tree(tmp_path / "t"), INPUTS)
+
+    def nf(*args):
+        return subprocess.run([sys.executable, "-m", "nodeforge", *args], capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    cp = nf("cache", "ls", "--cache-dir", str(tmp_path), "--json")
+    assert cp.returncode == 0, cp.stderr
+    rows = json.loads(cp.stdout)
+    assert [(r["kind"], r["key"]) for r in rows] == [("layer", KEY_A)] and rows[0]["bytes"] > 0
+    cp = nf("cache", "prune", "--cache-dir", str(tmp_path), "--max-size", "huge")
+    assert cp.returncode == 2 and "'huge' is not a size" in cp.stderr
+    cp = nf("cache", "prune", "--cache-dir", str(tmp_path), "--all")
+    assert cp.returncode == 0 and f"removed {KEY_A}" in cp.stdout
+    assert store.entries() == []
