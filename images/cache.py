@@ -116,6 +116,45 @@ def layer_inputs(*, base_key: str, roles_dir: Path, playbook: Path, versions_fil
                        install_vars=install_vars(ansible_vars))
 
 
+# The agent wheel is built from these (pyproject's package-dir mapping) plus the unit file
+# the node_agent role copies from gang/.
+AGENT_SOURCE_DIRS = ("nodeforge", "images", "bootstrap", "gang", "lab")
+
+
+def config_inputs(*, roles_dir: Path, repo: Path,
+                  ansible_vars: dict[str, object]) -> dict[str, object]:
+    """What a pass over a cached layer applies: each role's templates, the configuration
+    variables and the agent's sources. Recorded with the layer, compared on reuse."""
+    templates = {}
+    for role in sorted(p for p in roles_dir.iterdir() if p.is_dir()):
+        t = role / "templates"
+        templates[role.name] = files_digest(t, _source_files(t)) if t.is_dir() else ""
+    agent = [f for d in AGENT_SOURCE_DIRS if (repo / d).is_dir() for f in _source_files(repo / d)]
+    agent += [repo / "pyproject.toml"] if (repo / "pyproject.toml").is_file() else []
+    return {"templates": templates,
+            "vars": {k: v for k, v in sorted(ansible_vars.items()) if not INSTALL_VAR.fullmatch(k)},
+            "agent": files_digest(repo, agent)}
+
+
+def roles_to_reapply(old: dict, new: dict, roles: list[str]) -> list[str] | None:
+    """The roles (in playbook order) whose configuration differs between the layer (*old*)
+    and this build (*new*); None when that cannot be told (then every role runs). A variable
+    belongs to the role its name starts with (the roles' `<role>_` naming rule)."""
+    try:
+        changed = {r for r in roles if old["templates"].get(r) != new["templates"].get(r)}
+        for k in set(old["vars"]) | set(new["vars"]):
+            if old["vars"].get(k) != new["vars"].get(k):
+                owner = [r for r in roles if k.startswith(r + "_")]
+                if not owner:
+                    return None
+                changed.update(owner)
+        if old["agent"] != new["agent"]:
+            changed.add("node_agent")
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return [r for r in roles if r in changed]
+
+
 def build_key(*, layer_key: str, repo: Path, playbook: Path, user_vars: dict[str, object],
               options: dict[str, object]) -> str:
     """Key of the whole build: the layer key plus every source the build reads (roles with
@@ -194,6 +233,7 @@ def locked(cache_dir: Path) -> Iterator[None]:
 class Layer:
     key: str
     path: Path  # layers/<key>
+    config: dict  # config_inputs() of the build that made it
 
     @property
     def tree(self) -> Path:
@@ -247,7 +287,7 @@ class LayerStore:
         meta = json.loads(self._meta(key).read_text())
         meta["last_used"] = self.clock()
         write_json_atomic(self._meta(key), meta)
-        return Layer(key, path)
+        return Layer(key, path, meta.get("config") or {})
 
     def _verify(self, path: Path, key: str) -> str:
         try:
@@ -264,7 +304,8 @@ class LayerStore:
             return "its content digest does not match (corrupt or altered tree)"
         return ""
 
-    def store(self, key: str, tree: Path, inputs: LayerInputs) -> Layer:
+    def store(self, key: str, tree: Path, inputs: LayerInputs,
+              config: dict | None = None) -> Layer:
         """Move *tree* into the cache as the layer for *key*: written under a temp name and
         renamed into place once its digest is recorded, so an interrupted write leaves no
         entry. *tree* must be on the cache's filesystem (the build's work dir is)."""
@@ -278,12 +319,13 @@ class LayerStore:
         now = self.clock()
         write_json_atomic(tmp / LAYER_META, {
             "schema": LAYER_SCHEMA, "key": key, "digest": digest, "bytes": size,
-            "entries": entries, "created": now, "last_used": now, "inputs": inputs.__dict__})
+            "entries": entries, "created": now, "last_used": now, "inputs": inputs.__dict__,
+            "config": config or {}})
         final = self.root / key
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        return Layer(key, final)
+        return Layer(key, final, config or {})
 
     def entries(self) -> list[LayerInfo]:
         out = []

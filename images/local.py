@@ -43,10 +43,28 @@ from .pipeline import (
 )
 from .sandbox import Sandbox, extract, release_mounts
 
-# Ansible tag selections (passed through Packer's environment) for the cache's passes.
+# Ansible tag selections (passed through Packer's environment) for the cache's passes:
+# every role in images/site.yml is tagged with its name.
 PASS_INSTALL = {"ANSIBLE_SKIP_TAGS": "seal"}
-PASS_SEAL = {"ANSIBLE_RUN_TAGS": "seal"}
-PASS_ALL: dict[str, str] = {}
+
+
+def pass_roles(roles: list[str]) -> dict[str, str]:
+    return {"ANSIBLE_RUN_TAGS": ",".join([*roles, "seal"])}
+
+
+def playbook_roles(playbook: Path) -> list[str] | None:
+    """The roles of *playbook* in order, or None unless each one is tagged with its own
+    name (a pass could not select it by tag)."""
+    import yaml
+
+    try:
+        plays = yaml.safe_load(playbook.read_text())
+        roles = [r for play in plays for r in play.get("roles", [])]
+        if all(isinstance(r, dict) and r.get("tags") == [r.get("role")] for r in roles):
+            return [r["role"] for r in roles if r["role"] != "seal"]
+    except (OSError, yaml.YAMLError, AttributeError, TypeError):
+        pass
+    return None
 
 
 def build_keys(inp: Inputs, base_key: str, seen: dict[str, str]) -> tuple[cache.LayerInputs,
@@ -104,6 +122,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                           allow_unpinned=opts.allow_unpinned, versions_path=inp.vers.path)
     layer_in, bkey = build_keys(inp, spec.key(), seen)
     lkey = layer_in.key()
+    config = cache.config_inputs(roles_dir=REPO_ROOT / "roles", repo=REPO_ROOT,
+                                 ansible_vars=inp.ansible_vars)
     if not opts.force:
         m = published_unchanged(output, bkey)
         if m is not None:
@@ -177,15 +197,22 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 provision(PASS_INSTALL)
             with phases.phase("layer"):
                 sandbox[-1].stop()
-                layer = store.store(lkey, tree, layer_in)
+                layer = store.store(lkey, tree, layer_in, config)
                 mount_overlay(layer.tree, work)
                 store.prune(opts.cache_max_bytes, keep=lkey)
             with phases.phase("configure"):
                 boot()
-                provision(PASS_SEAL)
+                provision(pass_roles([]))
+            reapplied: list[str] | None = []
         else:
+            roles = playbook_roles(inp.playbook)
+            reapplied = None if roles is None else cache.roles_to_reapply(layer.config, config,
+                                                                           roles)
+            reporter("cache", "re-applying "
+                     + ("every role" if reapplied is None else ", ".join(reapplied) or "no role")
+                     + " over the layer, then seal")
             with phases.phase("provision"):
-                provision(PASS_ALL)
+                provision({} if reapplied is None else pass_roles(reapplied))
         with phases.phase("seal"):
             sandbox[-1].stop()
             export.write_fstab(tree)
@@ -200,7 +227,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             export_parallel(tree, s.partial)
         manifest["phases"] = dict(phases.durations)
         manifest["cache"] = {"build_key": bkey, "layer_key": lkey,
-                             "layer_reused": layer_reused}
+                             "layer_reused": layer_reused,
+                             "reapplied": "all" if reapplied is None else reapplied}
         manifest["artifacts"] = manifest_mod.artifact_sums(s.partial)
         manifest_mod.require_valid(manifest)
         export.write_json_atomic(s.partial / "manifest.json", manifest)

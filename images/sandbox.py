@@ -49,9 +49,13 @@ def mounts_under(path: Path) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
-def release_mounts(path: Path) -> None:
+def release_mounts(path: Path, *, below_only: bool = False) -> None:
+    """Unmount everything at or below *path* (*below_only*: keep *path*'s own mount, e.g.
+    the overlay a cached build layer is mounted as)."""
+    own = str(path.resolve())
     for mp in mounts_under(path):
-        proc.run(["umount", "--lazy", mp], check=False)
+        if not (below_only and mp == own):
+            proc.run(["umount", "--lazy", mp], check=False)
 
 
 @dataclass
@@ -182,7 +186,7 @@ class Sandbox:
             self._watcher.kill()
             self._watcher.wait(timeout=10)
             self._watcher = None
-        release_mounts(self.tree)
+        release_mounts(self.tree, below_only=True)
 
     def __enter__(self) -> Sandbox:
         return self

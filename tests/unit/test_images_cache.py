@@ -321,3 +321,53 @@ def test_cli_cache_ls_and_prune(tmp_path):
     cp = nf("cache", "prune", "--cache-dir", str(tmp_path), "--all")
     assert cp.returncode == 0 and f"removed {KEY_A}" in cp.stdout
     assert store.entries() == []
+
+
+# -- what a pass over a cached layer re-applies ---------------------------------------------
+
+ROLES = ["base", "slurm", "logrotate", "node_agent"]
+
+
+def _config(r: Path, **ansible_vars) -> dict:
+    return cache.config_inputs(roles_dir=r / "roles", repo=r, ansible_vars=ansible_vars)
+
+
+def test_only_roles_whose_configuration_changed_are_reapplied(repo):
+    old = _config(repo, logrotate_slurm_rotate=14)
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == []
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=9),
+                                  ROLES) == ["logrotate"]
+    assert cache.roles_to_reapply(old, _config(repo), ROLES) == ["logrotate"]  # var dropped
+    _append(repo / "roles/slurm/templates/slurm.conf.j2", "\n# changed\n")
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14),
+                                  ROLES) == ["slurm"]
+    (repo / "bootstrap/agent.py").write_text("STEP = 2\n")
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14),
+                                  ROLES) == ["slurm", "node_agent"]
+
+
+def test_unknown_variable_or_old_record_reapplies_every_role(repo):
+    old = _config(repo)
+    assert cache.roles_to_reapply(old, _config(repo, mystery=1), ROLES) is None
+    assert cache.roles_to_reapply({}, old, ROLES) is None  # a layer recorded without config
+
+
+def test_install_variables_are_not_configuration(repo):
+    assert _config(repo, docker_source="upstream")["vars"] == {}
+
+
+def test_every_role_of_the_real_playbook_is_selectable_by_its_tag():
+    roles = local.playbook_roles(REPO / "images/site.yml")
+    assert roles is not None and roles[0] == "base" and "node_agent" in roles
+    assert "seal" not in roles  # every pass ends with seal anyway
+
+
+def test_playbook_with_an_untagged_role_reapplies_everything(tmp_path):
+    pb = tmp_path / "site.yml"
+    pb.write_text("- hosts: all\n  roles:\n    - role: base\n      tags: [base]\n"
+                  "    - role: gpu\n")
+    assert local.playbook_roles(pb) is None
+    pb.write_text("- hosts: all\n  roles: [base]\n")
+    assert local.playbook_roles(pb) is None
+    pb.write_text("{: not yaml")
+    assert local.playbook_roles(pb) is None
