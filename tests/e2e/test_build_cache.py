@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from nodeforge.images import manifest as manifest_mod
+
 from tests.helpers import E2E_ROOT, build_image
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +64,7 @@ def test_config_only_rebuild_reuses_the_layer_and_changes_only_the_config(
     vf = tmp_path / "rotate.pkrvars.hcl"
     vf.write_text('ansible_vars = { logrotate_slurm_rotate = "9" }\n')
     out = E2E_ROOT / "image-cache-config"
-    summary, secs = build_image(out, fixture_mirror, pinned_versions, "--var-file", str(vf))
+    _summary, secs = build_image(out, fixture_mirror, pinned_versions, "--var-file", str(vf))
     m = json.loads((out / "manifest.json").read_text())
     assert manifest_mod.check(m) == []
     assert m["cache"]["layer_reused"] is True
