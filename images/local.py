@@ -118,22 +118,25 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
     cache_dir = opts.cache_dir
     spec = base_mod.spec_for(inp.base, inp.arch)
     arts = inp.vers.for_arch(inp.arch)
-    seen = versions.fetch(arts, inp.art_dir, mirror=opts.artifact_mirror,
-                          allow_unpinned=opts.allow_unpinned, versions_path=inp.vers.path)
-    layer_in, bkey = build_keys(inp, spec.key(), seen)
-    lkey = layer_in.key()
-    config = cache.config_inputs(roles_dir=REPO_ROOT / "roles", repo=REPO_ROOT,
-                                 ansible_vars=inp.ansible_vars)
+
+    def fetch() -> dict[str, str]:
+        return versions.fetch(arts, inp.art_dir, mirror=opts.artifact_mirror,
+                              allow_unpinned=opts.allow_unpinned, versions_path=inp.vers.path)
+
     if not opts.force:
-        m = published_unchanged(output, bkey)
-        if m is not None:
-            reporter("cache", f"no input changed: {output} is this build (--force rebuilds)")
-            return BuildResult(output, m, output / "build.log", reused=True)
+        try:
+            seen: dict[str, str] | None = fetch()
+        except NodeforgeError:
+            seen = None  # fails again below, inside the session: its log is kept
+        if seen is not None:
+            m = published_unchanged(output, build_keys(inp, spec.key(), seen)[1])
+            if m is not None:
+                reporter("cache", f"no input changed: {output} is this build "
+                                  "(--force rebuilds)")
+                return BuildResult(output, m, output / "build.log", reused=True)
     started = now_iso()
     with output_session(output, reporter) as s:
         logfile = s.logfile
-        store = cache.LayerStore(cache_dir, log=lambda msg: (logfile.write(msg + "\n"),
-                                                             reporter("cache", msg)))
         work = cache_dir / "work" / f"{name}-{os.getpid()}"
         if work.exists():
             release_mounts(work)
@@ -144,10 +147,18 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         s.on_cleanup("release mounts", lambda: release_mounts(work))
         if not opts.keep_work:
             s.on_cleanup("remove work tree", lambda: work.exists() and shutil.rmtree(work))
+        store = cache.LayerStore(cache_dir, log=lambda msg: (logfile.write(msg + "\n"),
+                                                             reporter("cache", msg)))
         phases = Phases(reporter)
         logfile.write(f"nodeforge {__version__} build {name} target={opts.target} "
-                      f"base={inp.base.name} layer={lkey[:16]} build={bkey[:16]}\n")
+                      f"base={inp.base.name}\n")
         with phases.phase("preflight"):
+            seen = fetch()
+            layer_in, bkey = build_keys(inp, spec.key(), seen)
+            lkey = layer_in.key()
+            config = cache.config_inputs(roles_dir=REPO_ROOT / "roles", repo=REPO_ROOT,
+                                         ansible_vars=inp.ansible_vars)
+            logfile.write(f"cache keys: layer {lkey} build {bkey}\n")
             fetched = Fetched(tool_versions(), arts, seen)
             wheel = build_wheel(work / "wheel", logfile)
             ev = work / "extra-vars.json"
