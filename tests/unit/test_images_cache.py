@@ -371,3 +371,23 @@ def test_playbook_with_an_untagged_role_reapplies_everything(tmp_path):
     assert local.playbook_roles(pb) is None
     pb.write_text("{: not yaml")
     assert local.playbook_roles(pb) is None
+
+
+def test_parallel_export_runs_both_and_reports_a_failure(tmp_path, monkeypatch):
+    from nodeforge.images import export
+
+    ran: list[str] = []
+
+    def rootfs(tree, dest):
+        ran.append("rootfs")
+        raise NodeforgeError("tar failed: disk full")
+
+    def disk(tree, dest):
+        ran.append("disk")
+        return []
+
+    monkeypatch.setattr(export, "export_rootfs", rootfs)
+    monkeypatch.setattr(export, "export_disk", disk)
+    with pytest.raises(NodeforgeError, match="tar failed: disk full"):
+        local.export_parallel(tmp_path, tmp_path)
+    assert sorted(ran) == ["disk", "rootfs"]  # the other export is not abandoned midway
