@@ -47,7 +47,7 @@ INSTALL_VAR = re.compile(
 SOURCE_DIRS = ("nodeforge", "images", "bootstrap", "gang", "lab", "extensions", "roles")
 SOURCE_FILES = ("pyproject.toml", "ansible.cfg")
 _SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
-_KEY = re.compile(r"[0-9a-f]{64}")
+KEY_RE = re.compile(r"[0-9a-f]{64}")
 _HASH_CHUNK = 1 << 20
 
 
@@ -155,14 +155,20 @@ def roles_to_reapply(old: dict, new: dict, roles: list[str]) -> list[str] | None
     return [r for r in roles if r in changed]
 
 
+def sources_digest(repo: Path) -> str:
+    """Digest of every source file of the checkout that a build reads or packs (the wheel
+    carries package data too, so the roles and extensions are in it)."""
+    files = [f for d in SOURCE_DIRS if (repo / d).is_dir() for f in _source_files(repo / d)]
+    files += [repo / f for f in SOURCE_FILES if (repo / f).is_file()]
+    return files_digest(repo, files)
+
+
 def build_key(*, layer_key: str, repo: Path, playbook: Path, user_vars: dict[str, object],
               options: dict[str, object]) -> str:
     """Key of the whole build: the layer key plus every source the build reads (roles with
     their templates, the agent and build code, extensions), the playbook, every var-file
     value and the build options. Equal keys mean an identical build."""
-    files = [f for d in SOURCE_DIRS if (repo / d).is_dir() for f in _source_files(repo / d)]
-    files += [repo / f for f in SOURCE_FILES if (repo / f).is_file()]
-    blob = json.dumps({"layer": layer_key, "sources": files_digest(repo, files),
+    blob = json.dumps({"layer": layer_key, "sources": sources_digest(repo),
                        "playbook": _file_sha(playbook), "vars": user_vars, "options": options},
                       sort_keys=True, default=str)
     return sha256_bytes(blob.encode())
@@ -274,7 +280,7 @@ class LayerStore:
     def lookup(self, key: str) -> Layer | None:
         """The verified layer for *key*, or None. An entry that fails verification (no or
         bad layer.json, a digest that no longer matches its tree) is dropped."""
-        if not _KEY.fullmatch(key):
+        if not KEY_RE.fullmatch(key):
             raise NodeforgeError(f"internal: bad layer key {key!r}")
         path = self.root / key
         if not path.exists():
@@ -295,7 +301,7 @@ class LayerStore:
         except (OSError, ValueError) as e:
             return f"no readable {LAYER_META}: {e}"
         if not isinstance(meta, dict) or meta.get("schema") != LAYER_SCHEMA \
-                or meta.get("key") != key or not _KEY.fullmatch(str(meta.get("digest", ""))):
+                or meta.get("key") != key or not KEY_RE.fullmatch(str(meta.get("digest", ""))):
             return f"{LAYER_META} is not a schema-{LAYER_SCHEMA} record of this key"
         if not (path / "tree").is_dir():
             return "its tree is missing"
@@ -332,7 +338,7 @@ class LayerStore:
         if not self.root.is_dir():
             return out
         for p in sorted(self.root.iterdir()):
-            if p.name.startswith(".tmp-") or not _KEY.fullmatch(p.name):
+            if p.name.startswith(".tmp-") or not KEY_RE.fullmatch(p.name):
                 continue
             try:
                 m = json.loads((p / LAYER_META).read_text())

@@ -160,7 +160,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                                          ansible_vars=inp.ansible_vars)
             logfile.write(f"cache keys: layer {lkey} build {bkey}\n")
             fetched = Fetched(tool_versions(), arts, seen)
-            wheel = build_wheel(work / "wheel", logfile)
+            wheel = cached_wheel(cache_dir / "wheels", cache.sources_digest(REPO_ROOT), work,
+                                 logfile)
             ev = work / "extra-vars.json"
             ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
             tpl = work / "local.pkr.hcl"
@@ -245,6 +246,24 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         export.write_json_atomic(s.partial / "manifest.json", manifest)
         logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
     return BuildResult(output, manifest, output / "build.log")
+
+
+def cached_wheel(wheels: Path, sources: str, work: Path, logfile) -> Path:
+    """The agent wheel of these sources: built once per digest of the checkout's sources (into the work dir,
+    then renamed into the cache whole, so an interrupted build leaves no half wheel)."""
+    if not cache.KEY_RE.fullmatch(sources):
+        raise NodeforgeError(f"internal: bad sources digest {sources!r}")
+    d = wheels / sources
+    found = sorted(d.glob("nodeforge-*.whl")) if d.is_dir() else []
+    if found:
+        logfile.write(f"agent wheel: reusing {found[-1]}\n")
+        return found[-1]
+    built = build_wheel(work / "wheel", logfile)
+    wheels.mkdir(parents=True, exist_ok=True)
+    if d.exists():
+        shutil.rmtree(d)
+    os.rename(built.parent, d)
+    return d / built.name
 
 
 def export_parallel(tree: Path, dest: Path) -> None:

@@ -391,3 +391,25 @@ def test_parallel_export_runs_both_and_reports_a_failure(tmp_path, monkeypatch):
     with pytest.raises(NodeforgeError, match="tar failed: disk full"):
         local.export_parallel(tmp_path, tmp_path)
     assert sorted(ran) == ["disk", "rootfs"]  # the other export is not abandoned midway
+
+
+def test_agent_wheel_is_built_once_per_source_digest(tmp_path, monkeypatch):
+    built: list[Path] = []
+
+    def fake_build(dest, logfile):  # stands in for `pip wheel` (tested by the e2e build)
+        dest.mkdir(parents=True)
+        w = dest / "nodeforge-0.1.0-py3-none-any.whl"
+        w.write_bytes(b"PK")
+        built.append(w)
+        return w
+
+    monkeypatch.setattr(local, "build_wheel", fake_build)
+    log = open(os.devnull, "w")  # noqa: SIM115
+    w1 = local.cached_wheel(tmp_path / "wheels", KEY_A, tmp_path / "w1", log)
+    w2 = local.cached_wheel(tmp_path / "wheels", KEY_A, tmp_path / "w2", log)
+    w3 = local.cached_wheel(tmp_path / "wheels", KEY_B, tmp_path / "w3", log)
+    log.close()
+    assert w1 == w2 == tmp_path / "wheels" / KEY_A / "nodeforge-0.1.0-py3-none-any.whl"
+    assert w3.parent.name == KEY_B and len(built) == 2
+    with pytest.raises(NodeforgeError, match="bad sources digest"):
+        local.cached_wheel(tmp_path / "wheels", "../x", tmp_path / "w4", log)
