@@ -8,6 +8,8 @@ rebuild of it, a configuration-only rebuild, and a rebuild over a corrupted laye
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.e2e
 
 CACHE = Path("/var/cache/nodeforge")
 OUT = E2E_ROOT / "image-cache"
+SLURMD = "usr/sbin/slurmd-wlm"  # a regular file (usr/sbin/slurmd is an alternatives link)
 
 
 def _extract(archive: Path, member: str, dest: Path) -> str:
@@ -42,7 +45,10 @@ def test_build_records_its_keys(cached_build):
     assert manifest_mod.check(m) == []
     assert len(m["cache"]["build_key"]) == 64 and len(m["cache"]["layer_key"]) == 64
     layer = CACHE / "layers" / m["cache"]["layer_key"]
-    assert (layer / "layer.json").is_file() and (layer / "tree/usr/sbin/slurmd").is_file()
+    # lstat only: the tree's absolute symlinks (/usr/sbin/slurmd -> /etc/alternatives/...)
+    # point into the HOST's filesystem when followed from outside the image.
+    assert (layer / "layer.json").is_file()
+    assert stat.S_ISREG(os.lstat(layer / "tree" / SLURMD).st_mode)
 
 
 def test_no_change_rebuild_returns_the_published_build(cached_build, fixture_mirror,
@@ -83,14 +89,25 @@ def test_config_only_rebuild_reuses_the_layer_and_changes_only_the_config(
 def test_corrupted_layer_is_dropped_and_rebuilt(cached_build, fixture_mirror, pinned_versions):
     m0 = json.loads((OUT / "manifest.json").read_text())
     layer = CACHE / "layers" / m0["cache"]["layer_key"]
-    victim = layer / "tree/usr/sbin/slurmd"
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # same size, one byte changed
-    victim.write_bytes(bytes(data))
+    victim = layer / "tree" / SLURMD
+    # Never follow a link out of the tree: no linked parent, O_NOFOLLOW, a regular file.
+    for parent in victim.relative_to(layer).parents:
+        assert not (layer / parent).is_symlink(), parent
+    fd = os.open(victim, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        assert stat.S_ISREG(os.fstat(fd).st_mode)
+        size = os.fstat(fd).st_size
+        original = os.pread(fd, 1, size // 2)
+        os.pwrite(fd, bytes([original[0] ^ 0xFF]), size // 2)  # same size, one byte changed
+    finally:
+        os.close(fd)
     summary, _ = build_image(OUT, fixture_mirror, pinned_versions, "--force")
     m = json.loads((OUT / "manifest.json").read_text())
     assert summary["reused"] is False
     assert m["cache"]["layer_reused"] is False  # never used: rebuilt from the base
     assert "dropped, rebuilding" in (OUT / "build.log").read_text()
-    rebuilt = (layer / "tree/usr/sbin/slurmd").read_bytes()
-    assert rebuilt != bytes(data) and rebuilt[:4] == b"\x7fELF"
+    fd = os.open(victim, os.O_RDONLY | os.O_NOFOLLOW)  # the rebuilt layer's own file
+    try:
+        assert os.pread(fd, 1, size // 2) == original
+    finally:
+        os.close(fd)
