@@ -149,6 +149,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             s.on_cleanup("remove work tree", lambda: work.exists() and shutil.rmtree(work))
         store = cache.LayerStore(cache_dir, log=lambda msg: (logfile.write(msg + "\n"),
                                                              reporter("cache", msg)))
+        # An interrupted layer write (only this build's, under the lock) is no entry: drop it.
+        s.on_cleanup("drop an unfinished layer", store.drop_unfinished)
         phases = Phases(reporter)
         logfile.write(f"nodeforge {__version__} build {name} target={opts.target} "
                       f"base={inp.base.name}\n")
