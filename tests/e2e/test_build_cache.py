@@ -75,7 +75,11 @@ def test_config_only_rebuild_reuses_the_layer_and_changes_only_the_config(
     assert manifest_mod.check(m) == []
     assert m["cache"]["layer_reused"] is True
     assert m["cache"]["layer_key"] == base["cache"]["layer_key"]
-    assert m["cache"]["reapplied"] == ["logrotate"]
+    # The var changes only logrotate; anything the module's own build re-applied over the
+    # same layer (node_agent, when the checkout changed since the layer was made) again.
+    before = base["cache"]["reapplied"]
+    assert isinstance(before, list) and "logrotate" not in before
+    assert sorted(m["cache"]["reapplied"]) == sorted([*before, "logrotate"])
     assert m["cache"]["build_key"] != base["cache"]["build_key"]
     assert m["packages"] == base["packages"]  # nothing installed or removed
     new = _extract(out / "rootfs.tar.zst", "etc/logrotate.d/nodeforge-slurm", tmp_path / "new")
