@@ -269,7 +269,9 @@ def _s3_client(hook: Hook):
     # Credentials: boto3's default chain only (on a node: the instance role through IMDSv2),
     # never params. The endpoint may be set by params (s3_endpoint_url, https or loopback).
     cfg = Config(connect_timeout=10, read_timeout=FETCH_TIMEOUT, retries={"max_attempts": 2})
-    return boto3.client("s3", endpoint_url=hook.s3_endpoint, config=cfg)
+    # A session of its own: boto3's module-level default session would cache credentials (and
+    # an endpoint) across hooks.
+    return boto3.session.Session().client("s3", endpoint_url=hook.s3_endpoint, config=cfg)
 
 
 def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
