@@ -84,10 +84,7 @@ def run(
     *redact* lists substrings (secrets) that must never reach a log line.
     """
     args = [str(a) for a in argv]
-    shown = _fmt(args)
-    for secret in redact:
-        if secret:
-            shown = shown.replace(secret, "***")
+    shown = _redact(_fmt(args), redact)
     log.debug("run: %s", shown)
     full_env = None
     if env is not None:
@@ -111,16 +108,24 @@ def run(
         out = exc.output or ""
         if isinstance(out, bytes):
             out = out.decode(errors="replace")
-        raise CommandError(args, -1, out, hint=f"timed out after {timeout}s. {hint}".strip()) from exc
+        err = CommandError([shown], -1, _redact(out, redact),
+                           hint=f"timed out after {timeout}s. {hint}".strip())
+        if redact:  # the cause holds the raw argv and output: do not chain it
+            raise err from None
+        raise err from exc
     if check and cp.returncode != 0:
         out = cp.stdout if capture else ""
         if isinstance(out, bytes):
             out = out.decode(errors="replace")
-        for secret in redact:
-            if secret and out:
-                out = out.replace(secret, "***")
-        raise CommandError([shown], cp.returncode, out or "", hint=hint)
+        raise CommandError([shown], cp.returncode, _redact(out or "", redact), hint=hint)
     return cp
+
+
+def _redact(text: str, secrets: Sequence[str]) -> str:
+    """*text* with every secret (longest first, so a prefix cannot leave a tail) as ***."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def stream(

@@ -13,9 +13,9 @@ import pytest
 boto3 = pytest.importorskip("boto3", reason="dev extra: pip install -e '.[dev]' (boto3, moto)")
 moto_server = pytest.importorskip("moto.server", reason="dev extra: moto[server]")
 
-from nodeforge.bootstrap.hooks import HookEnv, Runner, discover  # noqa: E402
-from nodeforge.bootstrap.params import ParamsError, parse_params  # noqa: E402
-from nodeforge.bootstrap.paths import Paths  # noqa: E402
+from nodeforge.bootstrap.hooks import HookEnv, Runner, discover
+from nodeforge.bootstrap.params import ParamsError, parse_params
+from nodeforge.bootstrap.paths import Paths
 
 pytestmark = pytest.mark.unit
 
