@@ -583,6 +583,9 @@ class _Reaper(_Box):
         import time
 
         try:
+            proc.poll()
+            if not self._tree(proc):
+                return  # the common case: nothing left (one /proc scan, not five)
             for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, 10.0)):
                 pids = [p for p in self._tree(proc) if p != proc.pid or proc.returncode is None]
                 for pid in pids:
