@@ -6,6 +6,7 @@ and the tail of the output, so the operator never has to re-run with "verbose" t
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -376,11 +377,30 @@ _SYSTEMD_RUN = "/run/systemd/system"  # exists when systemd is PID 1 (sd_booted)
 
 def containment() -> str:
     """The strongest containment this process can use: scope, cgroup or subreaper."""
-    if os.path.isdir(_SYSTEMD_RUN) and shutil.which("systemd-run") and shutil.which("systemctl"):
+    if os.path.isdir(_SYSTEMD_RUN) and _scope_works():
         return "scope"
     if _cgroup_base() is not None:
         return "cgroup"
     return "subreaper"
+
+
+@functools.cache
+def _scope_works() -> bool:
+    """systemd is PID 1 and answers `systemd-run --scope` (probed once per process: a failing
+    systemd-run would otherwise look like the hook failing)."""
+    if not (shutil.which("systemd-run") and shutil.which("systemctl")):
+        return False
+    try:
+        cp = subprocess.run(["systemd-run", "--scope", "--quiet", "--collect", "--", "true"],
+                            check=False, stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("systemd-run --scope unusable (%s); hooks use a cgroup or subreaper", exc)
+        return False
+    if cp.returncode != 0:
+        log.warning("systemd-run --scope failed (%s); hooks use a cgroup or subreaper",
+                    cp.stdout.strip()[-200:])
+    return cp.returncode == 0
 
 
 def _cgroup_base() -> Path | None:
