@@ -203,10 +203,11 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
     for name, _, h in hooks:
         if name in seen:
             raise HookError(
-                f"two hooks are named {name!r} ({seen[name]} and {h.origin}); give the extension "
+                f"two hooks are named {name!r} ({seen[name]} and "
+                f"{download.display_url(h.origin)}); give the extension "
                 "hook a distinct `name` in params"
             )
-        seen[name] = h.origin
+        seen[name] = download.display_url(h.origin) if h.origin != "baked" else "baked"
     hooks.sort(key=lambda t: (t[0], t[1]))
     return [h for _, _, h in hooks]
 

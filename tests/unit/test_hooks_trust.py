@@ -190,6 +190,8 @@ def test_refused_baked_hook_drains_with_reason(tmp_path):
     {"uri": "file:///opt/hooks/x", "name": ".."},
     {"uri": "file:///opt/hooks/.."},
     {"uri": "https://h.example/a/."},
+    {"uri": "file:///opt/hooks/x", "name": "x\n"},  # `$` in the params regex lets this by
+    {"uri": "file:///opt/hooks/x", "name": "a" * 129},
 ])
 def test_dot_names_refused(paths, spec):
     with pytest.raises((HookError, ParamsError), match=r"hooks\[0\]"):
@@ -291,3 +293,10 @@ def test_fetch_failure_reason_after_all_attempts(paths):
     assert res.status == "fetch-failed" and res.attempts == 2 and sleeps == [1]
     assert res.reason.startswith("hook 50-x.sh could not be fetched: DNS lookup failed")
     assert res.reason.endswith("after 2 attempts")
+
+
+def test_duplicate_name_message_hides_url_secrets(paths):
+    script(paths.on_init_d / "20-x", "true\n")
+    with pytest.raises(HookError, match="two hooks are named '20-x'") as ei:
+        discover(paths, params(hooks=["https://u:hunter2@h.example/20-x?sig=t0ken"]))
+    assert "hunter2" not in str(ei.value) and "t0ken" not in str(ei.value)
