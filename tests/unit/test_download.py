@@ -88,6 +88,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.flush()
             time.sleep(3)
+        elif p == "/hangup":  # closes without any response: http.client.RemoteDisconnected
+            self.close_connection = True
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
         elif p == "/bad-length":
             self.send_response(200)
             self.send_header("Content-Length", "12abc")
@@ -312,3 +316,11 @@ def test_policy_delay_is_bounded():
 def test_dest_path_type(tmp_path, server):
     base, _ = server
     assert isinstance(_dl(base + "/ok", tmp_path).path, Path)
+
+
+def test_connection_closed_without_response_is_retried(server, tmp_path):
+    base, counts = server
+    sleeps: list[float] = []
+    with pytest.raises(DownloadError, match=r"bad HTTP response \(RemoteDisconnected") as ei:
+        _dl(base + "/hangup", tmp_path, sleeps)
+    assert ei.value.retryable and counts["/hangup"] == 3 and sleeps == [1, 2]
