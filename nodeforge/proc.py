@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -296,7 +297,7 @@ def run_group(
     else:
         full_env = dict(os.environ)
         full_env.update(env or {})
-    box = _Box.make(kind, contain or "", grace)
+    box = _Box.make(kind, contain or "", grace, timeout)
     start = time.monotonic()
     copier = None
     try:
@@ -384,14 +385,37 @@ def containment() -> str:
     return "subreaper"
 
 
+def _own_unit() -> str | None:
+    """The systemd service this process runs in (nodeforge-init.service on a node), if any."""
+    try:
+        text = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        last = line.rsplit("/", 1)[-1]
+        if re.fullmatch(r"[A-Za-z0-9:_.@-]+\.service", last):
+            return last
+    return None
+
+
+def _scope_properties(grace: float, runtime_max: int) -> list[str]:
+    props = [f"--property=TimeoutStopSec={max(1, int(grace))}s",
+             f"--property=RuntimeMaxSec={runtime_max}s"]
+    unit = _own_unit()
+    if unit:
+        props.append(f"--property=PartOf={unit}")
+    return props
+
+
 @functools.cache
 def _scope_works() -> bool:
-    """systemd is PID 1 and answers `systemd-run --scope` (probed once per process: a failing
-    systemd-run would otherwise look like the hook failing)."""
+    """systemd is PID 1 and answers `systemd-run --scope` with the properties we use (probed
+    once per process: a failing systemd-run would otherwise look like the hook failing)."""
     if not (shutil.which("systemd-run") and shutil.which("systemctl")):
         return False
     try:
-        cp = subprocess.run(["systemd-run", "--scope", "--quiet", "--collect", "--", "true"],
+        cp = subprocess.run(["systemd-run", "--scope", "--quiet", "--collect",
+                             *_scope_properties(1, 60), "--", "true"],
                             check=False, stdin=subprocess.DEVNULL, capture_output=True,
                             text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -430,17 +454,18 @@ class _Box:
 
     kind = "group"
 
-    def __init__(self, name: str, grace: float):
+    def __init__(self, name: str, grace: float, timeout: float = 0.0):
         import secrets
 
         safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)[:60] or "cmd"
         self.name = f"nodeforge-{safe}-{os.getpid()}-{secrets.token_hex(3)}"
         self.grace = grace
+        self.timeout = timeout
 
     @staticmethod
-    def make(kind: str, name: str, grace: float) -> _Box:
+    def make(kind: str, name: str, grace: float, timeout: float = 0.0) -> _Box:
         if kind == "scope":
-            return _Scope(name, grace)
+            return _Scope(name, grace, timeout)
         if kind == "cgroup":
             try:
                 return _Cgroup(name, grace)
@@ -470,9 +495,11 @@ class _Scope(_Box):
     kind = "scope"
 
     def wrap(self, argv: list[str]) -> list[str]:
+        # RuntimeMaxSec: systemd itself ends the scope even if we die (SIGKILL) meanwhile;
+        # PartOf: stopping the agent's unit stops the hook too (the scope is not inside it).
+        limit = int(self.timeout + 2 * self.grace) + 30
         return [require_tool("systemd-run"), "--scope", "--quiet", "--collect",
-                f"--unit={self.name}", f"--property=TimeoutStopSec={max(1, int(self.grace))}s",
-                "--", *argv]
+                f"--unit={self.name}", *_scope_properties(self.grace, limit), "--", *argv]
 
     def alive(self, proc: subprocess.Popen) -> bool:
         cp = subprocess.run(["systemctl", "is-active", "--quiet", f"{self.name}.scope"],

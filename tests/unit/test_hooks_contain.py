@@ -119,3 +119,18 @@ def test_output_under_the_cap_is_whole(tmp_path):
 def test_containment_is_reported():
     assert proc.containment() in ("scope", "cgroup", "subreaper")
     assert os.path.isdir("/run/systemd/system") == (proc.containment() == "scope")
+
+
+def test_scope_command_bounds_runtime_and_follows_the_agent_unit(monkeypatch):
+    """The scope argv (run for real in the e2e tier, where systemd is PID 1): systemd itself
+    ends the scope after timeout + 2*grace + 30 s even if the agent was SIGKILLed, and stopping
+    the agent's unit stops the hook."""
+    monkeypatch.setattr(proc, "require_tool", lambda t: f"/usr/bin/{t}")
+    monkeypatch.setattr(proc, "_own_unit", lambda: "nodeforge-init.service")
+    box = proc._Box.make("scope", "hook-10-x", 5, 600)
+    argv = box.wrap(["/etc/nodeforge/on-init.d/10-x"])
+    assert argv[:4] == ["/usr/bin/systemd-run", "--scope", "--quiet", "--collect"]
+    assert argv[4].startswith("--unit=nodeforge-hook-10-x-")
+    assert argv[5:] == ["--property=TimeoutStopSec=5s", "--property=RuntimeMaxSec=640s",
+                        "--property=PartOf=nodeforge-init.service", "--",
+                        "/etc/nodeforge/on-init.d/10-x"]
