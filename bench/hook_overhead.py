@@ -26,9 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodeforge import proc
 from nodeforge.bootstrap.hooks import Hook, HookEnv, Runner
 from nodeforge.bootstrap.paths import Paths
+
+from nodeforge import proc
 
 
 def _available() -> list[str]:
@@ -40,7 +41,7 @@ def _available() -> list[str]:
     return modes + ["full"]
 
 
-def _one(mode: str, runner: Runner, hook: Hook, out) -> float:  # noqa: ANN001
+def _one(mode: str, runner: Runner, hook: Hook, out) -> float:
     t = time.perf_counter()
     if mode == "full":
         res = runner.run_one(hook)

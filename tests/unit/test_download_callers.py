@@ -8,12 +8,12 @@ import http.server
 import threading
 
 import pytest
-
-from nodeforge import download
 from nodeforge.bootstrap import params_sources
 from nodeforge.bootstrap.params import ParamsError
 from nodeforge.bootstrap.params_sources import SourceConfig, load_params
 from nodeforge.bootstrap.paths import Paths
+
+from nodeforge import download
 
 pytestmark = pytest.mark.unit
 

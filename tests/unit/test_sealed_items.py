@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from nodeforge.images import scan, seal, sealed_items
 
 from nodeforge.errors import NodeforgeError
-from nodeforge.images import scan, seal, sealed_items
 
 pytestmark = pytest.mark.unit
 
