@@ -242,7 +242,11 @@ class Agent:
 
     def _hooks(self) -> dict:
         p = self.params
-        hooks = hooks_mod.discover(self.paths, p)
+        try:
+            hooks = hooks_mod.discover(self.paths, p)
+        except hooks_mod.HookError as exc:  # a refused hook: none runs, the reason drains
+            self._fail("hooks", str(exc), reason=str(exc).splitlines()[0])
+            raise StepFailed(f"step hooks failed: {exc}") from exc
         controller_name = p.controller.target if p.role != "controller" else self.node
         results: list[dict[str, Any]] = []
 
@@ -271,6 +275,7 @@ class Agent:
             backoff_max=p.hook_backoff_max,
             grace=self.hook_grace,
             on_result=record,
+            output_max=p.hook_output_max,
         )
         report = runner.run_all(hooks)
         failure = report.failure

@@ -2,43 +2,68 @@
 
 Contract (extensions/README.md is the operator-facing copy):
 - Order: all hooks sorted lexically by name (baked file name, or the extension's `name` /
-  last URI segment); on a tie the baked one runs first. Names must be unique.
-- Extension scripts are fetched (file://, http(s)://, s3:// with boto3) into
-  /var/lib/nodeforge/hooks/, their sha256 checked BEFORE anything runs; a mismatch is refused.
-- Each attempt runs in its own process group with a timeout; on timeout the whole group gets
-  SIGTERM then SIGKILL. Anything left in the group when the hook exits is stopped too.
-- Retries with exponential backoff (hook_backoff · 2^(n-1), capped at hook_backoff_max).
+  last URI segment); on a tie the baked one runs first. Names must be unique, never `.`/`..`.
+- Trust: a baked hook must be a regular file owned by root and not group/world-writable, in a
+  directory that is the same; a symlink may only point inside on-init.d. A remote extension
+  must come over https (or s3) or carry a sha256. Anything else is refused before ANY hook
+  runs, and the reason drains the node.
+- Extension scripts are fetched (file://, http(s)://, s3://) through nodeforge.download into
+  /var/lib/nodeforge/hooks/, checked (sha256, Content-Length) BEFORE they are renamed into
+  place; a mismatch is refused. An S3 prefix + script (HyperPod's SourceS3Uri + OnCreate) is
+  synced to /var/lib/nodeforge/hooks/<name>.d/ and the script runs there, with its siblings.
+- Each attempt runs in its own transient systemd scope (or cgroup, or subreaper sweep, see
+  nodeforge.proc.containment); when it exits or times out, EVERYTHING it started is stopped,
+  setsid daemons included. A hook that needs a long-lived service installs a unit.
+- A fetch failure is a failed attempt: retried with the same backoff (hook_backoff · 2^(n-1),
+  capped at hook_backoff_max).
 - Environment: NODEFORGE_ROLE/CLUSTER/NODE/CONTROLLER/PARAMS (+ HOOK, ATTEMPT, LOG_DIR).
-- Output of every attempt goes to /var/log/nodeforge/hooks/<name>.log with a header line.
+- Output of every attempt goes to /var/log/nodeforge/hooks/<name>.log with a header line,
+  capped per attempt (hook_output_max: head and tail kept, a marker says what was dropped).
 - The first hook that fails for good stops the run; its reason drains the node.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
+import shutil
 import signal
+import stat
+import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeforge import proc
+from nodeforge import download, proc
 from nodeforge.errors import NodeforgeError
 
-from .host import write_atomic
 from .params import Params
 from .paths import Paths
 
 log = logging.getLogger("nodeforge.hooks")
 
-_NAME_OK = re.compile(r"^[A-Za-z0-9_.-]+$")
+_NAME_OK = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_S3_KEY_PART = re.compile(r"[A-Za-z0-9_.+=@,-]{1,255}")
 _SKIP_SUFFIXES = (".dpkg-old", ".dpkg-new", ".dpkg-dist", ".disabled", "~", ".swp", ".md")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+FETCH_TIMEOUT = 60.0  # seconds without a byte
+FETCH_DEADLINE = 600.0  # one whole fetch
+MAX_SCRIPT_BYTES = 64 << 20
+MAX_PREFIX_OBJECTS = 1000
+MAX_PREFIX_BYTES = 1 << 30
+
+
+class Status:
+    """HookResult.status values."""
+
+    OK = "ok"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    SIGNAL = "signal"
+    REFUSED = "refused"  # sha256 mismatch: never run, never retried
+    FETCH_FAILED = "fetch-failed"
 
 
 @dataclass(frozen=True)
@@ -49,12 +74,14 @@ class Hook:
     retries: int
     origin: str  # "baked" or the URI
     sha256: str | None = None
+    script: str | None = None  # origin is an S3 prefix; run this file of it
+    s3_endpoint: str | None = None
 
 
 @dataclass
 class HookResult:
     name: str
-    status: str  # ok | failed | timeout | signal | refused | fetch-failed
+    status: str  # a Status value
     attempts: int = 0
     exit_code: int | None = None
     signal: int | None = None
@@ -64,7 +91,7 @@ class HookResult:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
 
 @dataclass
@@ -93,47 +120,94 @@ class HookError(NodeforgeError):
     pass
 
 
+class ShaMismatch(HookError):
+    pass
+
+
+# -- discovery and trust ---------------------------------------------------------------------
+def _trusted_owner(uid: int) -> bool:
+    # root; or the user running the agent (root on a node; the tester in unit tests): a file
+    # only that user can write gives it nothing it does not have.
+    return uid in (0, os.geteuid())
+
+
+def _check_owner_mode(st: os.stat_result, what: str, path: Path) -> None:
+    if not _trusted_owner(st.st_uid):
+        raise HookError(f"{what}: {path} is owned by uid {st.st_uid}, not root; refused "
+                        f"(chown root:root {path})")
+    if st.st_mode & 0o022:
+        raise HookError(f"{what}: {path} is group- or world-writable (mode "
+                        f"{stat.S_IMODE(st.st_mode):04o}); refused (chmod go-w {path})")
+
+
+def _baked(paths: Paths, params: Params) -> Iterator[Hook]:
+    d = paths.on_init_d
+    try:
+        dst = os.stat(d)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(dst.st_mode):
+        raise HookError(f"hooks: {d} is not a directory; refused")
+    _check_owner_mode(dst, "hooks", d)
+    real_dir = d.resolve()
+    for p in sorted(d.iterdir()):
+        if p.name.startswith(".") or p.name.endswith(_SKIP_SUFFIXES):
+            continue
+        what = f"hook {p.name} refused"
+        lst = os.lstat(p)
+        target = p
+        if stat.S_ISLNK(lst.st_mode):
+            target = p.resolve()
+            if target.parent != real_dir:
+                raise HookError(f"{what}: symlink to {target} points out of {d}")
+        try:
+            st = os.stat(target)
+        except FileNotFoundError:
+            raise HookError(f"{what}: dangling symlink to {target}") from None
+        if stat.S_ISDIR(st.st_mode):
+            continue  # like run-parts
+        if not stat.S_ISREG(st.st_mode):
+            raise HookError(f"{what}: {p} is not a regular file")
+        _check_owner_mode(st, what, target)
+        if not _NAME_OK.fullmatch(p.name):
+            raise HookError(f"{what}: {p.name!r} is not a file name (A-Z a-z 0-9 _ . -)")
+        if not os.access(target, os.X_OK):
+            log.warning("skipping %s: not executable (chmod +x to run it)", p)
+            continue
+        yield Hook(p.name, target, params.hook_timeout, params.hook_retries, "baked")
+
+
 def discover(paths: Paths, params: Params) -> list[Hook]:
-    """Baked + extension hooks in run order. Raises on duplicate or invalid names."""
-    hooks: list[tuple[str, int, Hook]] = []
-    if paths.on_init_d.is_dir():
-        for p in sorted(paths.on_init_d.iterdir()):
-            if not p.is_file() or p.name.startswith(".") or p.name.endswith(_SKIP_SUFFIXES):
-                continue
-            if not os.access(p, os.X_OK):
-                log.warning("skipping %s: not executable (chmod +x to run it)", p)
-                continue
-            hooks.append(
-                (p.name, 0, Hook(p.name, p, params.hook_timeout, params.hook_retries, "baked"))
-            )
+    """Baked + extension hooks in run order. Raises HookError (nothing runs) on any refusal."""
+    hooks: list[tuple[str, int, Hook]] = [(h.name, 0, h) for h in _baked(paths, params)]
     for i, spec in enumerate(params.hooks):
-        name = spec.name or _uri_name(spec.uri)
-        if not _NAME_OK.match(name):
+        name = spec.name or spec.script or _uri_name(spec.uri)
+        if name in (".", "..") or not _NAME_OK.fullmatch(name):
             raise HookError(
-                f"hooks[{i}].uri: cannot derive a file name from {spec.uri!r}; set hooks[{i}].name"
+                f"hooks[{i}]: cannot use {name!r} from {download.display_url(spec.uri)} as a "
+                f"hook name; set hooks[{i}].name (A-Z a-z 0-9 _ . -, not . or ..)"
             )
-        hooks.append(
-            (
-                name,
-                1,
-                Hook(
-                    name,
-                    None,
-                    spec.timeout if spec.timeout is not None else params.hook_timeout,
-                    spec.retries if spec.retries is not None else params.hook_retries,
-                    spec.uri,
-                    spec.sha256,
-                ),
+        scheme = spec.uri.split("://", 1)[0]
+        if scheme == "http" and spec.sha256 is None:
+            raise HookError(
+                f"hook {name} refused: {download.display_url(spec.uri)} is plain http without a "
+                f"sha256; serve it over https:// or set hooks[{i}].sha256 (sha256sum <script>)"
             )
-        )
+        hooks.append((name, 1, Hook(
+            name, None,
+            spec.timeout if spec.timeout is not None else params.hook_timeout,
+            spec.retries if spec.retries is not None else params.hook_retries,
+            spec.uri, spec.sha256, spec.script, params.s3_endpoint_url,
+        )))
     seen: dict[str, str] = {}
     for name, _, h in hooks:
         if name in seen:
             raise HookError(
-                f"two hooks are named {name!r} ({seen[name]} and {h.origin}); give the extension "
+                f"two hooks are named {name!r} ({seen[name]} and "
+                f"{download.display_url(h.origin)}); give the extension "
                 "hook a distinct `name` in params"
             )
-        seen[name] = h.origin
+        seen[name] = download.display_url(h.origin) if h.origin != "baked" else "baked"
     hooks.sort(key=lambda t: (t[0], t[1]))
     return [h for _, _, h in hooks]
 
@@ -144,59 +218,133 @@ def _uri_name(uri: str) -> str:
 
 
 # -- fetching ----------------------------------------------------------------------------------
-def fetch(hook: Hook, cache: Path, timeout: float = 60.0) -> Path:
-    """Bring an extension hook's script into *cache*, verify its sha256, make it executable."""
+_FETCH_POLICY = download.Policy(timeout=FETCH_TIMEOUT, deadline=FETCH_DEADLINE, attempts=1,
+                                max_bytes=MAX_SCRIPT_BYTES)  # the runner retries, with backoff
+
+
+def fetch(hook: Hook, cache: Path) -> Path:
+    """Bring an extension hook into *cache*, verified before it lands; return what to run.
+
+    Raises ShaMismatch (never run, not retried) or HookError (a failed attempt).
+    """
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     uri = hook.origin
-    dest = cache / hook.name
-    if uri.startswith("file://"):
-        src = Path(uri[len("file://") :])
-        try:
-            data = src.read_bytes()
-        except OSError as exc:
-            raise HookError(f"hook {hook.name}: cannot read {src}: {exc.strerror}") from exc
-    elif uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri, timeout=timeout) as r:
-                data = r.read()
-        except (urllib.error.URLError, OSError) as exc:
-            raise HookError(f"hook {hook.name}: cannot fetch {uri}: {exc}") from exc
-    elif uri.startswith("s3://"):
-        data = _fetch_s3(hook.name, uri)
-    else:  # parse_params already refuses other schemes
-        raise HookError(f"hook {hook.name}: unsupported URI {uri!r}")
-    if hook.sha256 is not None:
-        got = hashlib.sha256(data).hexdigest()
-        if got != hook.sha256:
-            raise ShaMismatch(
-                f"hook {hook.name}: sha256 mismatch for {uri}: expected {hook.sha256}, got {got}; "
-                "the script was NOT run. Fix hooks[].sha256 (sha256sum <script>) or the script"
-            )
-    write_atomic(dest, data, 0o700)
-    return dest
-
-
-class ShaMismatch(HookError):
-    pass
-
-
-def _fetch_s3(name: str, uri: str) -> bytes:
+    label = f"hook {hook.name}"
     try:
-        import boto3  # optional extra: pip install 'nodeforge[s3]' (or apt-get install python3-boto3)
+        if uri.startswith("s3://"):
+            if hook.script is not None:
+                return _sync_s3_prefix(hook, cache)
+            bucket, key = _s3_split(hook, uri)
+            return _s3_get(hook, _s3_client(hook), bucket, key, cache / hook.name, hook.sha256)
+        if uri.startswith(("file://", "http://", "https://")):
+            return download.fetch(uri, cache / hook.name, label=label, policy=_FETCH_POLICY,
+                                  sha256=hook.sha256, mode=0o700).path
+    except download.ChecksumMismatch as exc:
+        raise ShaMismatch(
+            f"hook {hook.name}: sha256 mismatch for {download.display_url(uri)}: expected "
+            f"{exc.expected}, got {exc.got}; the script was NOT run. Fix hooks[].sha256 "
+            "(sha256sum <script>) or the script"
+        ) from exc
+    except download.DownloadError as exc:
+        raise HookError(f"{label}: {exc.reason}") from exc
+    raise HookError(f"{label}: unsupported URI {download.display_url(uri)}")
+
+
+def _s3_split(hook: Hook, uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not bucket or (not key and hook.script is None):
+        raise HookError(f"hook {hook.name}: {uri!r} is not s3://bucket/key")
+    return bucket, key
+
+
+def _s3_client(hook: Hook):
+    try:
+        import boto3  # Debian python3-boto3 in the image; 'nodeforge[s3]' elsewhere
+        from botocore.config import Config
     except ImportError:
         raise HookError(
-            f"hook {name}: {uri} needs boto3, which is not installed; install it into the agent "
-            "(apt-get install python3-boto3, or /opt/nodeforge/bin/pip install 'nodeforge[s3]') "
-            "or serve the script over https:// instead"
+            f"hook {hook.name}: {hook.origin} needs boto3, which is not installed; install it "
+            "into the agent (apt-get install python3-boto3, or /opt/nodeforge/bin/pip install "
+            "'nodeforge[s3]') or serve the script over https:// instead"
         ) from None
-    bucket, _, key = uri[len("s3://") :].partition("/")
-    if not bucket or not key:
-        raise HookError(f"hook {name}: {uri!r} is not s3://bucket/key")
+    # Credentials: boto3's default chain only (on a node: the instance role through IMDSv2),
+    # never params. The endpoint may be set by params (s3_endpoint_url, https or loopback).
+    cfg = Config(connect_timeout=10, read_timeout=FETCH_TIMEOUT, retries={"max_attempts": 2})
+    # A session of its own: boto3's module-level default session would cache credentials (and
+    # an endpoint) across hooks.
+    return boto3.session.Session().client("s3", endpoint_url=hook.s3_endpoint, config=cfg)
+
+
+def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
+    return HookError(f"hook {hook.name}: cannot fetch {what}: {type(exc).__name__}: {exc}")
+
+
+def _s3_get(hook: Hook, client, bucket: str, key: str, dest: Path,
+            sha256: str | None) -> Path:
+    uri = f"s3://{bucket}/{key}"
     try:
-        obj = boto3.client("s3").get_object(Bucket=bucket, Key=key)
-        return obj["Body"].read()
-    except Exception as exc:  # botocore errors are many; report them all the same way
-        raise HookError(f"hook {name}: cannot fetch {uri}: {exc}") from exc
+        obj = client.get_object(Bucket=bucket, Key=key)
+        body = obj["Body"]
+        length = obj.get("ContentLength")
+        chunks = iter(lambda: body.read(download.CHUNK), b"")
+        return download.save(chunks, dest, label=f"hook {hook.name}", url=uri,
+                             expected_length=length, sha256=sha256, mode=0o700,
+                             max_bytes=MAX_SCRIPT_BYTES,
+                             deadline=time.monotonic() + FETCH_DEADLINE).path
+    except download.DownloadError:
+        raise
+    except Exception as exc:  # botocore's errors are many; each is a failed attempt
+        raise _s3_error(hook, uri, exc) from exc
+
+
+def _sync_s3_prefix(hook: Hook, cache: Path) -> Path:
+    """HyperPod's shape: every object under the prefix into <cache>/<name>.d/, then the script.
+
+    The new copy is built beside the old one and swapped in whole, so a failed sync never leaves
+    a mix of two versions. Keys are checked part by part: no `..`, no absolute paths."""
+    bucket, prefix = _s3_split(hook, hook.origin)
+    client = _s3_client(hook)
+    final = cache / f"{hook.name}.d"
+    work = Path(tempfile.mkdtemp(dir=cache, prefix=f".{hook.name}.d."))
+    try:
+        total = count = 0
+        try:
+            pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            objects = [o for page in pages for o in page.get("Contents", [])]
+        except Exception as exc:
+            raise _s3_error(hook, hook.origin, exc) from exc
+        for o in objects:
+            rel = o["Key"][len(prefix):]
+            if not rel or rel.endswith("/"):
+                continue  # the "folder" marker objects consoles create
+            parts = rel.split("/")
+            if any(p in (".", "..") or not _S3_KEY_PART.fullmatch(p) for p in parts):
+                raise HookError(f"hook {hook.name}: s3://{bucket}/{o['Key']}: key {rel!r} is not "
+                                "a safe relative path; refused")
+            count += 1
+            total += int(o.get("Size", 0))
+            if count > MAX_PREFIX_OBJECTS or total > MAX_PREFIX_BYTES:
+                raise HookError(f"hook {hook.name}: {hook.origin} holds more than "
+                                f"{MAX_PREFIX_OBJECTS} objects or {MAX_PREFIX_BYTES} bytes")
+            dest = work.joinpath(*parts)
+            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _s3_get(hook, client, bucket, o["Key"], dest,
+                    hook.sha256 if rel == hook.script else None)
+        script = work / str(hook.script)
+        if not script.is_file():
+            raise HookError(f"hook {hook.name}: {hook.origin} has no {hook.script!r} (found "
+                            f"{count} objects)")
+        old = cache / f".{hook.name}.d.old"
+        if old.exists():
+            shutil.rmtree(old)
+        if final.exists():
+            final.rename(old)
+        work.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        return final / str(hook.script)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -209,6 +357,7 @@ class Runner:
     backoff_max: float = 60.0
     grace: float = 5.0  # SIGTERM -> SIGKILL
     on_result: Callable[[HookResult], None] | None = None
+    output_max: int = 1 << 20  # bytes of output kept per attempt
 
     def delay(self, attempt: int) -> float:
         """Wait before retry number *attempt* (1-based): backoff · 2^(attempt-1), capped."""
@@ -229,58 +378,46 @@ class Runner:
         logdir = self.paths.hooks_log_dir
         logdir.mkdir(parents=True, exist_ok=True)
         logpath = logdir / f"{hook.name}.log"
-        res = HookResult(hook.name, "ok", log=str(logpath))
+        res = HookResult(hook.name, Status.OK, log=str(logpath))
         start = time.monotonic()
-        path = hook.path
-        if path is None:
-            try:
-                path = fetch(hook, self.paths.hook_cache)
-            except ShaMismatch as exc:
-                _append(logpath, f"=== {hook.name}: REFUSED: {exc}\n")
-                res.status, res.reason = "refused", f"hook {hook.name} sha256 mismatch (not run)"
-                res.duration = time.monotonic() - start
-                return res
-            except HookError as exc:
-                _append(logpath, f"=== {hook.name}: FETCH FAILED: {exc}\n")
-                res.status, res.reason = "fetch-failed", f"hook {hook.name} could not be fetched"
-                res.duration = time.monotonic() - start
-                return res
         attempts = hook.retries + 1
         for attempt in range(1, attempts + 1):
             res.attempts = attempt
-            with open(logpath, "a") as out:
-                out.write(
-                    f"=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {hook.name} attempt {attempt}/"
-                    f"{attempts} (timeout {hook.timeout:g}s) {path}\n"
-                )
-                out.flush()
-                gr = proc.run_group(
-                    [str(path)],
-                    timeout=hook.timeout,
-                    output=out,
-                    env=self._env(hook, attempt),
-                    replace_env=True,
-                    cwd="/",
-                    grace=self.grace,
-                )
-                out.write(
-                    f"=== {hook.name} attempt {attempt}: {_describe(gr, hook.timeout)} "
-                    f"after {gr.duration:.1f}s\n"
-                )
+            res.exit_code = res.signal = None
+            path = hook.path
+            if path is None:
+                try:
+                    path = fetch(hook, self.paths.hook_cache)
+                except ShaMismatch as exc:
+                    _append(logpath, f"=== {hook.name}: REFUSED: {exc}\n")
+                    res.status = Status.REFUSED
+                    res.reason = f"hook {hook.name} sha256 mismatch (not run)"
+                    res.duration = time.monotonic() - start
+                    return res
+                except HookError as exc:
+                    _append(logpath, f"=== {_now()} {hook.name} attempt {attempt}/{attempts}: "
+                            f"FETCH FAILED: {exc}\n")
+                    res.status = Status.FETCH_FAILED
+                    why = str(exc).removeprefix(f"hook {hook.name}: ").splitlines()[0]
+                    res.reason = f"hook {hook.name} could not be fetched: {why}"
+                    if attempt < attempts:
+                        self.sleep(self.delay(attempt))
+                    continue
+            gr = self._attempt(hook, path, attempt, attempts, logpath)
             res.duration = time.monotonic() - start
             if gr.returncode == 0 and not gr.timed_out:
-                res.status, res.exit_code, res.reason = "ok", 0, ""
+                res.status, res.exit_code, res.reason = Status.OK, 0, ""
                 return res
             res.exit_code = gr.returncode if gr.returncode >= 0 else None
             res.signal = gr.signal
             if gr.timed_out:
-                res.status = "timeout"
+                res.status = Status.TIMEOUT
                 res.reason = f"hook {hook.name} timed out after {hook.timeout:g}s"
             elif gr.signal is not None:
-                res.status = "signal"
+                res.status = Status.SIGNAL
                 res.reason = f"hook {hook.name} killed by signal {_signame(gr.signal)}"
             else:
-                res.status = "failed"
+                res.status = Status.FAILED
                 res.reason = f"hook {hook.name} failed (exit {gr.returncode})"
             if attempt < attempts:
                 self.sleep(self.delay(attempt))
@@ -288,6 +425,35 @@ class Runner:
             res.reason += f" after {attempts} attempts"
         res.duration = time.monotonic() - start
         return res
+
+    def _attempt(self, hook: Hook, path: Path, attempt: int, attempts: int,
+                 logpath: Path) -> proc.GroupResult:
+        # An S3 prefix hook runs in its synced directory (lifecycle scripts use ./siblings).
+        cwd = str(path.parent) if hook.script is not None else "/"
+        with open(logpath, "a") as out:
+            out.write(f"=== {_now()} {hook.name} attempt {attempt}/{attempts} "
+                      f"(timeout {hook.timeout:g}s) {path}\n")
+            out.flush()
+            gr = proc.run_group(
+                [str(path)],
+                timeout=hook.timeout,
+                output=out,
+                env=self._env(hook, attempt),
+                replace_env=True,
+                cwd=cwd,
+                grace=self.grace,
+                contain=f"hook-{hook.name}",
+                output_cap=self.output_max,
+            )
+            extra = ""
+            if gr.dropped:
+                extra += f"; {gr.dropped} bytes of output dropped (hook_output_max)"
+            if gr.leftovers and not gr.timed_out:
+                extra += (f"; processes it left running were stopped ({gr.containment}): "
+                          "install a systemd unit for a long-lived service")
+            out.write(f"=== {hook.name} attempt {attempt}: {_describe(gr, hook.timeout)} "
+                      f"after {gr.duration:.1f}s{extra}\n")
+        return gr
 
     def _env(self, hook: Hook, attempt: int) -> dict[str, str]:
         e = self.env
@@ -311,9 +477,13 @@ class Runner:
         }
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
 def _describe(gr: proc.GroupResult, timeout: float) -> str:
     if gr.timed_out:
-        return f"TIMED OUT after {timeout:g}s (process group killed)"
+        return f"TIMED OUT after {timeout:g}s (everything it started was stopped)"
     if gr.signal is not None:
         return f"killed by signal {_signame(gr.signal)}"
     return f"exit {gr.returncode}"

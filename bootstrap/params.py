@@ -54,6 +54,7 @@ class HookSpec:
     timeout: float | None = None  # None: Params.hook_timeout
     retries: int | None = None  # None: Params.hook_retries
     name: str | None = None  # None: the last path segment of uri
+    script: str | None = None  # uri is an S3 prefix (ends in /): synced, this file runs there
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class Params:
     hook_retries: int = 2
     hook_backoff: float = 2.0  # first retry delay, doubled each time
     hook_backoff_max: float = 60.0
+    hook_output_max: int = 1 << 20  # bytes of output kept per attempt (head + tail)
+    s3_endpoint_url: str | None = None  # None: AWS's regional endpoint (boto3's default)
     wait_timeout: float = 300.0  # bound for every "wait for X to answer"
     users_keypair: UsersKeypair | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -173,7 +176,7 @@ _TOP = {
     "role", "cluster_name", "controller", "node_name", "node_address", "munge_key", "munge_key_file", "features",
     "gres", "gres_types", "cpus", "real_memory", "partitions", "max_node_count", "accounting", "docker", "hooks",
     "hook_timeout", "hook_retries", "hook_backoff", "hook_backoff_max", "wait_timeout",
-    "users_keypair", "extra",
+    "users_keypair", "extra", "hook_output_max", "s3_endpoint_url",
 }  # fmt: skip
 
 
@@ -248,6 +251,10 @@ def parse_params(data: Any, source: str) -> Params:
             kw[k] = v.number(d[k], k)
     if "hook_retries" in d:
         kw["hook_retries"] = v.integer(d["hook_retries"], "hook_retries", 0, 20)
+    if "hook_output_max" in d:
+        kw["hook_output_max"] = v.integer(d["hook_output_max"], "hook_output_max", 4096, 64 << 20)
+    if d.get("s3_endpoint_url") is not None:
+        kw["s3_endpoint_url"] = _s3_endpoint(v, d["s3_endpoint_url"])
     if d.get("users_keypair") is not None:
         kp = v.mapping(d["users_keypair"], "users_keypair")
         v.unknown(kp, {"public", "private"}, "users_keypair")
@@ -337,7 +344,7 @@ def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
         if isinstance(h, str):
             h = {"uri": h}
         h = v.mapping(h, path)
-        v.unknown(h, {"uri", "sha256", "timeout", "retries", "name"}, path)
+        v.unknown(h, {"uri", "sha256", "timeout", "retries", "name", "script"}, path)
         uri = v.string(h.get("uri"), f"{path}.uri")
         scheme = uri.split("://", 1)[0] if "://" in uri else ""
         if scheme not in _HOOK_SCHEMES:
@@ -364,5 +371,36 @@ def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
             name = v.string(
                 h["name"], f"{path}.name", re.compile(r"^[A-Za-z0-9_.-]+$"), "a file name"
             )
-        out.append(HookSpec(uri, sha, timeout, retries, name))
+        script = None
+        if h.get("script") is not None:
+            script = v.string(h["script"], f"{path}.script")
+            if not _FILE_NAME.fullmatch(script) or script in (".", ".."):
+                v.fail(f"{path}.script", f"{script!r} is not a file name (A-Z a-z 0-9 _ . -)")
+            if scheme != "s3" or not uri.endswith("/"):
+                v.fail(f"{path}.script", "only with an s3:// prefix uri ending in / (HyperPod's "
+                       "SourceS3Uri + OnCreate shape)")
+        elif uri.endswith("/"):
+            v.fail(f"{path}.script", f"{uri!r} is a prefix; name the script to run in it")
+        out.append(HookSpec(uri, sha, timeout, retries, name, script))
     return tuple(out)
+
+
+_FILE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_ENDPOINT = re.compile(r"(https?)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?/?")
+
+
+def _s3_endpoint(v: _V, raw: Any) -> str:
+    """https://host[:port], or http:// to this machine only (a local S3 server)."""
+    import ipaddress
+
+    url = v.string(raw, "s3_endpoint_url")
+    m = _ENDPOINT.fullmatch(url)
+    if m is None:
+        v.fail("s3_endpoint_url", f"{url!r} is not https://host[:port]")
+    host = m.group(2).strip("[]")
+    if m.group(1) == "http" and host != "localhost" and not (
+        _looks_like_ip(host) and ipaddress.ip_address(host).is_loopback
+    ):
+        v.fail("s3_endpoint_url", f"{url!r}: plain http:// is only accepted to this machine "
+               "(127.0.0.1, ::1, localhost); use https://")
+    return url.rstrip("/")

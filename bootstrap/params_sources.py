@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from nodeforge import download
 from nodeforge.errors import NodeforgeError
 
 from .params import Params, ParamsError, parse_params
@@ -148,19 +149,21 @@ def _from_cmdline(cfg: SourceConfig) -> Loaded | None:
     return Loaded(parse_params(data, label), "cmdline")
 
 
-def _fetch_text(url: str, label: str, timeout: float = 10.0) -> str:
-    if url.startswith("file://"):
-        try:
-            return Path(url[len("file://") :]).read_text()
-        except OSError as exc:
-            raise ParamsError(f"{label}: cannot read {url}: {exc.strerror}") from exc
-    if url.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
-                return r.read().decode()
-        except (urllib.error.URLError, OSError) as exc:
-            raise ParamsError(f"{label}: cannot fetch {url}: {exc}") from exc
-    raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
+# A params document is small; a bigger body is not one. Retries heal a network that is still
+# coming up at boot (1 s, then 2 s).
+PARAMS_URL_POLICY = download.Policy(timeout=10.0, deadline=60.0, attempts=3, backoff=1.0,
+                                    max_bytes=1 << 20)
+
+
+def _fetch_text(url: str, label: str) -> str:
+    if not url.startswith(("file://", "http://", "https://")):
+        raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
+    try:
+        return download.fetch_bytes(url, label=label, policy=PARAMS_URL_POLICY).decode()
+    except download.DownloadError as exc:
+        raise ParamsError(str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise ParamsError(f"{label}: {download.display_url(url)}: not UTF-8 text") from exc
 
 
 # -- 3. cloud-init / EC2 user-data ---------------------------------------------------------------

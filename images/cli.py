@@ -75,6 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--artifact-mirror", metavar="DIR|URL")
     s.add_argument("--versions-file", type=Path)
     s.add_argument("--only-missing", action="store_true", help="only artifacts without a sha256")
+    s.add_argument("--arch", metavar="ARCH",
+                   help="pin only this architecture's artifacts (what the mirror holds); the "
+                        "other architectures stay unpinned")
     s.set_defaults(func=cmd_versions_lock)
 
 
@@ -169,13 +172,37 @@ def cmd_versions_show(args: argparse.Namespace) -> int:
 
 
 def cmd_versions_lock(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
     from . import versions
 
     v = versions.load(args.versions_file)
-    res = versions.lock(v, mirror=args.artifact_mirror, only_missing=args.only_missing)
+    err = Console(stderr=True, highlight=False)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn(), console=err, transient=True,
+                   disable=not err.is_terminal)
+
+    def progress(art: versions.Artifact):
+        task = bar.add_task(f"{art.file} ({art.arch})", total=None)
+
+        def update(done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return update
+
+    with bar:
+        res = versions.lock(v, mirror=args.artifact_mirror, only_missing=args.only_missing,
+                            arch=args.arch, progress=progress)
     for url, sha in res.items():
         print(f"{sha}  {url}")
     print(f"pinned {len(res)} artifacts in {v.path}", file=sys.stderr)
+    left = [a for a in versions.load(v.path).all_artifacts() if not a.pinned]
+    if left:
+        print(f"still unpinned ({len(left)}): "
+              + ", ".join(f"{a.name} [{a.arch}]" for a in left)
+              + "; pin them with 'nodeforge versions lock --arch ARCH' from a mirror that "
+                "holds them", file=sys.stderr)
     return 0
 
 

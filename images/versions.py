@@ -11,22 +11,23 @@ import hashlib
 import logging
 import os
 import re
-import shutil
 import tempfile
-import urllib.error
-import urllib.request
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from nodeforge import download
 from nodeforge.errors import NodeforgeError
 
 log = logging.getLogger("nodeforge.versions")
 
 VERSIONS_FILE = Path(__file__).with_name("versions.yaml")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-DOWNLOAD_TIMEOUT = 60.0
+# 60 s without a byte is a dead connection; 3 tries with 2, 4 s between them.
+DOWNLOAD_POLICY = download.Policy(timeout=60.0, deadline=6 * 3600.0, attempts=3, backoff=2.0)
 
 
 @dataclass(frozen=True)
@@ -163,32 +164,48 @@ def _source(art: Artifact, mirror: str | None) -> str:
     return str(Path(mirror) / art.file)
 
 
-def _download(src: str, dest: Path, art: Artifact, mirror: str | None) -> None:
+def _label(art: Artifact) -> str:
+    return f"artifact {art.name} ({art.component} {art.version})"
+
+
+def _download(
+    src: str,
+    dest: Path,
+    art: Artifact,
+    mirror: str | None,
+    *,
+    sha256: str | None = None,
+    progress: download.Progress | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Fetch *src* to *dest* through nodeforge.download (checked before the rename). Returns sha256."""
     hint = (
         "serve it from a local copy with --artifact-mirror DIR|URL (the mirror must hold "
         f"'{art.file}')"
     )
-    tmp = dest.with_name(f".{dest.name}.part")
     try:
         if "://" not in src:
             if not Path(src).is_file():
                 raise NodeforgeError(
-                    f"artifact {art.name} ({art.component} {art.version}): '{art.file}' is not "
-                    f"in the mirror directory {mirror}; copy it there or fix --artifact-mirror"
+                    f"{_label(art)}: '{art.file}' is not in the mirror directory {mirror}; copy "
+                    "it there or fix --artifact-mirror"
                 )
-            shutil.copyfile(src, tmp)
-        else:
-            log.info("download %s", src)
-            req = urllib.request.Request(src, headers={"User-Agent": "nodeforge"})
-            with urllib.request.urlopen(req, timeout=DOWNLOAD_TIMEOUT) as resp, open(tmp, "wb") as fh:
-                shutil.copyfileobj(resp, fh)
-        os.replace(tmp, dest)
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        tmp.unlink(missing_ok=True)
-        reason = getattr(exc, "reason", None) or exc
+            return download.copy_file(Path(src), dest, label=_label(art), sha256=sha256,
+                                      progress=progress).sha256
+        log.info("download %s", download.display_url(src))
+        return download.fetch(src, dest, label=_label(art), policy=DOWNLOAD_POLICY,
+                              sha256=sha256, progress=progress, sleep=sleep).sha256
+    except download.ChecksumMismatch as exc:
         raise NodeforgeError(
-            f"download of artifact {art.name} ({art.component} {art.version}) from {src} "
-            f"failed: {reason}; {hint}"
+            f"checksum mismatch for artifact {art.name} ({art.file}) from "
+            f"{download.display_url(src)}: expected {exc.expected}, got {exc.got}. The file is "
+            "not the pinned release: fix the mirror (--artifact-mirror) or, if the release was "
+            "re-published on purpose, re-pin it with 'nodeforge versions lock'."
+        ) from exc
+    except download.DownloadError as exc:
+        raise NodeforgeError(
+            f"download of {_label(art)} from {download.display_url(src)} failed: {exc.reason}; "
+            f"{hint}"
         ) from exc
 
 
@@ -199,6 +216,8 @@ def fetch(
     mirror: str | None = None,
     allow_unpinned: bool = False,
     versions_path: Path = VERSIONS_FILE,
+    progress: download.Progress | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, str]:
     """Download (or copy from the mirror) and verify each artifact into *dest_dir*.
 
@@ -220,37 +239,60 @@ def fetch(
         if dest.exists() and art.pinned and sha256_file(dest) == art.sha256:
             seen[art.name] = art.sha256
             continue
-        _download(_source(art, mirror), dest, art, mirror)
-        got = sha256_file(dest)
-        if art.pinned and got != art.sha256:
-            dest.unlink()
-            raise NodeforgeError(
-                f"checksum mismatch for artifact {art.name} ({art.file}) from "
-                f"{_source(art, mirror)}: expected {art.sha256}, got {got}. The file is not the "
-                f"pinned release: fix the mirror (--artifact-mirror) or, if the release was "
-                f"re-published on purpose, re-pin it with 'nodeforge versions lock'."
-            )
+        try:
+            # The sha256 is checked before the file is renamed into place.
+            got = _download(_source(art, mirror), dest, art, mirror, sha256=art.sha256,
+                            progress=progress, sleep=sleep)
+        except NodeforgeError:
+            dest.unlink(missing_ok=True)  # a stale file that failed the check above
+            raise
         if not art.pinned:
             log.warning("artifact %s is unpinned; built with sha256 %s", art.name, got)
         seen[art.name] = got
     return seen
 
 
-def lock(versions: Versions, *, mirror: str | None = None, only_missing: bool = False) -> dict[str, str]:
-    """Download every artifact and write its sha256 into the versions file in place.
+def lock_targets(versions: Versions, *, arch: str | None = None,
+                 only_missing: bool = False) -> list[Artifact]:
+    """What `versions lock` downloads: every entry, or with *arch* just that architecture's
+    (its own entry, else 'all'), so a mirror holding one architecture pins just that."""
+    if arch is None:
+        arts = versions.all_artifacts()
+    else:
+        known = {a.arch for a in versions.all_artifacts()} - {"all"}
+        if arch not in known:
+            raise NodeforgeError(
+                f"{versions.path}: no artifact has an entry for architecture {arch!r} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        arts = versions.for_arch(arch)
+    return [a for a in arts if not (only_missing and a.pinned)]
 
-    The edit is textual (the sha256 line following each url line) so comments survive.
+
+def lock(
+    versions: Versions,
+    *,
+    mirror: str | None = None,
+    only_missing: bool = False,
+    arch: str | None = None,
+    progress: Callable[[Artifact], download.Progress | None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, str]:
+    """Download the artifacts and write each sha256 into the versions file in place.
+
+    The edit is textual (the sha256 line following each url line) so comments survive. Every
+    download finishes (whole, Content-Length honoured) before the file is touched, so a failed
+    lock changes nothing. *progress* maps an artifact to a byte-progress callback (the CLI's).
     Returns {url: sha256}.
     """
     text = versions.path.read_text()
     results: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="nodeforge-lock-") as tmp:
-        for art in versions.all_artifacts():
-            if only_missing and art.pinned:
-                continue
+        for art in lock_targets(versions, arch=arch, only_missing=only_missing):
             dest = Path(tmp) / art.file
-            _download(_source(art, mirror), dest, art, mirror)
-            results[art.url] = sha256_file(dest)
+            results[art.url] = _download(_source(art, mirror), dest, art, mirror,
+                                         progress=progress(art) if progress else None,
+                                         sleep=sleep)
             dest.unlink()
     for url, sha in results.items():
         pat = re.compile(

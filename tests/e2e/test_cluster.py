@@ -170,6 +170,19 @@ def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
     assert status()[name]["agent"] == "failed"
 
 
+def test_hook_setsid_daemon_is_stopped_with_its_scope(cluster, tmp_path):
+    """A hook that setsid-spawns a sleeper and exits 0: the node becomes ready, the sleeper is
+    gone, and the hook's log says its leftovers were stopped, in a systemd scope."""
+    scripts = {"50-daemon.sh": "#!/bin/sh\nsetsid sleep 4242 </dev/null >/dev/null 2>&1 &\n"
+                               "sleep 1\n"}
+    name = add_node(tmp_path, [{"uri": "file:///opt/e2e-hooks/50-daemon.sh"}], scripts, wait=True)
+    procs = cx(name, "sh", "-c", "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; "
+                                 "done")
+    assert not [ln for ln in procs.splitlines() if ln.startswith("sleep 4242")], procs
+    log = cx(name, "cat", "/var/log/nodeforge/hooks/50-daemon.sh.log")
+    assert "processes it left running were stopped (scope)" in log, log
+
+
 def test_malformed_params_name_the_field_and_keep_node_out(cluster, tmp_path):
     params = tmp_path / "bad.yaml"
     params.write_text(yaml.safe_dump({"features": ["ok", "not ok!"]}))

@@ -122,7 +122,7 @@ def test_timeout_kills_whole_process_group_incl_grandchildren(paths, tmp_path):
         time.sleep(0.05)
     assert not _alive(gpid), "grandchild survived the timeout"
     assert (
-        "TIMED OUT after 1s (process group killed)"
+        "TIMED OUT after 1s (everything it started was stopped)"
         in (paths.hooks_log_dir / "10-hang.log").read_text()
     )
 
@@ -215,10 +215,12 @@ def test_http_fetch_and_missing_file(paths, tmp_path):
         assert (paths.hook_cache / "30-net.sh").read_bytes() == body
         res = (
             runner(paths)
-            .run_all(discover(paths, params(hooks=[url.replace("30-net", "31-gone")])))
+            .run_all(discover(paths, params(hooks=[{"uri": url.replace("30-net", "31-gone"),
+                                                    "sha256": "0" * 64}])))
             .failure
         )
-        assert res.status == "fetch-failed" and "could not be fetched" in res.reason
+        assert res.status == "fetch-failed"
+        assert res.reason == "hook 31-gone.sh could not be fetched: HTTP 404 Not Found"
     finally:
         srv.shutdown()
         srv.server_close()

@@ -104,8 +104,11 @@ def test_failed_download_names_artifact_and_mirror_option(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     arts = versions.load().for_arch("amd64")
+    sleeps: list[float] = []
     with pytest.raises(NodeforgeError, match=r"download of artifact enroot_deb .*--artifact-mirror"):
-        versions.fetch(arts, tmp_path / "dl", mirror=f"http://127.0.0.1:{port}", allow_unpinned=True)
+        versions.fetch(arts, tmp_path / "dl", mirror=f"http://127.0.0.1:{port}", allow_unpinned=True,
+                       sleep=sleeps.append)
+    assert sleeps == [2.0, 4.0]  # retried with backoff before giving up
 
 
 def test_http_mirror(tmp_path):
@@ -129,3 +132,91 @@ def test_http_mirror(tmp_path):
         srv.shutdown()
     assert set(got) == {a.name for a in arts}
     assert (tmp_path / "dl" / "pyxis-0.24.0.tar.gz").read_bytes() == b"content of pyxis-0.24.0.tar.gz"
+
+
+# -- downloads through nodeforge.download (issue 9 item 6) -------------------------------------
+def _http_dir(directory, truncate=()):
+    """A loopback HTTP mirror of *directory*; files named in *truncate* promise more bytes than sent."""
+
+    class H(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, directory=str(directory), **k)
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            name = self.path.rsplit("/", 1)[-1]
+            if name in truncate:
+                data = (Path(directory) / name).read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data) + 100))
+                self.end_headers()
+                self.wfile.write(data)
+                self.close_connection = True
+                return
+            super().do_GET()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_port}"
+
+
+def test_lock_refuses_a_truncated_body_and_leaves_the_file_unchanged(tmp_path):
+    f = _copy(tmp_path)
+    before = f.read_text()
+    v = versions.load(f)
+    m = _mirror(tmp_path, v.all_artifacts())
+    srv, url = _http_dir(m, truncate={"pyxis-0.24.0.tar.gz"})
+    sleeps: list[float] = []
+    try:
+        with pytest.raises(NodeforgeError, match=r"pyxis_src .*truncated body: got 30 of 130 bytes"):
+            versions.lock(v, mirror=url, sleep=sleeps.append)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert sleeps == [2.0, 4.0]
+    assert f.read_text() == before  # nothing pinned from a partial download
+
+
+def test_lock_arch_pins_only_what_the_mirror_holds(tmp_path):
+    f = _copy(tmp_path)
+    v = versions.load(f)
+    amd64 = v.for_arch("amd64")
+    m = _mirror(tmp_path, amd64)  # the mirror has no arm64 files
+    srv, url = _http_dir(m)
+    try:
+        res = versions.lock(v, mirror=url, arch="amd64")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert set(res) == {a.url for a in amd64}
+    v2 = versions.load(f)
+    for a in v2.all_artifacts():
+        assert a.pinned == (a.arch in ("amd64", "all")), a
+    assert any(a.arch == "arm64" and not a.pinned for a in v2.all_artifacts())
+    with pytest.raises(NodeforgeError, match=r"architecture 'sparc'.*known: amd64, arm64"):
+        versions.lock(v2, mirror=str(m), arch="sparc")
+
+
+def test_lock_arch_cli_says_what_stays_unpinned(tmp_path, capsys):
+    from nodeforge.cli import main
+
+    f = _copy(tmp_path)
+    m = _mirror(tmp_path, versions.load(f).for_arch("amd64"))
+    assert main(["versions", "lock", "--versions-file", str(f), "--artifact-mirror", str(m),
+                 "--arch", "amd64"]) == 0
+    out = capsys.readouterr()
+    assert "still unpinned" in out.err and "enroot_deb [arm64]" in out.err
+    assert "[amd64]" not in out.err.split("still unpinned", 1)[1]
+
+
+def test_fetch_reports_progress_for_each_artifact(tmp_path):
+    f = _copy(tmp_path)
+    v = versions.load(f)
+    m = _mirror(tmp_path, v.all_artifacts())
+    versions.lock(v, mirror=str(m))
+    seen: list[tuple[int, int | None]] = []
+    versions.fetch(versions.load(f).for_arch("amd64"), tmp_path / "dl", mirror=str(m),
+                   progress=lambda done, total: seen.append((done, total)))
+    assert seen and all(total is not None and 0 < done <= total for done, total in seen)

@@ -1,0 +1,184 @@
+"""The one list of what a sealed image must not carry (images/sealed.yaml), typed and matched.
+
+images/seal.py applies it, images/scan.py checks it, roles/seal reads the same YAML. One walk
+of the tree finds every item's matches (no `**` glob per item over a whole image).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from nodeforge.errors import NodeforgeError
+
+SEALED_FILE = Path(__file__).with_name("sealed.yaml")
+ACTIONS = ("remove", "truncate", "replace", "keep")
+FINDS = ("exists", "nonempty", "match", "never")
+SKIP_TOP = frozenset({"proc", "sys", "dev", "run"})  # never part of an image tree
+CONFIG_SUFFIXES = (".conf", ".cnf", ".ini", ".yaml", ".yml", ".env", ".json", ".credentials")
+
+
+@dataclass(frozen=True)
+class SealItem:
+    id: str
+    paths: tuple[str, ...]
+    action: str
+    reason: str
+    find: str = "exists"
+    pattern: re.Pattern[bytes] | None = None
+    content: str = ""  # for "replace"
+    owned: bool = False  # also files a Debian package ships
+    live: bool = False  # the Ansible seal role removes it during the build too
+    regex: re.Pattern[str] | None = None  # all of `paths`, compiled
+
+    def matches(self, rel: str) -> bool:
+        assert self.regex is not None
+        return self.regex.fullmatch(rel) is not None
+
+
+@dataclass(frozen=True)
+class ContentRule:
+    id: str
+    files: str  # any | config
+    pattern: re.Pattern[bytes]
+    reason: str
+
+    def applies_to(self, name: str) -> bool:
+        return self.files == "any" or name.endswith(CONFIG_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class SealList:
+    items: tuple[SealItem, ...]
+    content_rules: tuple[ContentRule, ...]
+
+
+def glob_regex(pattern: str) -> str:
+    """A path glob as a regex: `*` and `?` stay in one segment, `**/` spans any directories."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]+/)*")
+            i += 3
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
+
+
+def _fail(path: Path, where: str, msg: str) -> None:
+    raise NodeforgeError(f"{path}: {where}: {msg}")
+
+
+def load(path: Path = SEALED_FILE) -> SealList:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise NodeforgeError(f"cannot read the sealed-items list {path}: {exc}") from exc
+    if not isinstance(raw, dict) or raw.get("schema") != 1:
+        _fail(path, "schema", "expected a mapping with schema: 1")
+    items, ids = [], set()
+    for n, it in enumerate(raw.get("items") or []):
+        w = f"items[{n}]"
+        if not isinstance(it, dict):
+            _fail(path, w, "expected a mapping")
+        unknown = set(it) - {"id", "paths", "action", "reason", "find", "pattern", "content",
+                             "owned", "live"}
+        if unknown:
+            _fail(path, w, f"unknown keys {sorted(unknown)}")
+        iid = it.get("id")
+        if not isinstance(iid, str) or not re.fullmatch(r"[a-z0-9-]{1,40}", iid) or iid in ids:
+            _fail(path, f"{w}.id", f"{iid!r} is missing, not [a-z0-9-] or a duplicate")
+        ids.add(iid)
+        paths = it.get("paths")
+        if (not isinstance(paths, list) or not paths
+                or not all(isinstance(p, str) and p and not p.startswith("/") for p in paths)):
+            _fail(path, f"{iid}.paths", "expected a list of globs relative to the image root")
+        if it.get("action") not in ACTIONS:
+            _fail(path, f"{iid}.action", f"one of {', '.join(ACTIONS)}")
+        find = it.get("find", "exists")
+        if find not in FINDS:
+            _fail(path, f"{iid}.find", f"one of {', '.join(FINDS)}")
+        if not isinstance(it.get("reason"), str) or not it["reason"].strip():
+            _fail(path, f"{iid}.reason", "every item says why")
+        pat = it.get("pattern")
+        if find == "match" and not pat:
+            _fail(path, f"{iid}.pattern", "find: match needs a pattern")
+        items.append(SealItem(
+            id=iid, paths=tuple(paths), action=it["action"], reason=it["reason"].strip(),
+            find=find, pattern=re.compile(pat.encode()) if pat else None,
+            content=str(it.get("content", "")), owned=bool(it.get("owned", False)),
+            live=bool(it.get("live", False)),
+            regex=re.compile("|".join(f"(?:{glob_regex(p)})" for p in paths)),
+        ))
+    rules = []
+    for n, r in enumerate(raw.get("content_rules") or []):
+        if not isinstance(r, dict) or r.get("files") not in ("any", "config") \
+                or not r.get("pattern") or not r.get("reason") or not r.get("id"):
+            _fail(path, f"content_rules[{n}]", "expected {id, files: any|config, pattern, reason}")
+        rules.append(ContentRule(r["id"], r["files"], re.compile(r["pattern"].encode()),
+                                 r["reason"]))
+    return SealList(tuple(items), tuple(rules))
+
+
+def dpkg_owned(tree: Path) -> set[str]:
+    """Absolute paths (inside the image) of every file a Debian package ships."""
+    owned: set[str] = set()
+    info = tree / "var/lib/dpkg/info"
+    if info.is_dir():
+        for lst in info.glob("*.list"):
+            owned.update(lst.read_text(errors="replace").splitlines())
+    return owned
+
+
+def walk(tree: Path) -> Iterator[tuple[str, Path, bool]]:
+    """(relative path, path, is a real directory) of everything in *tree*, top-down, without
+    following symlinks. A caller may prune a directory by removing it before descending."""
+    tree_s = str(tree)
+    for dirpath, dirnames, filenames in os.walk(tree):
+        rel_dir = os.path.relpath(dirpath, tree_s)
+        rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        if not rel_dir:
+            dirnames[:] = [d for d in dirnames if d not in SKIP_TOP]
+        keep = []
+        for d in sorted(dirnames):
+            p = Path(dirpath, d)
+            real = not p.is_symlink()
+            yield rel_dir + d, p, real
+            if real and p.is_dir():
+                keep.append(d)
+        dirnames[:] = keep
+        for f in sorted(filenames):
+            yield rel_dir + f, Path(dirpath, f), False
+
+
+def read_chunks(path: Path, size: int = 1 << 20, overlap: int = 256) -> Iterator[bytes]:
+    """Blocks of a file of ANY size, each starting with the last *overlap* bytes of the one
+    before, so a pattern across a block boundary is still seen (no file is skipped as too big)."""
+    with open(path, "rb") as f:
+        tail = b""
+        while True:
+            block = f.read(size)
+            if not block:
+                return
+            yield tail + block
+            tail = block[-overlap:]
+
+
+def content_matches(path: Path, pattern: re.Pattern[bytes]) -> re.Match[bytes] | None:
+    for chunk in read_chunks(path):
+        m = pattern.search(chunk)
+        if m:
+            return m
+    return None

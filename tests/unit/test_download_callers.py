@@ -1,0 +1,66 @@
+"""The params URL goes through nodeforge.download: a truncated or oversized body is a ParamsError
+naming the source, never half a params document."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import threading
+
+import pytest
+from nodeforge.bootstrap import params_sources
+from nodeforge.bootstrap.params import ParamsError
+from nodeforge.bootstrap.params_sources import SourceConfig, load_params
+from nodeforge.bootstrap.paths import Paths
+
+from nodeforge import download
+
+pytestmark = pytest.mark.unit
+
+DOC = (
+    "role: compute\ncluster_name: demo\ncontroller: ctl\n"
+    f"munge_key: {base64.b64encode(b'k' * 64).decode()}\n"
+).encode()
+
+
+@pytest.fixture
+def server():
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = DOC if self.path != "/big" else b"x: y\n" * 300_000
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body) + (50 if self.path == "/cut" else 0)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def _load(tmp_path, url):
+    paths = Paths.under(tmp_path)
+    paths.cmdline.parent.mkdir(parents=True, exist_ok=True)
+    paths.cmdline.write_text(f"quiet nodeforge.params={url} nodeforge.node=c7\n")
+    return load_params(SourceConfig(paths, imds_url=None))
+
+
+def test_params_url_whole_body(server, tmp_path):
+    got = _load(tmp_path, server + "/ok")
+    assert got.params.role == "compute" and got.params.node_name == "c7"
+
+
+def test_params_url_truncated_or_too_big(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(params_sources, "PARAMS_URL_POLICY",
+                        download.Policy(timeout=5, attempts=1, max_bytes=1 << 20))
+    with pytest.raises(ParamsError, match=r"kernel command line nodeforge.params: cannot download "
+                       r".*/cut: truncated body"):
+        _load(tmp_path, server + "/cut")
+    with pytest.raises(ParamsError, match=r"over the limit of 1048576 bytes"):
+        _load(tmp_path, server + "/big")

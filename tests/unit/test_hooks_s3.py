@@ -1,0 +1,183 @@
+"""s3:// hooks against an S3-compatible server on loopback (moto's server mode, a real boto3
+client): a single object, HyperPod's prefix + script shape (synced, run beside its siblings),
+the endpoint from params, credentials only from boto3's default chain (never params)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+
+import pytest
+
+boto3 = pytest.importorskip("boto3", reason="dev extra: pip install -e '.[dev]' (boto3, moto)")
+moto_server = pytest.importorskip("moto.server", reason="dev extra: moto[server]")
+
+from nodeforge.bootstrap.hooks import HookEnv, Runner, discover
+from nodeforge.bootstrap.params import ParamsError, parse_params
+from nodeforge.bootstrap.paths import Paths
+
+pytestmark = pytest.mark.unit
+
+KEY = base64.b64encode(b"k" * 64).decode()
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    yield f"http://{host}:{port}"
+    srv.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    # The fixture's credentials reach boto3 the way a node's do: its default chain (here the
+    # environment; on EC2 the instance role through IMDSv2). Never through params.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "fixture-not-a-real-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fixture-not-a-real-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    client = boto3.client("s3", endpoint_url=s3_server)
+    bucket = f"hooks-{os.urandom(4).hex()}"
+    client.create_bucket(Bucket=bucket)
+    return client, bucket, s3_server
+
+
+def params(endpoint, **kw):
+    d = {"role": "compute", "cluster_name": "demo", "controller": "ctl", "munge_key": KEY,
+         "hook_retries": 0, "s3_endpoint_url": endpoint}
+    d.update(kw)
+    return parse_params(d, "test")
+
+
+@pytest.fixture
+def paths(tmp_path):
+    p = Paths.under(tmp_path / "root")
+    p.on_init_d.mkdir(parents=True)
+    p.params_json.parent.mkdir(parents=True)
+    p.params_json.write_text("{}")
+    return p
+
+
+def runner(paths, sleeps=None):
+    env = HookEnv("compute", "demo", "c1", "ctl", paths.params_json)
+    return Runner(paths, env, sleep=(sleeps.append if sleeps is not None else (lambda s: None)),
+                  grace=0.5)
+
+
+def test_single_object_hook_with_sha256(s3, paths, tmp_path):
+    client, bucket, endpoint = s3
+    marker = tmp_path / "ran"
+    body = f"#!/bin/sh\necho \"$NODEFORGE_HOOK\" > {marker}\n".encode()
+    client.put_object(Bucket=bucket, Key="hooks/30-s3.sh", Body=body)
+    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/hooks/30-s3.sh",
+                                 "sha256": hashlib.sha256(body).hexdigest()}])
+    assert runner(paths).run_all(discover(paths, p)).ok
+    assert marker.read_text() == "30-s3.sh\n"
+    assert (paths.hook_cache / "30-s3.sh").read_bytes() == body
+    # A wrong sha256 is refused and nothing is replaced.
+    bad = params(endpoint, hooks=[{"uri": f"s3://{bucket}/hooks/30-s3.sh", "sha256": "0" * 64}])
+    marker.unlink()
+    res = runner(paths).run_all(discover(paths, bad)).failure
+    assert res.status == "refused" and res.reason == "hook 30-s3.sh sha256 mismatch (not run)"
+    assert not marker.exists()
+
+
+def test_prefix_and_script_runs_beside_its_siblings(s3, paths, tmp_path):
+    """HyperPod's SourceS3Uri + OnCreate: the prefix is synced, the script runs in it."""
+    client, bucket, endpoint = s3
+    out = tmp_path / "out"
+    client.put_object(Bucket=bucket, Key="lifecycle/on_create.sh", Body=(
+        f"#!/bin/bash\nset -e\nbash ./utils/add_users.sh > {out}\ncat config.json >> {out}\n"
+        f"pwd >> {out}\n").encode())
+    client.put_object(Bucket=bucket, Key="lifecycle/utils/add_users.sh", Body=b"echo users-ok\n")
+    client.put_object(Bucket=bucket, Key="lifecycle/config.json", Body=b'{"k": 1}\n')
+    client.put_object(Bucket=bucket, Key="lifecycle/", Body=b"")  # console "folder" marker
+    client.put_object(Bucket=bucket, Key="other/not-synced.sh", Body=b"exit 1\n")
+    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lifecycle/", "script": "on_create.sh",
+                                 "name": "60-lifecycle"}])
+    hooks = discover(paths, p)
+    assert [h.name for h in hooks] == ["60-lifecycle"]
+    assert runner(paths).run_all(hooks).ok, (paths.hooks_log_dir / "60-lifecycle.log").read_text()
+    synced = paths.hook_cache / "60-lifecycle.d"
+    assert out.read_text() == f'users-ok\n{{"k": 1}}\n{synced}\n'
+    assert sorted(str(p.relative_to(synced)) for p in synced.rglob("*") if p.is_file()) == [
+        "config.json", "on_create.sh", "utils/add_users.sh"]
+    # A re-sync replaces the copy whole: an object deleted upstream is gone locally.
+    client.delete_object(Bucket=bucket, Key="lifecycle/config.json")
+    client.put_object(Bucket=bucket, Key="lifecycle/on_create.sh", Body=b"#!/bin/sh\ntrue\n")
+    assert runner(paths).run_all(discover(paths, p)).ok
+    assert not (synced / "config.json").exists()
+    assert [x.name for x in paths.hook_cache.iterdir() if x.name.startswith(".")] == []
+
+
+def test_prefix_without_the_script_or_with_unsafe_keys(s3, paths):
+    client, bucket, endpoint = s3
+    client.put_object(Bucket=bucket, Key="lc/other.sh", Body=b"true\n")
+    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lc/", "script": "on_create.sh"}])
+    res = runner(paths).run_all(discover(paths, p)).failure
+    assert res.status == "fetch-failed"
+    assert res.reason == "hook on_create.sh could not be fetched: " \
+                         f"s3://{bucket}/lc/ has no 'on_create.sh' (found 1 objects)"
+    client.put_object(Bucket=bucket, Key="lc2/on_create.sh", Body=b"#!/bin/sh\ntrue\n")
+    client.put_object(Bucket=bucket, Key="lc2/a/../../escape.sh", Body=b"true\n")
+    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lc2/", "script": "on_create.sh"}])
+    res = runner(paths).run_all(discover(paths, p)).failure
+    assert "is not a safe relative path; refused" in res.reason
+    assert not (paths.hook_cache / "on_create.sh.d").exists()
+    assert not (paths.hook_cache.parent / "escape.sh").exists()
+
+
+def test_missing_object_is_a_retried_fetch_failure(s3, paths):
+    _, bucket, endpoint = s3
+    sleeps: list[float] = []
+    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/nope.sh", "retries": 2}])
+    res = runner(paths, sleeps).run_all(discover(paths, p)).failure
+    assert res.status == "fetch-failed" and res.attempts == 3 and sleeps == [2.0, 4.0]
+    assert "NoSuchKey" in res.reason and res.reason.endswith("after 3 attempts")
+
+
+def test_credentials_never_from_params(s3, paths, monkeypatch):
+    _, bucket, endpoint = s3
+    with pytest.raises(ParamsError, match="aws_access_key_id: unknown key"):
+        params(endpoint, aws_access_key_id="AKIA-not-real")
+    # Without credentials in boto3's chain the fetch fails; params cannot fill the gap.
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    p = params(endpoint, hooks=[f"s3://{bucket}/x.sh"])
+    res = runner(paths).run_all(discover(paths, p)).failure
+    assert res.status == "fetch-failed" and "NoCredentialsError" in res.reason
+
+
+@pytest.mark.parametrize("url, ok", [
+    ("https://s3.eu-west-1.amazonaws.com", True),
+    ("https://minio.internal:9000/", True),
+    ("http://127.0.0.1:9000", True),
+    ("http://[::1]:9000", True),
+    ("http://s3.example.com", False),  # plain http off this machine
+    ("https://s3.example.com/\n", False),
+    ("https://s3.example.com/path", False),
+    ("ftp://s3.example.com", False),
+    ("https://user:pw@s3.example.com", False),
+])
+def test_endpoint_grammar(url, ok):
+    if ok:
+        assert params(url).s3_endpoint_url == url.rstrip("/")
+    else:
+        with pytest.raises(ParamsError, match="s3_endpoint_url"):
+            params(url)
+
+
+def test_script_only_with_a_prefix():
+    with pytest.raises(ParamsError, match=r"hooks\[0\]\.script: only with an s3:// prefix"):
+        params(None, hooks=[{"uri": "s3://b/x.sh", "script": "x.sh"}])
+    with pytest.raises(ParamsError, match=r"hooks\[0\]\.script: 's3://b/lc/' is a prefix"):
+        params(None, hooks=["s3://b/lc/"])
+    with pytest.raises(ParamsError, match=r"hooks\[0\]\.script: '\.\.' is not a file name"):
+        params(None, hooks=[{"uri": "s3://b/lc/", "script": ".."}])

@@ -1,0 +1,302 @@
+"""Hooks as untrusted input: remote hooks need https or a sha256, baked hooks must be root's and
+not writable by others, symlinks stay inside on-init.d, `.`/`..` names are refused, a setsid
+daemon does not outlive its hook, output is capped, a failed fetch is a retried attempt.
+A refused hook drains the node with a reason naming it (what `sinfo -R` shows)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import os
+import ssl
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from nodeforge.bootstrap import hooks as hooks_mod
+from nodeforge.bootstrap.agent import StepFailed
+from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover
+from nodeforge.bootstrap.params import ParamsError, parse_params
+from nodeforge.bootstrap.paths import Paths
+from test_bootstrap import COMPUTE, make  # the agent harness (fake Slurm records the drain)
+
+from nodeforge import download
+
+pytestmark = pytest.mark.unit
+
+KEY = base64.b64encode(b"k" * 64).decode()
+ROOT = os.geteuid() == 0
+
+
+def params(**kw):
+    d = {"role": "compute", "cluster_name": "demo", "controller": "ctl", "munge_key": KEY,
+         "hook_retries": 0}
+    d.update(kw)
+    return parse_params(d, "test")
+
+
+def script(path: Path, body: str, mode: int = 0o755) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(mode)
+    return path
+
+
+@pytest.fixture
+def paths(tmp_path):
+    p = Paths.under(tmp_path / "root")
+    p.on_init_d.mkdir(parents=True, mode=0o755)
+    p.on_init_d.chmod(0o755)
+    p.params_json.parent.mkdir(parents=True)
+    p.params_json.write_text("{}")
+    return p
+
+
+def runner(paths, sleeps=None, **kw):
+    env = HookEnv("compute", "demo", "c1", "ctl", paths.params_json)
+    return Runner(paths, env, sleep=(sleeps.append if sleeps is not None else (lambda s: None)),
+                  grace=0.5, **kw)
+
+
+# -- remote hooks: https or a sha256 -----------------------------------------------------------
+def test_plain_http_without_sha256_is_refused_before_anything_runs(paths, tmp_path):
+    marker = tmp_path / "ran"
+    script(paths.on_init_d / "10-first", f"touch {marker}\n")
+    with pytest.raises(HookError, match=r"hook 50-x\.sh refused: http://h\.example/50-x\.sh is "
+                       r"plain http without a sha256; serve it over https:// or set "
+                       r"hooks\[0\]\.sha256"):
+        discover(paths, params(hooks=["http://h.example/50-x.sh"]))
+    assert not marker.exists()
+    ok = discover(paths, params(hooks=["https://h.example/50-x.sh",
+                                       {"uri": "http://h.example/60-y.sh", "sha256": "a" * 64}]))
+    assert [h.name for h in ok] == ["10-first", "50-x.sh", "60-y.sh"]
+
+
+def test_https_to_http_redirect_is_a_failed_fetch(paths, tmp_path, monkeypatch):
+    d = tmp_path / "tls"
+    d.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")],
+                   check=True, capture_output=True)
+    plain = _server({"/x.sh": b"#!/bin/sh\ntouch /nonexistent/never\n"})
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"{plain[1]}/x.sh")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    sctx.load_cert_chain(d / "c.pem", d / "k.pem")
+    srv.socket = sctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    monkeypatch.setattr(hooks_mod, "_FETCH_POLICY", download.Policy(
+        attempts=1, timeout=5, context=ssl.create_default_context(cafile=str(d / "c.pem"))))
+    try:
+        url = f"https://127.0.0.1:{srv.server_address[1]}/x.sh"
+        res = runner(paths).run_all(discover(paths, params(hooks=[url]))).failure
+    finally:
+        for s in (srv, plain[0]):
+            s.shutdown()
+            s.server_close()
+    assert res.status == "fetch-failed"
+    assert res.reason.startswith("hook x.sh could not be fetched: redirect from https to http://")
+    assert not (paths.hook_cache / "x.sh").exists()
+
+
+# -- baked hooks: owner, mode, symlinks --------------------------------------------------------
+def test_group_or_world_writable_hook_refused(paths):
+    script(paths.on_init_d / "10-open", "true\n", mode=0o775)
+    with pytest.raises(HookError, match=r"hook 10-open refused: .*10-open is group- or "
+                       r"world-writable \(mode 0775\); refused \(chmod go-w"):
+        discover(paths, params())
+    (paths.on_init_d / "10-open").chmod(0o757)
+    with pytest.raises(HookError, match=r"mode 0757"):
+        discover(paths, params())
+
+
+def test_writable_directory_refused(paths):
+    script(paths.on_init_d / "10-ok", "true\n")
+    paths.on_init_d.chmod(0o777)
+    with pytest.raises(HookError, match=r"hooks: .*on-init\.d is group- or world-writable "
+                       r"\(mode 0777\)"):
+        discover(paths, params())
+
+
+@pytest.mark.skipif(not ROOT, reason="chown to another user needs root (CI runs as root)")
+def test_hook_not_owned_by_root_refused(paths):
+    p = script(paths.on_init_d / "10-theirs", "true\n")
+    os.chown(p, 65534, 65534)
+    with pytest.raises(HookError, match=r"hook 10-theirs refused: .* is owned by uid 65534, not "
+                       r"root; refused \(chown root:root"):
+        discover(paths, params())
+    os.chown(p, 0, 0)
+    os.chown(paths.on_init_d, 65534, 0)
+    with pytest.raises(HookError, match=r"on-init\.d is owned by uid 65534"):
+        discover(paths, params())
+
+
+def test_symlink_out_of_on_init_d_refused_inside_allowed(paths, tmp_path):
+    outside = script(tmp_path / "elsewhere" / "evil", "true\n")
+    inside = script(paths.on_init_d / "real.disabled", "true\n")  # skipped by name, linked to
+    (paths.on_init_d / "20-link").symlink_to(inside)
+    assert [h.name for h in discover(paths, params())] == ["20-link"]
+    (paths.on_init_d / "10-evil").symlink_to(outside)
+    with pytest.raises(HookError, match=r"hook 10-evil refused: symlink to .*/elsewhere/evil "
+                       r"points out of .*on-init\.d"):
+        discover(paths, params())
+    (paths.on_init_d / "10-evil").unlink()
+    (paths.on_init_d / "10-dots").symlink_to("../../../elsewhere/evil")
+    with pytest.raises(HookError, match="points out of"):
+        discover(paths, params())
+    (paths.on_init_d / "10-dots").unlink()
+    (paths.on_init_d / "10-dangling").symlink_to(paths.on_init_d / "nothing")
+    with pytest.raises(HookError, match="dangling symlink"):
+        discover(paths, params())
+
+
+def test_fifo_refused(paths):
+    os.mkfifo(paths.on_init_d / "10-fifo")
+    with pytest.raises(HookError, match="10-fifo refused: .* is not a regular file"):
+        discover(paths, params())
+
+
+def test_refused_baked_hook_drains_with_reason(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, {**COMPUTE, "hook_retries": 0})
+    paths.on_init_d.mkdir(parents=True)
+    outside = script(tmp_path / "elsewhere" / "evil", f"touch {tmp_path}/ran\n")
+    script(paths.on_init_d / "05-ok", f"touch {tmp_path}/ok-ran\n")
+    (paths.on_init_d / "10-evil").symlink_to(outside)
+    with pytest.raises(StepFailed, match="10-evil refused"):
+        agent.init()
+    reason = fm.nodes["c1"]["Reason"]
+    assert reason.startswith("nodeforge: hook 10-evil refused: symlink to ") and len(reason) <= 200
+    assert "DRAIN" in fm.nodes["c1"]["State"]
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "ok-ran").exists()
+
+
+# -- names -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", [
+    {"uri": "file:///opt/hooks/x", "name": "."},
+    {"uri": "file:///opt/hooks/x", "name": ".."},
+    {"uri": "file:///opt/hooks/.."},
+    {"uri": "https://h.example/a/."},
+    {"uri": "file:///opt/hooks/x", "name": "x\n"},  # `$` in the params regex lets this by
+    {"uri": "file:///opt/hooks/x", "name": "a" * 129},
+])
+def test_dot_names_refused(paths, spec):
+    with pytest.raises((HookError, ParamsError), match=r"hooks\[0\]"):
+        discover(paths, params(hooks=[spec]))
+
+
+# -- containment, output cap -------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_setsid_daemon_started_by_a_hook_is_gone(paths, tmp_path):
+    pidf = tmp_path / "daemon.pid"
+    script(paths.on_init_d / "10-daemon",
+           f"setsid sh -c 'echo $$ > {pidf}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n"
+           f"while [ ! -s {pidf} ]; do sleep 0.01; done\n")
+    assert runner(paths).run_all(discover(paths, params())).ok
+    pid = int(pidf.read_text())
+    end = time.monotonic() + 3
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(pid), "the hook's setsid daemon is still running"
+    log = (paths.hooks_log_dir / "10-daemon.log").read_text()
+    assert "processes it left running were stopped" in log and "install a systemd unit" in log
+
+
+def test_output_is_capped_head_and_tail_kept(paths):
+    script(paths.on_init_d / "10-loud",
+           "echo FIRST; i=0; while [ $i -lt 20000 ]; do echo noise-$i; i=$((i+1)); done; "
+           "echo LAST >&2\n")
+    p = params(hook_output_max=4096)
+    assert runner(paths, output_max=p.hook_output_max).run_all(discover(paths, p)).ok
+    log = (paths.hooks_log_dir / "10-loud.log").read_text()
+    assert "FIRST\nnoise-0\n" in log and "noise-19999\nLAST\n" in log
+    assert "bytes of output dropped here" in log and "bytes of output dropped (hook_output_max)" in log
+    assert len(log) < 4096 + 1000
+
+
+def test_output_cap_bounds(paths):
+    with pytest.raises(ParamsError, match=r"hook_output_max: 10 out of range \[4096, 67108864\]"):
+        params(hook_output_max=10)
+    with pytest.raises(ParamsError, match="hook_output_max"):
+        params(hook_output_max=float("nan"))
+
+
+# -- fetch failures are retried attempts -------------------------------------------------------
+def _server(routes, truncate_first=0):
+    state = {"n": 0}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = routes.get(self.path)
+            if body is None:
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            state["n"] += 1
+            cut = state["n"] <= truncate_first
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[:5] if cut else body)
+            self.close_connection = True
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}", state
+
+
+def test_truncated_fetch_is_retried_with_the_run_backoff(paths, tmp_path):
+    marker = tmp_path / "ran"
+    body = f"#!/bin/sh\ntouch {marker}\n".encode()
+    srv, base, _ = _server({"/40-net.sh": body}, truncate_first=2)
+    sleeps: list[float] = []
+    try:
+        p = params(hooks=[{"uri": f"{base}/40-net.sh", "sha256": hashlib.sha256(body).hexdigest(),
+                           "retries": 3}])
+        res = runner(paths, sleeps, backoff=2, backoff_max=60).run_all(discover(paths, p)).results[0]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert res.ok and res.attempts == 3 and sleeps == [2, 4] and marker.exists()
+    log = (paths.hooks_log_dir / "40-net.sh.log").read_text()
+    assert log.count("FETCH FAILED") == 2 and "truncated body: got 5 of" in log
+
+
+def test_fetch_failure_reason_after_all_attempts(paths):
+    sleeps: list[float] = []
+    p = params(hooks=[{"uri": "https://nodeforge-test.invalid/50-x.sh", "retries": 1}])
+    res = runner(paths, sleeps, backoff=1).run_all(discover(paths, p)).failure
+    assert res.status == "fetch-failed" and res.attempts == 2 and sleeps == [1]
+    assert res.reason.startswith("hook 50-x.sh could not be fetched: DNS lookup failed")
+    assert res.reason.endswith("after 2 attempts")
+
+
+def test_duplicate_name_message_hides_url_secrets(paths):
+    script(paths.on_init_d / "20-x", "true\n")
+    with pytest.raises(HookError, match="two hooks are named '20-x'") as ei:
+        discover(paths, params(hooks=["https://u:hunter2@h.example/20-x?sig=t0ken"]))
+    assert "hunter2" not in str(ei.value) and "t0ken" not in str(ei.value)
