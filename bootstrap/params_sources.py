@@ -215,7 +215,9 @@ def read_cmdline(path: Path) -> str:
 
 
 def cmdline_params(
-    text: str, label: str = "kernel command line", secret_ok: Callable[[Path], None] | None = None
+    text: str,
+    label: str = "kernel command line",
+    url_reader: Callable[[str, str], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """The params mapping that a kernel command line gives, or None if it has no nodeforge.*."""
     kv = parse_cmdline(text)
@@ -226,7 +228,7 @@ def cmdline_params(
     data: dict[str, Any] = {}
     url = kv.pop("params", None)
     if url:
-        data = _params_url(url, f"{label} nodeforge.params={url}")
+        data = (url_reader or _params_url)(url, f"{label} nodeforge.params={url}")
     for k, val in kv.items():
         path = f"{label}: nodeforge.{k}"
         if k in _CMDLINE_LISTS:
