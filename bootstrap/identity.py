@@ -11,7 +11,7 @@ from pathlib import Path
 from nodeforge.errors import NodeforgeError
 
 from .host import Host, private_dir, write_atomic
-from .params import Params, is_hostname, is_ip
+from .params import Params, is_hostname, is_ip, is_node_name
 from .paths import Paths
 
 HOSTS_BEGIN = "# BEGIN nodeforge (managed by nodeforge node init)"
@@ -30,7 +30,17 @@ def machine_id_present(paths: Paths) -> bool:
 
 
 def node_name(params: Params, current_hostname: str) -> str:
-    return params.node_name or current_hostname.split(".")[0]
+    """params.node_name (validated), else the first label of the hostname, which comes from
+    outside too (DHCP, cloud-init) and must be a hostname label before Slurm sees it."""
+    if params.node_name:
+        return params.node_name
+    name = current_hostname.split(".")[0]
+    if not is_node_name(name):
+        raise NodeforgeError(
+            f"hostname {current_hostname!r}: {name!r} is not a usable node name (one RFC 1123 "
+            "label: a-z, 0-9, inner '-'); set node_name in params"
+        )
+    return name
 
 
 def users_keypair_paths(paths: Paths) -> tuple[Path, Path]:

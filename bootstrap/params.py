@@ -78,6 +78,11 @@ def is_hostname(s: str) -> bool:
     return bool(_HOSTNAME_RE.fullmatch(s)) and not is_ip(s)
 
 
+def is_node_name(s: str) -> bool:
+    """A Slurm node name that is also a hostname: one RFC 1123 label."""
+    return bool(_NODE_RE.fullmatch(s))
+
+
 def control_char(s: str) -> str | None:
     m = _CONTROL_RE.search(s)
     return None if m is None else f"U+{ord(m.group()):04X}"

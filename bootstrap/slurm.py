@@ -20,7 +20,7 @@ from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
 
 from .host import Host, write_atomic
-from .params import Params
+from .params import Params, control_char
 from .paths import Paths
 
 SLURMCTLD_PORT = 6817
@@ -150,7 +150,7 @@ def _sd_quote(arg: str) -> str:
     """
     if _SD_ENV_RE.fullmatch(arg):
         return arg
-    if not arg or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in arg):
+    if not arg or control_char(arg) is not None:
         raise NodeforgeError(f"systemd ExecStart: argument {arg!r} is empty or has a control character")
     if _SD_PLAIN_RE.fullmatch(arg):
         return arg
