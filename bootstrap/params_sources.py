@@ -308,10 +308,14 @@ def params_from_user_data(text: str, label: str) -> dict[str, Any] | None:
     if not stripped or stripped.startswith(("#!", "Content-Type:")):
         return None
     try:
-        yaml.safe_load(text)
+        data = strict_yaml.load(text)
+    except strict_yaml.StrictYAMLError as exc:
+        # Someone else's YAML may use anchors; it only matters when the document is ours.
+        if len(text) > strict_yaml.MAX_BYTES or not _looks_ours(text, stripped):
+            return None
+        raise ParamsError(f"{label}: {exc}") from exc
     except yaml.YAMLError:
         return None  # not YAML at all: some other tool's user-data
-    data = _yaml(text, label)
     if not isinstance(data, dict):
         return None
     if "nodeforge" in data:
@@ -322,6 +326,16 @@ def params_from_user_data(text: str, label: str) -> dict[str, Any] | None:
     if "role" in data and not stripped.startswith("#cloud-config"):
         return data
     return None
+
+
+def _looks_ours(text: str, stripped: str) -> bool:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(data, dict) and (
+        "nodeforge" in data or ("role" in data and not stripped.startswith("#cloud-config"))
+    )
 
 
 def _user_data_section(text: str, label: str, guarded: bool) -> dict[str, Any] | None:

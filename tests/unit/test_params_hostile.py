@@ -629,3 +629,16 @@ def test_munge_key_file_must_be_root_only_and_not_a_link(tmp_path):
     p = parse_params(base(munge_key=None, munge_key_file=str(link)), "x")
     with pytest.raises(NodeforgeError, match="is a symlink"):
         munge.key_bytes(p, "node.yaml")
+
+
+def test_user_data_strictness_applies_to_our_documents_only():
+    from nodeforge.bootstrap.params_sources import params_from_user_data
+
+    foreign = "#cloud-config\nx: &a [1]\ny: *a\nruncmd: [ls]\n"  # another tool's anchors
+    assert params_from_user_data(foreign, "u") is None
+    ours = "#cloud-config\ndefaults: &d {role: compute}\nnodeforge: *d\n"
+    with pytest.raises(ParamsError, match="u: line 2: anchor &d is not allowed"):
+        params_from_user_data(ours, "u")
+    dup = "#cloud-config\nnodeforge:\n  role: compute\n  role: login\n"
+    with pytest.raises(ParamsError, match="u: line 4: duplicate key 'role'"):
+        params_from_user_data(dup, "u")
