@@ -128,7 +128,8 @@ def node_or_none(p, hostname):
     try:
         return identity.node_name(p, hostname)
     except NodeforgeError:
-        assert not p.node_name and not re.fullmatch(r"[A-Za-z0-9-]+", hostname.split(".")[0])
+        first = hostname.split(".")[0]
+        assert not p.node_name and not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", first)
         return None
 
 
