@@ -129,7 +129,9 @@ def node_or_none(p, hostname):
         return identity.node_name(p, hostname)
     except NodeforgeError:
         first = hostname.split(".")[0]
-        assert not p.node_name and not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", first)
+        assert not p.node_name and not re.fullmatch(
+            r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", first
+        )
         return None
 
 
@@ -287,3 +289,128 @@ def test_kernel_args_round_trip(args, sep):
     args = [(k, v) for k, v in args if k != "--"]
     text = sep.join(kquote(k, v) for k, v in args) + "\n"
     assert kernel_args(text) == args
+
+
+# -- HyperPod: any JSON shape gives params or a ParamsError, never a Python exception ----------
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.sampled_from(["", "ctl", "w", "10.0.0.1", "dev"]),
+)
+json_any = st.recursive(
+    json_leaf,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=3),
+        st.dictionaries(st.sampled_from(["Name", "Instances", "x"]), kids, max_size=3),
+    ),
+    max_leaves=10,
+)
+instance = st.fixed_dictionaries(
+    {},
+    optional={
+        "InstanceName": st.one_of(st.sampled_from(["a", "b", "ctl"]), json_leaf),
+        "CustomerIpAddress": st.one_of(st.sampled_from(["10.0.0.1", "10.0.0.2"]), json_any),
+    },
+)
+group = st.fixed_dictionaries(
+    {},
+    optional={
+        "Name": st.one_of(st.sampled_from(["ctl", "w", "login"]), json_leaf),
+        "Instances": st.one_of(st.lists(st.one_of(instance, json_leaf), max_size=3), json_any),
+    },
+)
+CTL_GROUP = {"Name": "ctl", "Instances": [{"InstanceName": "ctl", "CustomerIpAddress": "10.0.0.1"}]}
+clean_group = st.fixed_dictionaries(
+    {"Name": st.sampled_from(["w", "login", "x"]), "Instances": st.lists(instance, max_size=2)}
+)
+rc_clean = st.builds(
+    lambda more: {"InstanceGroups": [CTL_GROUP, *more]},
+    st.lists(clean_group, max_size=3, unique_by=lambda g: g["Name"]),
+)
+rc_doc = st.one_of(
+    rc_clean,
+    rc_clean,
+    rc_clean,
+    st.builds(
+        lambda more: {"InstanceGroups": [CTL_GROUP, *more]},
+        st.lists(st.one_of(group, json_leaf), max_size=3),
+    ),
+    st.fixed_dictionaries({"InstanceGroups": st.lists(st.one_of(group, json_leaf), max_size=4)}),
+    json_any,
+)
+pp_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "controller_group": st.one_of(st.just("ctl"), st.just("ctl"), st.just("w"), json_leaf),
+        "login_group": st.one_of(st.just("login"), json_leaf),
+        "worker_groups": st.one_of(
+            st.lists(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "instance_group_name": st.one_of(st.just("w"), json_leaf),
+                        "partition_name": st.one_of(st.just("dev"), json_leaf),
+                    },
+                ),
+                max_size=2,
+            ),
+            json_any,
+        ),
+        "nodeforge": st.one_of(
+            st.fixed_dictionaries({}, optional={"features": json_any, "extra": json_any}),
+            json_any,
+        ),
+    },
+)
+pp_clean = st.builds(
+    lambda nf: {
+        "controller_group": "ctl",
+        "login_group": "login",
+        "worker_groups": [{"instance_group_name": "w", "partition_name": "dev"}],
+        **nf,
+    },
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "nodeforge": st.fixed_dictionaries(
+                {},
+                optional={
+                    "features": st.one_of(st.just("ib, nvme"), st.just(["ib"]), json_any),
+                    "hook_timeout": st.one_of(st.just(30), json_leaf),
+                },
+            )
+        },
+    ),
+)
+pp_doc = st.one_of(
+    pp_clean,
+    pp_clean,
+    pp_clean,
+    st.builds(lambda rest: {**rest, "controller_group": "ctl"}, pp_fields),
+    st.builds(lambda rest: {**rest, "controller_group": "ctl"}, pp_fields),
+    pp_fields,
+    json_any,
+)
+
+
+@PROPS
+@given(
+    rc_doc,
+    pp_doc,
+    st.one_of(
+        st.just({"10.0.0.1"}),
+        st.sets(st.sampled_from(["10.0.0.1", "10.0.0.2", "10.0.0.9"]), max_size=2),
+    ),
+    st.sampled_from(["", "a", "b"]),
+)
+def test_hyperpod_never_raises_a_python_exception(rc, pp, addrs, hostname):
+    from nodeforge.bootstrap.params_sources import hyperpod_params
+
+    try:
+        data = hyperpod_params(rc, pp, addrs, hostname, "rc", "pp")
+        parse_params(data, "pp")
+    except ParamsError:
+        event("ParamsError")
+        return
+    event("resolved")
