@@ -1,4 +1,4 @@
-"""CLI for the first-boot agent: `nodeforge node init|status` (and later `nodeforge cluster …`).
+"""CLI for the first-boot agent: `nodeforge node init|status` and `nodeforge params check`.
 
 Imports only the standard library at import time; the agent runs on nodes with python3,
 python3-yaml and python3-jinja2 only.
@@ -38,6 +38,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_status)
     # `nodeforge cluster up/add/status/down` (local nspawn cluster) registers here later.
 
+    params = subparsers.add_parser("params", help="node params: check them offline")
+    psub = params.add_subparsers(dest="params_command", metavar="ACTION")
+    psub.required = True
+    c = psub.add_parser(
+        "check",
+        help="validate node params offline (exit 0 valid, 2 invalid) and print them, secrets redacted",
+        description="Validate node params with the agent's own rules, without a node or a "
+        "network. Exit 0: valid (the resolved params are printed, secrets redacted); exit 2: "
+        "the error names the file, the field and the fix.",
+    )
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--node-yaml", type=Path, metavar="FILE", help="a node.yaml")
+    src.add_argument("--user-data", type=Path, metavar="FILE", help="an EC2 user-data file")
+    src.add_argument("--cmdline", metavar="STRING", help="a kernel command line")
+    src.add_argument("--cmdline-file", type=Path, metavar="FILE", help="a file holding one")
+    src.add_argument(
+        "--hyperpod",
+        type=Path,
+        metavar="DIR",
+        help="a directory with resource_config.json + provisioning_parameters.json (with --address)",
+    )
+    c.add_argument(
+        "--address",
+        action="append",
+        default=[],
+        help="with --hyperpod: this node's address (repeatable)",
+    )
+    c.add_argument("--hostname", default="", help="with --hyperpod: this node's hostname")
+    c.add_argument(
+        "--imds-guarded",
+        action="store_true",
+        help="with --user-data: the image blocks non-root IMDS access (node_agent_imds_root_only),"
+        " so secrets in user-data are acceptable",
+    )
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c.set_defaults(func=_params_check)
+
 
 def _paths(root: Path):
     from .paths import Paths
@@ -76,6 +113,36 @@ def _init(args: argparse.Namespace) -> int:
         f"nodeforge: {state.node} ready as {state.role} of {state.cluster} "
         f"(time-to-ready {state.time_to_ready or 0:.1f}s)"
     )
+    return 0
+
+
+def _params_check(args: argparse.Namespace) -> int:
+    from . import params_check as pc
+    from .params import ParamsError
+
+    if args.hyperpod is not None:
+        if not args.address and not args.hostname:
+            raise ParamsError(
+                "--hyperpod: give this node's --address (or --hostname) to pick its instance"
+            )
+        checked = pc.check_hyperpod(args.hyperpod, args.address, args.hostname)
+    elif args.address or args.hostname:
+        raise ParamsError("--address/--hostname go with --hyperpod DIR")
+    elif args.node_yaml is not None:
+        checked = pc.check_node_yaml(args.node_yaml)
+    elif args.user_data is not None:
+        checked = pc.check_user_data(args.user_data, args.imds_guarded)
+    elif args.cmdline is not None:
+        checked = pc.check_cmdline(args.cmdline, "kernel command line (--cmdline)")
+    else:
+        from .params_sources import read_cmdline
+
+        try:
+            text = read_cmdline(args.cmdline_file)
+        except OSError as exc:
+            raise ParamsError(f"{args.cmdline_file}: cannot read: {exc.strerror}") from None
+        checked = pc.check_cmdline(text, f"kernel command line ({args.cmdline_file})")
+    sys.stdout.write(pc.render(checked, args.json))
     return 0
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from nodeforge.errors import NodeforgeError
+
 from .host import Host, private_dir, write_atomic
-from .params import Params
+from .params import Params, is_hostname, is_ip, is_node_name
 from .paths import Paths
 
 HOSTS_BEGIN = "# BEGIN nodeforge (managed by nodeforge node init)"
@@ -28,7 +30,17 @@ def machine_id_present(paths: Paths) -> bool:
 
 
 def node_name(params: Params, current_hostname: str) -> str:
-    return params.node_name or current_hostname.split(".")[0]
+    """params.node_name (validated), else the first label of the hostname, which comes from
+    outside too (DHCP, cloud-init) and must be a hostname label before Slurm sees it."""
+    if params.node_name:
+        return params.node_name
+    name = current_hostname.split(".")[0]
+    if not is_node_name(name):
+        raise NodeforgeError(
+            f"hostname {current_hostname!r}: {name!r} is not a usable node name (one RFC 1123 "
+            "label: a-z, 0-9, inner '-'); set node_name in params"
+        )
+    return name
 
 
 def users_keypair_paths(paths: Paths) -> tuple[Path, Path]:
@@ -88,8 +100,32 @@ def update_hosts(path: Path, entries: dict[str, str]) -> bool:
     return True
 
 
+def hosts_lines(entries: dict[str, str]) -> list[str]:
+    """`address name` lines; each name must be a hostname and each address an IP, so a line
+    is exactly two fields (no newline, comment or extra alias can ride in on a value)."""
+    out = []
+    for name, addr in sorted(entries.items()):
+        if not is_ip(addr):
+            raise NodeforgeError(f"/etc/hosts: {name}: {addr!r} is not an IP address")
+        if not is_hostname(name):
+            raise NodeforgeError(f"/etc/hosts: {name!r} is not a hostname (RFC 1123)")
+        out.append(f"{addr} {name}")
+    return out
+
+
+def parse_hosts_block(text: str) -> dict[str, list[str]]:
+    """The managed block read back: address -> names (what the resolver would see)."""
+    m = re.search(re.escape(HOSTS_BEGIN) + r"\n(.*?)" + re.escape(HOSTS_END), text, re.DOTALL)
+    out: dict[str, list[str]] = {}
+    for ln in (m.group(1) if m else "").splitlines():
+        fields = ln.split("#", 1)[0].split()
+        if fields:
+            out.setdefault(fields[0], []).extend(fields[1:])
+    return out
+
+
 def _hosts_text(text: str, entries: dict[str, str]) -> str:
-    block = "\n".join([HOSTS_BEGIN, *(f"{a} {n}" for n, a in sorted(entries.items())), HOSTS_END])
+    block = "\n".join([HOSTS_BEGIN, *hosts_lines(entries), HOSTS_END])
     pat = re.compile(re.escape(HOSTS_BEGIN) + r".*?" + re.escape(HOSTS_END), re.DOTALL)
     if pat.search(text):
         return pat.sub(lambda _m: block, text)
@@ -120,8 +156,6 @@ def detect_address(host: Host, target: str) -> str:
     cp = host.run(["hostname", "-I"], check=False, timeout=10)
     addrs = [a for a in (cp.stdout or "").split() if ":" not in a]
     if not addrs:
-        from nodeforge.errors import NodeforgeError
-
         raise NodeforgeError(
             "cannot find this node's address (no route to the controller, `hostname -I` empty); "
             "set node_address in params"

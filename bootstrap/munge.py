@@ -11,6 +11,7 @@ from nodeforge.errors import NodeforgeError
 from .host import Host, write_atomic
 from .params import Params
 from .paths import Paths
+from .private_read import UnsafeFileError, read_private
 
 
 def key_bytes(params: Params, source_label: str) -> bytes | None:
@@ -19,12 +20,18 @@ def key_bytes(params: Params, source_label: str) -> bytes | None:
     if params.munge_key_file:
         p = Path(params.munge_key_file)
         try:
-            raw = p.read_bytes()
-        except OSError as exc:
+            got = read_private(p, f"{source_label}: munge_key_file", max_bytes=4096)
+        except UnsafeFileError as exc:
             raise NodeforgeError(
-                f"{source_label}: munge_key_file: cannot read {p}: {exc.strerror}; "
-                "put the cluster's munge key there (0400) or give munge_key (base64) instead"
-            ) from exc
+                f"{exc}; put the cluster's munge key there (0400, owner root) "
+                "or give munge_key (base64) in a root-only node.yaml instead"
+            ) from None
+        if got.exposure:
+            raise NodeforgeError(
+                f"{source_label}: munge_key_file: {p} is {got.exposure}; a munge key must be "
+                "readable by root only (chown root:root, chmod 0400)"
+            )
+        raw = got.data
         # Accept either the raw key or its base64 text.
         try:
             dec = base64.b64decode(raw.strip(), validate=True)

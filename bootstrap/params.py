@@ -9,20 +9,83 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
+import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from nodeforge.errors import NodeforgeError
 
 ROLES = ("controller", "compute", "login")
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
-_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
-_FEATURE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-_GRES_RE = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*(:\d+)?$")
+# Every grammar is applied with re.fullmatch (a `$` would let a trailing newline through).
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+# One RFC 1123 label: the node name becomes the hostname and an /etc/hosts name.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_NODE_RE = re.compile(_LABEL)
+# A DNS name: dot-separated labels, no trailing dot, <= 253 chars, last label not all digits
+# (so "1.2.3.999" is neither an IP nor a name).
+_HOSTNAME_RE = re.compile(rf"(?=.{{1,253}}\Z)(?:{_LABEL}\.)*(?=[A-Za-z0-9-]*[A-Za-z-]){_LABEL}", re.DOTALL)
+_PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+_FEATURE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_GRES_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}(?::[A-Za-z0-9_.-]{1,64})?(?::[0-9]{1,6})?")
+_MAX_TIME_RE = re.compile(
+    r"INFINITE|UNLIMITED|[0-9]{1,7}(?::[0-9]{1,2}){0,2}|[0-9]{1,5}-[0-9]{1,2}(?::[0-9]{1,2}){0,2}"
+)
+_B64_RE = re.compile(r"[A-Za-z0-9+/]{4,}={0,2}")
+_ABS_PATH_RE = re.compile(r"/(?:[A-Za-z0-9_.+@-]+/?)*")
+_HOOK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _HOOK_SCHEMES = ("file", "http", "https", "s3")
+_URI_RE = re.compile(r"(?:file|https?|s3)://[!-~]{1,2040}")  # printable ASCII, no space
+_SSH_PUB_RE = re.compile(
+    r"(?:ssh-(?:ed25519|rsa|dss)|ecdsa-sha2-nistp(?:256|384|521)|sk-[a-z0-9@.-]{1,64})"
+    r" [A-Za-z0-9+/]{16,16384}={0,3}(?: [ -~]{0,256})?"
+)
+_SSH_PRIV_RE = re.compile(
+    r"-----BEGIN [A-Z ]{1,40}PRIVATE KEY-----\n[A-Za-z0-9+/=:, \n-]{16,65536}"
+    r"-----END [A-Z ]{1,40}PRIVATE KEY-----\n?"
+)
+# Any C0 control, DEL or C1 control (U+0080-U+009F), plus the Unicode line/paragraph
+# separators that some parsers treat as newlines.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _SECRET_FIELDS = ("munge_key",)
+SECRET_KEYS = ("munge_key", "users_keypair")  # fields that must come from a root-only source
+
+# Documented bounds (docs/agent.md "Params reference").
+SECONDS_MAX = 86400.0  # timeouts and backoffs: at most a day
+CPUS_MAX = 65535  # Slurm's CPUs is a uint16
+REAL_MEMORY_MAX = 1 << 40  # MiB (1 EiB)
+MUNGE_KEY_MIN, MUNGE_KEY_MAX = 32, 1024  # bytes (munge's own limits)
+EXTRA_DEPTH_MAX, EXTRA_ITEMS_MAX = 8, 10000
+HOOKS_MAX = 64
+PARTITIONS_MAX = 64
+LIST_MAX = 64  # features / gres / gres_types
+
+
+def is_ip(s: str) -> bool:
+    """An IPv4 or IPv6 address without a zone (``fe80::1%eth0`` is refused: ``%`` is a
+    systemd specifier and Slurm cannot use a scoped address)."""
+    try:
+        ipaddress.ip_address(s)
+    except ValueError:
+        return False
+    return "%" not in s
+
+
+def is_hostname(s: str) -> bool:
+    """A DNS name per RFC 1123 (labels of letters, digits and inner hyphens; no trailing dot)."""
+    return bool(_HOSTNAME_RE.fullmatch(s)) and not is_ip(s)
+
+
+def is_node_name(s: str) -> bool:
+    """A Slurm node name that is also a hostname: one RFC 1123 label."""
+    return bool(_NODE_RE.fullmatch(s))
+
+
+def control_char(s: str) -> str | None:
+    m = _CONTROL_RE.search(s)
+    return None if m is None else f"U+{ord(m.group()):04X}"
 
 
 class ParamsError(NodeforgeError):
@@ -115,12 +178,12 @@ class _V:
     def __init__(self, source: str):
         self.source = source
 
-    def fail(self, path: str, msg: str) -> None:
+    def fail(self, path: str, msg: str) -> NoReturn:
         raise ParamsError(f"{self.source}: {path}: {msg}")
 
     def mapping(self, v: Any, path: str) -> dict[str, Any]:
         if not isinstance(v, dict):
-            self.fail(path, f"expected a mapping, got {type(v).__name__}")
+            self.fail(path, f"expected a mapping, got {_tn(v)}")
         for k in v:
             if not isinstance(k, str):
                 self.fail(path, f"keys must be strings, got {k!r}")
@@ -129,31 +192,48 @@ class _V:
     def unknown(self, d: dict[str, Any], allowed: set[str], path: str) -> None:
         extra = sorted(set(d) - allowed)
         if extra:
-            where = f"{path}.{extra[0]}" if path else extra[0]
+            k = extra[0] if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", extra[0]) else repr(extra[0])
+            where = f"{path}.{k}" if path else k
             self.fail(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
     def string(
-        self, v: Any, path: str, pattern: re.Pattern[str] | None = None, what: str = ""
+        self,
+        v: Any,
+        path: str,
+        pattern: re.Pattern[str] | None = None,
+        what: str = "",
+        max_len: int = 4096,
     ) -> str:
         if not isinstance(v, str) or not v:
             self.fail(path, f"expected a non-empty string, got {_tn(v)}")
-        if pattern is not None and not pattern.match(v):
+        if len(v) > max_len:
+            self.fail(path, f"{len(v)} characters; at most {max_len}")
+        cc = control_char(v)
+        if cc is not None:
+            self.fail(path, f"{v!r} contains a control character ({cc}); remove it")
+        if pattern is not None and not pattern.fullmatch(v):
             self.fail(path, f"{v!r} is not {what or 'valid'}")
         return v
 
-    def integer(self, v: Any, path: str, lo: int = 0, hi: int | None = None) -> int:
+    def integer(self, v: Any, path: str, lo: int, hi: int) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
             self.fail(path, f"expected an integer, got {_tn(v)}")
-        if v < lo or (hi is not None and v > hi):
-            self.fail(path, f"{v} out of range [{lo}, {hi if hi is not None else '∞'}]")
+        if v < lo or v > hi:
+            self.fail(path, f"{v} out of range [{lo}, {hi}]")
         return v
 
-    def number(self, v: Any, path: str, lo: float = 0.0) -> float:
+    def number(self, v: Any, path: str, hi: float = SECONDS_MAX) -> float:
+        """Seconds: a finite number in (0, hi]. NaN/inf would unbound every wait."""
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(path, f"expected a number (seconds), got {_tn(v)}")
-        if v <= lo:
-            self.fail(path, f"must be > {lo:g}")
-        return float(v)
+        if isinstance(v, int) and abs(v) > 1 << 53:
+            self.fail(path, f"{v} out of range (0, {hi:g}] seconds")
+        f = float(v)
+        if not math.isfinite(f):
+            self.fail(path, f"{v!r} is not a finite number; give seconds in (0, {hi:g}]")
+        if f <= 0 or f > hi:
+            self.fail(path, f"{v:g} out of range (0, {hi:g}] seconds")
+        return f
 
     def boolean(self, v: Any, path: str) -> bool:
         if not isinstance(v, bool):
@@ -162,10 +242,44 @@ class _V:
 
     def str_list(self, v: Any, path: str, pattern: re.Pattern[str], what: str) -> tuple[str, ...]:
         if isinstance(v, str):  # "gpu,nvme" is accepted for features/gres
+            self.string(v, path, max_len=LIST_MAX * 80)
             v = [s.strip() for s in v.split(",") if s.strip()]
         if not isinstance(v, list):
             self.fail(path, f"expected a list of strings, got {_tn(v)}")
-        return tuple(self.string(x, f"{path}[{i}]", pattern, what) for i, x in enumerate(v))
+        if len(v) > LIST_MAX:
+            self.fail(path, f"{len(v)} items; at most {LIST_MAX}")
+        out = tuple(self.string(x, f"{path}[{i}]", pattern, what) for i, x in enumerate(v))
+        return tuple(dict.fromkeys(out))
+
+    def plain(self, v: Any, path: str, depth: int = 0, budget: list[int] | None = None) -> Any:
+        """Free-form data (extra): strings without control characters, finite numbers,
+        bounded depth and size. It reaches hooks (params.json), never a config file."""
+        budget = budget if budget is not None else [EXTRA_ITEMS_MAX]
+        budget[0] -= 1
+        if budget[0] < 0:
+            self.fail(path, f"more than {EXTRA_ITEMS_MAX} items")
+        if depth > EXTRA_DEPTH_MAX:
+            self.fail(path, f"nested deeper than {EXTRA_DEPTH_MAX} levels")
+        if isinstance(v, str):
+            cc = control_char(v)
+            if cc is not None:
+                self.fail(path, f"{v[:40]!r} contains a control character ({cc}); remove it")
+            return v
+        if isinstance(v, float) and not math.isfinite(v):
+            self.fail(path, f"{v!r} is not a finite number")
+        if v is None or isinstance(v, (bool, int, float)):
+            return v
+        if isinstance(v, list):
+            return [self.plain(x, f"{path}[{i}]", depth + 1, budget) for i, x in enumerate(v)]
+        if isinstance(v, dict):
+            out = {}
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    self.fail(path, f"keys must be strings, got {k!r}")
+                self.string(k, f"{path}.{k!r}", max_len=256)
+                out[k] = self.plain(x, f"{path}.{k}", depth + 1, budget)
+            return out
+        self.fail(path, f"unsupported value of type {_tn(v)}")
 
 
 def _tn(v: Any) -> str:
@@ -189,7 +303,7 @@ def parse_params(data: Any, source: str) -> Params:
 
     if "role" not in d:
         v.fail("role", f"missing; set one of {', '.join(ROLES)}")
-    role = v.string(d["role"], "role")
+    role = v.string(d["role"], "role", max_len=20)
     if role not in ROLES:
         v.fail("role", f"{role!r} is not one of {', '.join(ROLES)}")
     kw["role"] = role
@@ -203,29 +317,38 @@ def parse_params(data: Any, source: str) -> Params:
     kw["controller"] = _controller(v, d.get("controller"), role)
 
     if d.get("node_name") is not None:
-        kw["node_name"] = v.string(d["node_name"], "node_name", _NODE_RE, "a node name")
+        kw["node_name"] = v.string(
+            d["node_name"], "node_name", _NODE_RE, "a node name (one hostname label: a-z, 0-9, "
+            "inner '-', at most 63 characters)"
+        )
 
     if d.get("node_address") is not None:
-        kw["node_address"] = v.string(d["node_address"], "node_address")
-        if not _looks_like_ip(kw["node_address"]):
-            v.fail("node_address", f"{kw['node_address']!r} is not an IP address")
+        kw["node_address"] = _ip(v, d["node_address"], "node_address")
 
     if d.get("munge_key") is not None and d.get("munge_key_file") is not None:
         v.fail("munge_key", "give munge_key or munge_key_file, not both")
     if d.get("munge_key") is not None:
-        key = v.string(d["munge_key"], "munge_key")
+        key = v.string(d["munge_key"], "munge_key", max_len=2 * MUNGE_KEY_MAX)
+        if not _B64_RE.fullmatch(key):
+            v.fail("munge_key", "not valid base64 (encode the key with: base64 -w0 munge.key)")
         try:
             raw = base64.b64decode(key, validate=True)
         except (binascii.Error, ValueError):
             v.fail("munge_key", "not valid base64 (encode the key with: base64 -w0 munge.key)")
-        if len(raw) < 32:
-            v.fail("munge_key", f"decodes to {len(raw)} bytes; munge needs at least 32")
+        if not MUNGE_KEY_MIN <= len(raw) <= MUNGE_KEY_MAX:
+            v.fail(
+                "munge_key",
+                f"decodes to {len(raw)} bytes; munge needs at least {MUNGE_KEY_MIN} "
+                f"and at most {MUNGE_KEY_MAX}",
+            )
         kw["munge_key"] = key
     if d.get("munge_key_file") is not None:
-        kw["munge_key_file"] = v.string(d["munge_key_file"], "munge_key_file")
+        kw["munge_key_file"] = _abs_path(v, d["munge_key_file"], "munge_key_file")
 
     if "features" in d:
-        kw["features"] = v.str_list(d["features"], "features", _FEATURE_RE, "a feature name")
+        kw["features"] = v.str_list(
+            d["features"], "features", _FEATURE_RE, "a feature name (A-Za-z0-9_.-, max 64)"
+        )
     if "gres" in d:
         kw["gres"] = v.str_list(d["gres"], "gres", _GRES_RE, "a gres spec (name[:type][:count])")
     if "gres_types" in d:
@@ -233,9 +356,9 @@ def parse_params(data: Any, source: str) -> Params:
             d["gres_types"], "gres_types", _FEATURE_RE, "a gres type name"
         )
     if d.get("cpus") is not None:
-        kw["cpus"] = v.integer(d["cpus"], "cpus", 1)
+        kw["cpus"] = v.integer(d["cpus"], "cpus", 1, CPUS_MAX)
     if d.get("real_memory") is not None:
-        kw["real_memory"] = v.integer(d["real_memory"], "real_memory", 1)
+        kw["real_memory"] = v.integer(d["real_memory"], "real_memory", 1, REAL_MEMORY_MAX)
     if "partitions" in d:
         kw["partitions"] = _partitions(v, d["partitions"])
     if "max_node_count" in d:
@@ -261,16 +384,49 @@ def parse_params(data: Any, source: str) -> Params:
         for k in ("public", "private"):
             if k not in kp:
                 v.fail(f"users_keypair.{k}", "missing")
-        pub = v.string(kp["public"], "users_keypair.public")
-        if not pub.startswith(("ssh-", "ecdsa-", "sk-")):
-            v.fail("users_keypair.public", "expected an OpenSSH public key line (ssh-ed25519 ...)")
-        priv = v.string(kp["private"], "users_keypair.private")
-        if "PRIVATE KEY-----" not in priv:
+        pub = kp["public"].strip() if isinstance(kp["public"], str) else kp["public"]
+        pub = v.string(
+            pub, "users_keypair.public", _SSH_PUB_RE, "an OpenSSH public key line (ssh-ed25519 ...)"
+        )
+        priv = kp["private"]
+        if not isinstance(priv, str) or not priv.strip():
+            v.fail("users_keypair.private", f"expected a non-empty string, got {_tn(priv)}")
+        priv = priv.strip() + "\n"
+        # The one field where newlines belong: a PEM block, nothing else.
+        if not _SSH_PRIV_RE.fullmatch(priv):
             v.fail("users_keypair.private", "expected an OpenSSH private key (-----BEGIN ...)")
-        kw["users_keypair"] = UsersKeypair(pub.strip(), priv.strip() + "\n")
+        kw["users_keypair"] = UsersKeypair(pub, priv)
     if "extra" in d:
-        kw["extra"] = dict(v.mapping(d["extra"] if d["extra"] is not None else {}, "extra"))
+        kw["extra"] = dict(v.plain(v.mapping(d["extra"] or {}, "extra"), "extra"))
     return Params(**kw)
+
+
+def _ip(v: _V, raw: Any, path: str) -> str:
+    s = v.string(raw, path, max_len=64)
+    if "%" in s:
+        v.fail(path, f"{s!r}: an IPv6 zone (%...) is not supported; give a global address")
+    if not is_ip(s):
+        v.fail(path, f"{s!r} is not an IP address")
+    return s
+
+
+def _abs_path(v: _V, raw: Any, path: str) -> str:
+    s = v.string(raw, path, _ABS_PATH_RE, "an absolute path (/a/b, letters digits _.+@-)")
+    if any(part in (".", "..") for part in s.split("/")):
+        v.fail(path, f"{s!r}: '.' and '..' segments are not allowed")
+    return s
+
+
+def _host_or_address(v: _V, s: str, path: str) -> Controller:
+    if "%" in s:
+        v.fail(path, f"{s!r}: an IPv6 zone (%...) is not supported; give a global address")
+    if is_ip(s):
+        return Controller(address=s)
+    if s.endswith("."):
+        v.fail(path, f"{s!r}: drop the trailing dot (Slurm and /etc/hosts want the plain name)")
+    if not is_hostname(s):
+        v.fail(path, f"{s!r} is neither an IP address nor a DNS name (RFC 1123)")
+    return Controller(host=s)
 
 
 def _controller(v: _V, raw: Any, role: str) -> Controller:
@@ -279,34 +435,39 @@ def _controller(v: _V, raw: Any, role: str) -> Controller:
             return Controller()
         v.fail("controller", "missing; a compute/login node needs the controller's host or address")
     if isinstance(raw, str):
-        # "host" or "host(address)" like SlurmctldHost, or a bare address
-        m = re.match(r"^([^()\s]+)\(([^()\s]+)\)$", raw)
+        s = v.string(raw, "controller", max_len=320)
+        # "host(address)" like SlurmctldHost, or a bare host or address
+        m = re.fullmatch(r"([^()]+)\(([^()]+)\)", s)
         if m:
-            return Controller(m.group(1), m.group(2))
-        v.string(raw, "controller")
-        return Controller(host=raw) if not _looks_like_ip(raw) else Controller(address=raw)
+            raw = {"host": m.group(1), "address": m.group(2)}
+        else:
+            return _host_or_address(v, s, "controller")
     c = v.mapping(raw, "controller")
     v.unknown(c, {"host", "address"}, "controller")
-    host = v.string(c["host"], "controller.host", _NODE_RE, "a hostname") if c.get("host") else ""
-    addr = v.string(c["address"], "controller.address") if c.get("address") else ""
+    host = addr = ""
+    if c.get("host") is not None:
+        host = v.string(c["host"], "controller.host", max_len=253)
+        if host.endswith("."):
+            v.fail("controller.host", f"{host!r}: drop the trailing dot")
+        if not is_hostname(host):
+            v.fail("controller.host", f"{host!r} is not a hostname (RFC 1123: a-z, 0-9, '-', '.')")
+    if c.get("address") is not None:
+        addr_c = _host_or_address(v, v.string(c["address"], "controller.address", max_len=253),
+                                  "controller.address")  # fmt: skip
+        addr = addr_c.address or addr_c.host
+        if host and not addr_c.address:
+            # host(address) goes to /etc/hosts, which maps a name to an address, not to a name.
+            v.fail("controller.address", f"{addr!r}: with controller.host, give an IP address")
     if not host and not addr and role != "controller":
         v.fail("controller", "give controller.host or controller.address")
     return Controller(host, addr)
 
 
-def _looks_like_ip(s: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(s)
-    except ValueError:
-        return False
-    return True
-
-
 def _partitions(v: _V, raw: Any) -> tuple[Partition, ...]:
     if not isinstance(raw, list) or not raw:
         v.fail("partitions", f"expected a non-empty list, got {_tn(raw)}")
+    if len(raw) > PARTITIONS_MAX:
+        v.fail("partitions", f"{len(raw)} partitions; at most {PARTITIONS_MAX}")
     out = []
     names = set()
     for i, p in enumerate(raw):
@@ -315,7 +476,9 @@ def _partitions(v: _V, raw: Any) -> tuple[Partition, ...]:
             p = {"name": p}
         p = v.mapping(p, path)
         v.unknown(p, {"name", "default", "max_time"}, path)
-        name = v.string(p.get("name"), f"{path}.name", _NODE_RE, "a partition name")
+        name = v.string(
+            p.get("name"), f"{path}.name", _PARTITION_RE, "a partition name (A-Za-z0-9_.-)"
+        )
         if name in names:
             v.fail(f"{path}.name", f"duplicate partition {name!r}")
         names.add(name)
@@ -326,8 +489,9 @@ def _partitions(v: _V, raw: Any) -> tuple[Partition, ...]:
         max_time = v.string(
             max_time,
             f"{path}.max_time",
-            re.compile(r"^[0-9:-]+$|^INFINITE$|^UNLIMITED$"),
+            _MAX_TIME_RE,
             "a Slurm time (INFINITE, minutes, D-HH:MM:SS)",
+            max_len=20,
         )
         out.append(Partition(name, default, max_time))
     if not any(p.default for p in out):
@@ -338,6 +502,8 @@ def _partitions(v: _V, raw: Any) -> tuple[Partition, ...]:
 def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
     if not isinstance(raw, list):
         v.fail("hooks", f"expected a list, got {_tn(raw)}")
+    if len(raw) > HOOKS_MAX:
+        v.fail("hooks", f"{len(raw)} hooks; at most {HOOKS_MAX}")
     out = []
     for i, h in enumerate(raw):
         path = f"hooks[{i}]"
@@ -345,17 +511,19 @@ def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
             h = {"uri": h}
         h = v.mapping(h, path)
         v.unknown(h, {"uri", "sha256", "timeout", "retries", "name", "script"}, path)
-        uri = v.string(h.get("uri"), f"{path}.uri")
+        uri = v.string(h.get("uri"), f"{path}.uri", max_len=2048)
         scheme = uri.split("://", 1)[0] if "://" in uri else ""
         if scheme not in _HOOK_SCHEMES:
             v.fail(
                 f"{path}.uri",
                 f"{uri!r}: scheme must be one of {', '.join(s + '://' for s in _HOOK_SCHEMES)}",
             )
+        if not _URI_RE.fullmatch(uri):
+            v.fail(f"{path}.uri", f"{uri!r}: only printable ASCII without spaces (percent-encode)")
         sha = None
         if h.get("sha256") is not None:
             sha = h["sha256"]
-            if not isinstance(sha, str) or not _HEX64.match(sha):
+            if not isinstance(sha, str) or not _HEX64.fullmatch(sha):
                 v.fail(f"{path}.sha256", "expected 64 hex chars (sha256sum of the script)")
             sha = sha.lower()
         timeout = (
@@ -369,7 +537,7 @@ def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
         name = None
         if h.get("name") is not None:
             name = v.string(
-                h["name"], f"{path}.name", re.compile(r"^[A-Za-z0-9_.-]+$"), "a file name"
+                h["name"], f"{path}.name", _HOOK_NAME_RE, "a file name (A-Za-z0-9_.-, not . or ..)"
             )
         script = None
         if h.get("script") is not None:
@@ -399,7 +567,7 @@ def _s3_endpoint(v: _V, raw: Any) -> str:
         v.fail("s3_endpoint_url", f"{url!r} is not https://host[:port]")
     host = m.group(2).strip("[]")
     if m.group(1) == "http" and host != "localhost" and not (
-        _looks_like_ip(host) and ipaddress.ip_address(host).is_loopback
+        is_ip(host) and ipaddress.ip_address(host).is_loopback
     ):
         v.fail("s3_endpoint_url", f"{url!r}: plain http:// is only accepted to this machine "
                "(127.0.0.1, ::1, localhost); use https://")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
+import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -26,8 +27,10 @@ import yaml
 from nodeforge import download
 from nodeforge.errors import NodeforgeError
 
-from .params import Params, ParamsError, parse_params
+from . import strict_yaml
+from .params import SECRET_KEYS, Params, ParamsError, parse_params
 from .paths import Paths
+from .private_read import UnsafeFileError, read_private
 
 log = logging.getLogger("nodeforge.params")
 
@@ -48,6 +51,7 @@ class SourceConfig:
     imds_timeout: float = 1.0
     own_addresses: Callable[[], Iterable[str]] | None = None  # for HyperPod self-lookup
     hostname: Callable[[], str] | None = None
+    imds_guarded: Callable[[], bool] | None = None  # None: imds_guard_installed(paths)
 
 
 def load_params(cfg: SourceConfig) -> Loaded:
@@ -70,18 +74,56 @@ def load_params(cfg: SourceConfig) -> Loaded:
     )
 
 
+# -- secrets ------------------------------------------------------------------------------------
+SAFE_SECRET_HINT = (
+    "give the key as munge_key_file: /path/to/a/root-only/file (mode 0400/0600, owner root; "
+    "for example copied from an S3 URI by a HyperPod lifecycle script), or put the params in "
+    "/etc/nodeforge/node.yaml with mode 0600"
+)
+
+
+def refuse_secrets(data: dict[str, Any], label: str, why: str) -> None:
+    """A secret read from a source that unprivileged users can read is refused, by field."""
+    for key in SECRET_KEYS:
+        if data.get(key) is not None:
+            raise ParamsError(
+                f"{label}: {key}: refused, {why}; a secret must come from a root-only source: "
+                + SAFE_SECRET_HINT
+            )
+
+
+def _read_params_file(path: Path, label: str) -> tuple[str, str | None]:
+    """(text, exposure) of a params file; a symlink or a non-file is an error."""
+    try:
+        got = read_private(path, label)
+        return got.text, got.exposure
+    except UnsafeFileError as exc:
+        raise ParamsError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ParamsError(f"{label}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 # -- 1. node.yaml ------------------------------------------------------------------------------
 def _from_file(cfg: SourceConfig) -> Loaded | None:
     path = cfg.paths.node_yaml
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    data = _yaml(path.read_text(), str(path))
-    return Loaded(parse_params(data, str(path)), f"file:{path}")
+    return Loaded(load_node_yaml(path), f"file:{path}")
+
+
+def load_node_yaml(path: Path) -> Params:
+    text, exposed = _read_params_file(path, str(path))
+    data = _yaml(text, str(path))
+    if exposed and isinstance(data, dict):
+        refuse_secrets(data, str(path), f"the file is {exposed}")
+    return parse_params(data, str(path))
 
 
 def _yaml(text: str, label: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return strict_yaml.load(text)
+    except strict_yaml.StrictYAMLError as exc:
+        raise ParamsError(f"{label}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ParamsError(f"{label}: not valid YAML: {exc}") from exc
 
@@ -89,74 +131,164 @@ def _yaml(text: str, label: str) -> Any:
 # -- 2. kernel command line ----------------------------------------------------------------------
 # nodeforge.<field>=<value>; list fields are comma separated; nodeforge.params=<url> loads a YAML
 # document (file://, http(s)://) that the other nodeforge.* keys then override.
-_CMDLINE_LISTS = {"features", "gres"}
+_CMDLINE_LISTS = {"features", "gres", "gres_types"}
 _CMDLINE_INTS = {"cpus", "real_memory", "max_node_count", "hook_retries"}
 _CMDLINE_FLOATS = {"hook_timeout", "wait_timeout", "hook_backoff", "hook_backoff_max"}
+_CMDLINE_BOOLS = {"accounting", "docker"}
 _CMDLINE_ALIASES = {"cluster": "cluster_name", "node": "node_name"}
+_INT_RE = re.compile(r"[0-9]{1,15}")
+_FLOAT_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})?")
+# The kernel's isspace(): its ctype table also counts 0xA0 (Latin-1 NBSP) as space.
+_KSPACE = " \t\n\v\f\r\xa0"
+
+
+def kernel_args(text: str) -> list[tuple[str, str | None]]:
+    """Split a kernel command line exactly like the kernel's parse_args()/next_arg().
+
+    Only double quotes group words: `a="b c"` and `"a=b c"` are one argument; a quote inside a
+    word toggles quoting without being removed; there is no escape character. `--` ends the
+    kernel's arguments (the rest is init's). Returns (param, value) pairs; value None for a
+    bare word.
+    """
+    out: list[tuple[str, str | None]] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in _KSPACE:
+            i += 1
+        if i >= n:
+            return out
+        quoted = text[i] == '"'
+        if quoted:
+            i += 1
+        start = i
+        in_quote = quoted
+        equals = 0
+        j = i
+        while j < n:
+            ch = text[j]
+            if ch in _KSPACE and not in_quote:
+                break
+            if equals == 0 and ch == "=":
+                equals = j - start  # the kernel keeps 0 as "no '='" (a leading '=' is not one)
+            if ch == '"':
+                in_quote = not in_quote
+            j += 1
+        word_end = j  # text[start:j] is the argument, quotes and all
+        if quoted and j > start and text[j - 1] == '"':
+            word_end = j - 1
+        if not equals:
+            param, val = text[start:word_end], None
+        else:
+            param = text[start : start + equals]
+            vstart = start + equals + 1
+            vend = word_end
+            if vstart < n and vstart < j and text[vstart] == '"':
+                vstart += 1
+                if not quoted and j > 0 and text[j - 1] == '"' and vend > vstart:
+                    vend = j - 1
+            val = text[vstart:max(vstart, vend)]
+        if val is None and param == "--":
+            return out
+        out.append((param, val))
+        i = j + 1 if j < n else j
 
 
 def parse_cmdline(text: str) -> dict[str, str]:
+    """The nodeforge.* arguments of a kernel command line (aliases resolved).
+
+    A key given twice is an error: which of two values the operator meant is not ours to guess.
+    """
     out: dict[str, str] = {}
-    try:
-        words = shlex.split(text)
-    except ValueError:
-        words = text.split()
-    for w in words:
-        if w.startswith("nodeforge.") and "=" in w:
-            k, val = w[len("nodeforge.") :].split("=", 1)
-            out[_CMDLINE_ALIASES.get(k, k)] = val
+    for param, val in kernel_args(text):
+        if not param.startswith("nodeforge.") or val is None:
+            continue
+        k = param[len("nodeforge.") :]
+        k = _CMDLINE_ALIASES.get(k, k)
+        if k in out:
+            raise ParamsError(f"kernel command line: {param}: given twice; keep one")
+        out[k] = val
     return out
+
+
+def read_cmdline(path: Path) -> str:
+    # Bytes as the kernel sees them; latin-1 maps each byte to one character.
+    return path.read_bytes().decode("latin-1")
+
+
+def cmdline_params(
+    text: str,
+    label: str = "kernel command line",
+    url_reader: Callable[[str, str], dict[str, Any]] | None = None,
+) -> dict[str, Any] | None:
+    """The params mapping that a kernel command line gives, or None if it has no nodeforge.*."""
+    kv = parse_cmdline(text)
+    if not kv:
+        return None
+    # /proc/cmdline is world-readable: a secret on it is public to every local user.
+    refuse_secrets(kv, label, "the kernel command line is readable by every user (/proc/cmdline)")
+    data: dict[str, Any] = {}
+    url = kv.pop("params", None)
+    if url:
+        data = (url_reader or _params_url)(url, f"{label} nodeforge.params={url}")
+    for k, val in kv.items():
+        path = f"{label}: nodeforge.{k}"
+        if k in _CMDLINE_LISTS:
+            data[k] = [s for s in val.split(",") if s]
+        elif k in _CMDLINE_INTS:
+            if not _INT_RE.fullmatch(val):
+                raise ParamsError(f"{path}: expected an integer, got {val!r}")
+            data[k] = int(val)
+        elif k in _CMDLINE_FLOATS:
+            if not _FLOAT_RE.fullmatch(val):
+                raise ParamsError(f"{path}: expected a number of seconds (e.g. 30 or 2.5), got {val!r}")
+            data[k] = float(val)
+        elif k in _CMDLINE_BOOLS:
+            if val not in ("0", "1", "true", "false", "yes", "no"):
+                raise ParamsError(f"{path}: expected true or false, got {val!r}")
+            data[k] = val in ("1", "true", "yes")
+        else:
+            data[k] = val
+    return data
+
+
+def _params_url(url: str, label: str) -> dict[str, Any]:
+    if url.startswith("file://"):
+        text, exposed = _read_params_file(Path(url[len("file://") :]), label)
+        why = f"the file is {exposed}" if exposed else None
+    elif url.startswith(("http://", "https://")):
+        text = _fetch_text(url, label)
+        why = "a params URL can be fetched by every user who can reach it"
+    else:
+        raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
+    data = _yaml(text, label) or {}
+    if not isinstance(data, dict):
+        raise ParamsError(f"{label}: expected a YAML mapping")
+    if why:
+        refuse_secrets(data, label, why)
+    return data
 
 
 def _from_cmdline(cfg: SourceConfig) -> Loaded | None:
     try:
-        text = cfg.paths.cmdline.read_text()
+        text = read_cmdline(cfg.paths.cmdline)
     except OSError:
         return None
-    kv = parse_cmdline(text)
-    if not kv:
-        return None
     label = "kernel command line"
-    data: dict[str, Any] = {}
-    url = kv.pop("params", None)
-    if url:
-        data = (
-            _yaml(_fetch_text(url, label + " nodeforge.params"), f"{label} nodeforge.params={url}")
-            or {}
-        )
-        if not isinstance(data, dict):
-            raise ParamsError(f"{label}: nodeforge.params={url}: expected a YAML mapping")
-    for k, val in kv.items():
-        path = f"nodeforge.{k}"
-        if k in _CMDLINE_LISTS:
-            data[k] = [s for s in val.split(",") if s]
-        elif k in _CMDLINE_INTS:
-            try:
-                data[k] = int(val)
-            except ValueError:
-                raise ParamsError(f"{label}: {path}: expected an integer, got {val!r}") from None
-        elif k in _CMDLINE_FLOATS:
-            try:
-                data[k] = float(val)
-            except ValueError:
-                raise ParamsError(f"{label}: {path}: expected a number, got {val!r}") from None
-        elif k == "accounting":
-            if val not in ("0", "1", "true", "false", "yes", "no"):
-                raise ParamsError(f"{label}: {path}: expected true or false, got {val!r}")
-            data[k] = val in ("1", "true", "yes")
-        else:
-            data[k] = val
+    data = cmdline_params(text, label)
+    if data is None:
+        return None
     return Loaded(parse_params(data, label), "cmdline")
 
 
 # A params document is small; a bigger body is not one. Retries heal a network that is still
 # coming up at boot (1 s, then 2 s).
 PARAMS_URL_POLICY = download.Policy(timeout=10.0, deadline=60.0, attempts=3, backoff=1.0,
-                                    max_bytes=1 << 20)
+                                    max_bytes=strict_yaml.MAX_BYTES)
 
 
 def _fetch_text(url: str, label: str) -> str:
-    if not url.startswith(("file://", "http://", "https://")):
+    # file:// never gets here: it is read with the root-only checks (_read_params_file).
+    if not url.startswith(("http://", "https://")):
         raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
     try:
         return download.fetch_bytes(url, label=label, policy=PARAMS_URL_POLICY).decode()
@@ -167,16 +299,28 @@ def _fetch_text(url: str, label: str) -> str:
 
 
 # -- 3. cloud-init / EC2 user-data ---------------------------------------------------------------
+USER_DATA_EXPOSURE = (
+    "EC2 user-data can be read by every local user from the instance metadata service "
+    "(enable the image's node_agent_imds_root_only to block that)"
+)
+
+
 def params_from_user_data(text: str, label: str) -> dict[str, Any] | None:
     """User-data is ours if it is a YAML mapping (optionally #cloud-config) with a `nodeforge:`
-    section, or a plain YAML mapping with a `role` key. Scripts and other formats are not ours."""
+    section, or a plain YAML mapping with a `role` key. Scripts and other formats are not ours;
+    a document that is ours but breaks the strict YAML rules is an error."""
     stripped = text.lstrip()
     if not stripped or stripped.startswith(("#!", "Content-Type:")):
         return None
     try:
-        data = yaml.safe_load(text)
+        data = strict_yaml.load(text)
+    except strict_yaml.StrictYAMLError as exc:
+        # Someone else's YAML may use anchors; it only matters when the document is ours.
+        if len(text) > strict_yaml.MAX_BYTES or not _looks_ours(text, stripped):
+            return None
+        raise ParamsError(f"{label}: {exc}") from exc
     except yaml.YAMLError:
-        return None
+        return None  # not YAML at all: some other tool's user-data
     if not isinstance(data, dict):
         return None
     if "nodeforge" in data:
@@ -189,10 +333,28 @@ def params_from_user_data(text: str, label: str) -> dict[str, Any] | None:
     return None
 
 
+def _looks_ours(text: str, stripped: str) -> bool:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(data, dict) and (
+        "nodeforge" in data or ("role" in data and not stripped.startswith("#cloud-config"))
+    )
+
+
+def _user_data_section(text: str, label: str, guarded: bool) -> dict[str, Any] | None:
+    section = params_from_user_data(text, label)
+    if section is not None and not guarded:
+        refuse_secrets(section, label, USER_DATA_EXPOSURE)
+    return section
+
+
 def _from_user_data(cfg: SourceConfig) -> Loaded | None:
+    guarded = cfg.imds_guarded() if cfg.imds_guarded else imds_guard_installed(cfg.paths)
     ci = cfg.paths.cloud_init_user_data
     if ci.exists():
-        section = params_from_user_data(ci.read_text(errors="replace"), str(ci))
+        section = _user_data_section(ci.read_text(errors="replace"), str(ci), guarded)
         if section is not None:
             return Loaded(parse_params(section, f"{ci} nodeforge"), "cloud-init")
     if not cfg.imds_url:
@@ -201,10 +363,18 @@ def _from_user_data(cfg: SourceConfig) -> Loaded | None:
     if text is None:
         return None
     label = "EC2 user-data (IMDSv2)"
-    section = params_from_user_data(text, label)
+    section = _user_data_section(text, label, guarded)
     if section is None:
         return None
     return Loaded(parse_params(section, label + " nodeforge"), "imds")
+
+
+IMDS_GUARD_RULES = Path("/etc/nodeforge/imds-root-only.nft")
+
+
+def imds_guard_installed(paths: Paths) -> bool:
+    """The image blocks non-root access to IMDS (role node_agent, node_agent_imds_root_only)."""
+    return (paths.root / IMDS_GUARD_RULES.relative_to("/")).is_file()
 
 
 def imds_user_data(base_url: str, timeout: float = 1.0) -> str | None:
@@ -246,19 +416,50 @@ def _from_hyperpod(cfg: SourceConfig) -> Loaded | None:
     pp_path = cfg.paths.hyperpod_provisioning_parameters
     if not (rc_path.exists() and pp_path.exists()):
         return None
-    rc = _json(rc_path)
-    pp = _json(pp_path)
     addrs = set(cfg.own_addresses() if cfg.own_addresses else _own_addresses())
     host = cfg.hostname() if cfg.hostname else _hostname()
-    data = hyperpod_params(rc, pp, addrs, host, str(rc_path), str(pp_path))
-    return Loaded(parse_params(data, f"{pp_path} (HyperPod)"), "hyperpod")
+    return Loaded(load_hyperpod(rc_path, pp_path, addrs, host), "hyperpod")
 
 
-def _json(path: Path) -> Any:
+def load_hyperpod(rc_path: Path, pp_path: Path, addrs: set[str], hostname: str) -> Params:
+    rc, _ = _json(rc_path)
+    pp, exposed = _json(pp_path)
+    data = hyperpod_params(rc, pp, addrs, hostname, str(rc_path), str(pp_path))
+    if exposed:
+        refuse_secrets(data, f"{pp_path} nodeforge", f"the file is {exposed}")
+    return parse_params(data, f"{pp_path} (HyperPod)")
+
+
+def _json(path: Path) -> tuple[Any, str | None]:
+    text, exposed = _read_params_file(path, str(path))
     try:
-        return json.loads(path.read_text())
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_dup(path)), exposed
     except json.JSONDecodeError as exc:
         raise ParamsError(f"{path}: not valid JSON: {exc}") from exc
+
+
+def _no_constant(name: str) -> Any:
+    raise ParamsError(f"{name} is not a JSON number; give a finite value")
+
+
+def _no_dup(path: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, val in pairs:
+            if k in out:
+                raise ParamsError(f"{path}: duplicate key {k!r}; keep one")
+            out[k] = val
+        return out
+
+    return hook
+
+
+def _hp_str(v: Any, label: str, field: str, required: bool = True) -> str | None:
+    if v is None and not required:
+        return None
+    if not isinstance(v, str) or not v:
+        raise ParamsError(f"{label}: {field}: expected a non-empty string, got {_tn(v)}")
+    return v
 
 
 def hyperpod_params(
@@ -270,8 +471,8 @@ def hyperpod_params(
     worker_groups: [{instance_group_name, partition_name}], ...}; an optional `nodeforge` section
     carries any other params (munge_key_file, hooks, ...). resource_config.json:
     {InstanceGroups: [{Name, Instances: [{InstanceName, CustomerIpAddress, ...}]}]}.
-    This node is the instance whose CustomerIpAddress is one of ours (or whose InstanceName is
-    our hostname); its group picks the role.
+    This node is the instance whose CustomerIpAddress is one of ours; only when no address
+    matches, the instance whose InstanceName is our hostname. Its group picks the role.
     """
     if not isinstance(pp, dict):
         raise ParamsError(f"{pp_label}: expected a JSON object")
@@ -280,54 +481,83 @@ def hyperpod_params(
     wm = pp.get("workload_manager", "slurm")
     if wm != "slurm":
         raise ParamsError(f"{pp_label}: workload_manager: {wm!r} is not 'slurm'")
-    ctl_group = pp.get("controller_group")
-    if not isinstance(ctl_group, str) or not ctl_group:
+    if pp.get("controller_group") is None:
         raise ParamsError(f"{pp_label}: controller_group: missing")
-    login_group = pp.get("login_group")
+    ctl_group = _hp_str(pp.get("controller_group"), pp_label, "controller_group")
+    login_group = _hp_str(pp.get("login_group"), pp_label, "login_group", required=False)
     workers = pp.get("worker_groups") or []
     if not isinstance(workers, list):
-        raise ParamsError(f"{pp_label}: worker_groups: expected a list")
+        raise ParamsError(f"{pp_label}: worker_groups: expected a list, got {_tn(workers)}")
     partition_of: dict[str, str] = {}
     for i, w in enumerate(workers):
-        if (
-            not isinstance(w, dict)
-            or not w.get("instance_group_name")
-            or not w.get("partition_name")
-        ):
+        if not isinstance(w, dict) or not w.get("instance_group_name") or not w.get("partition_name"):
             raise ParamsError(
                 f"{pp_label}: worker_groups[{i}]: expected {{instance_group_name, partition_name}}"
             )
-        partition_of[w["instance_group_name"]] = w["partition_name"]
+        g = _hp_str(w["instance_group_name"], pp_label, f"worker_groups[{i}].instance_group_name")
+        part = _hp_str(w["partition_name"], pp_label, f"worker_groups[{i}].partition_name")
+        assert g is not None and part is not None
+        if g in partition_of:
+            raise ParamsError(f"{pp_label}: worker_groups[{i}].instance_group_name: {g!r} given twice")
+        partition_of[g] = part
 
     groups: dict[str, list[dict[str, Any]]] = {}
-    mine: tuple[str, dict[str, Any]] | None = None
+    group_of_addr: dict[str, str] = {}
+    by_addr: list[tuple[str, dict[str, Any]]] = []
+    by_name: list[tuple[str, dict[str, Any]]] = []
     for gi, g in enumerate(rc["InstanceGroups"]):
-        if not isinstance(g, dict) or not isinstance(g.get("Name"), str):
-            raise ParamsError(f"{rc_label}: InstanceGroups[{gi}].Name: missing")
+        gpath = f"InstanceGroups[{gi}]"
+        if not isinstance(g, dict):
+            raise ParamsError(f"{rc_label}: {gpath}: expected an object, got {_tn(g)}")
+        if g.get("Name") is None:
+            raise ParamsError(f"{rc_label}: {gpath}.Name: missing")
+        name = _hp_str(g.get("Name"), rc_label, f"{gpath}.Name")
+        assert name is not None
+        if name in groups:
+            raise ParamsError(f"{rc_label}: {gpath}.Name: duplicate group name {name!r}")
         insts = g.get("Instances") or []
         if not isinstance(insts, list):
-            raise ParamsError(f"{rc_label}: InstanceGroups[{gi}].Instances: expected a list")
-        groups[g["Name"]] = insts
-        for inst in insts:
+            raise ParamsError(f"{rc_label}: {gpath}.Instances: expected a list, got {_tn(insts)}")
+        valid = []
+        for ii, inst in enumerate(insts):
+            ipath = f"{gpath}.Instances[{ii}]"
             if not isinstance(inst, dict):
-                continue
-            if inst.get("CustomerIpAddress") in own_addresses or (
-                hostname and inst.get("InstanceName") == hostname
-            ):
-                mine = (g["Name"], inst)
-    if mine is None:
+                raise ParamsError(f"{rc_label}: {ipath}: expected an object, got {_tn(inst)}")
+            addr = _hp_str(inst.get("CustomerIpAddress"), rc_label, f"{ipath}.CustomerIpAddress", False)
+            iname = _hp_str(inst.get("InstanceName"), rc_label, f"{ipath}.InstanceName", False)
+            if addr is not None:
+                if addr in group_of_addr and group_of_addr[addr] != name:
+                    raise ParamsError(
+                        f"{rc_label}: {ipath}.CustomerIpAddress: {addr} is in two groups, "
+                        f"{group_of_addr[addr]!r} and {name!r}"
+                    )
+                group_of_addr[addr] = name
+                if addr in own_addresses:
+                    by_addr.append((name, inst))
+            if hostname and iname == hostname:
+                by_name.append((name, inst))
+            valid.append(inst)
+        groups[name] = valid
+    # An address is ours for sure; a hostname can be stale or reused, so it only breaks a tie
+    # when no address matched.
+    matches = by_addr or by_name
+    if not matches:
         raise ParamsError(
             f"{rc_label}: this node (addresses {', '.join(sorted(own_addresses)) or 'none'}, "
             f"hostname {hostname!r}) is in no instance group's Instances"
         )
-    ctl = [
-        i for i in groups.get(ctl_group, []) if isinstance(i, dict) and i.get("CustomerIpAddress")
-    ]
+    if len(matches) > 1:
+        what = "addresses" if by_addr else "hostname"
+        raise ParamsError(
+            f"{rc_label}: this node's {what} match {len(matches)} instances "
+            f"(groups {', '.join(repr(g) for g, _ in matches)}); each instance must be listed once"
+        )
+    ctl = [i for i in groups.get(ctl_group, []) if i.get("CustomerIpAddress")]
     if not ctl:
         raise ParamsError(
             f"{rc_label}: controller group {ctl_group!r} has no instance with a CustomerIpAddress"
         )
-    group, inst = mine
+    group, inst = matches[0]
     if group == ctl_group:
         role = "controller"
     elif login_group and group == login_group:
@@ -356,13 +586,26 @@ def hyperpod_params(
         names = list(dict.fromkeys(partition_of.values()))
         data["partitions"] = [{"name": n, "default": i == 0} for i, n in enumerate(names)]
     for k, val in extra_section.items():
-        if k == "extra" and isinstance(val, dict):
+        if k == "extra":
+            if not isinstance(val, dict):
+                raise ParamsError(f"{pp_label}: nodeforge.extra: expected a mapping, got {_tn(val)}")
             data["extra"].update(val)
         elif k == "features" and role == "compute":
+            if isinstance(val, str):
+                val = [s.strip() for s in val.split(",") if s.strip()]
+            if val is not None and not isinstance(val, list):
+                raise ParamsError(
+                    f"{pp_label}: nodeforge.features: expected a list or a comma-separated string, "
+                    f"got {_tn(val)}"
+                )
             data["features"] = list(data.get("features", [])) + list(val or [])
         else:
             data[k] = val
     return data
+
+
+def _tn(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
 
 
 def _own_addresses() -> list[str]:

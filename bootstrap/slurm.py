@@ -10,15 +10,17 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
 
 from .host import Host, write_atomic
-from .params import Params
+from .params import Params, control_char
 from .paths import Paths
 
 SLURMCTLD_PORT = 6817
@@ -98,17 +100,28 @@ def client_conf(paths: Paths, params: Params) -> Path:
     """
     c = params.controller
     host = c.host or c.address
-    line = f"SlurmctldHost={host}({c.address})" if c.address and c.host else f"SlurmctldHost={host}"
+    ctl = f"{host}({c.address})" if c.address and c.host else host
     text = (
         "# written by nodeforge node init: lets scontrol reach slurmctld before slurmd has the config\n"
-        f"ClusterName={params.cluster_name}\n{line}\nSlurmUser={SLURM_USER}\nAuthType=auth/munge\n"
+        + "".join(
+            slurmconf.line({k: val}) + "\n"
+            for k, val in (
+                ("ClusterName", params.cluster_name),
+                ("SlurmctldHost", ctl),
+                ("SlurmUser", SLURM_USER),
+                ("AuthType", "auth/munge"),
+            )
+        )
     )
     write_atomic(paths.slurm_client_conf, text, 0o644)
     return paths.slurm_client_conf
 
 
 def conf_server(params: Params) -> str:
-    return f"{params.controller.target}:{SLURMCTLD_PORT}"
+    target = params.controller.target
+    if ":" in target:  # IPv6: [addr]:port, as Slurm writes host:port for v6
+        target = f"[{target}]"
+    return f"{target}:{SLURMCTLD_PORT}"
 
 
 def dropin(paths: Paths, unit: str, exec_start: list[str]) -> bool:
@@ -124,27 +137,40 @@ def dropin(paths: Paths, unit: str, exec_start: list[str]) -> bool:
     return write_atomic(paths.systemd_etc / f"{unit}.d" / DROPIN_NAME, text, 0o644)
 
 
+_SD_ENV_RE = re.compile(r"\$[A-Z_][A-Z0-9_]{0,63}")  # "$SLURMD_OPTIONS": an EnvironmentFile= variable
+_SD_PLAIN_RE = re.compile(r"[A-Za-z0-9_./:=,@+\[\]-]+")
+
+
 def _sd_quote(arg: str) -> str:
-    if arg.startswith("$"):
-        return arg  # $VAR expansion of EnvironmentFile= variables, left as systemd sees it
-    if arg and all(ch.isalnum() or ch in "-_./:=,@+" for ch in arg):
+    """One ExecStart= word that systemd reads back as exactly *arg*.
+
+    systemd expands `%` specifiers on the whole line, splits words (C-style quotes and
+    escapes), then expands `$VAR`; so a literal `%` is written `%%` and a literal `$` is `$$`.
+    Only a whole word `$NAME` stays an environment expansion (the intended one).
+    """
+    if _SD_ENV_RE.fullmatch(arg):
         return arg
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if not arg or control_char(arg) is not None:
+        raise NodeforgeError(f"systemd ExecStart: argument {arg!r} is empty or has a control character")
+    if _SD_PLAIN_RE.fullmatch(arg):
+        return arg
+    quoted = '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return quoted.replace("%", "%%").replace("$", "$$")
 
 
 def node_conf(params: Params, extra_features: tuple[str, ...] = ()) -> str:
     """The --conf string for `slurmd -Z`: features, gres, and optional CPUs/RealMemory."""
-    parts = []
+    conf: dict[str, object] = {}
     feats = list(dict.fromkeys([*params.features, *extra_features]))
     if feats:
-        parts.append("Feature=" + ",".join(feats))
+        conf["Feature"] = ",".join(feats)
     if params.gres:
-        parts.append("Gres=" + ",".join(params.gres))
+        conf["Gres"] = ",".join(params.gres)
     if params.cpus:
-        parts.append(f"CPUs={params.cpus}")
+        conf["CPUs"] = params.cpus
     if params.real_memory:
-        parts.append(f"RealMemory={params.real_memory}")
-    return " ".join(parts)
+        conf["RealMemory"] = params.real_memory
+    return slurmconf.line(conf)
 
 
 def hardware_spec(host: Host, params: Params) -> dict[str, str]:

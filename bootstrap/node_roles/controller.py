@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 
+from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
 
 from ..host import private_dir, write_atomic
@@ -136,8 +137,24 @@ def run(ctx: RoleContext) -> dict:
     return detail
 
 
+def _checked(context: dict) -> dict:
+    """Every value the template writes as a Slurm value passes the one Slurm value writer
+    (defence in depth: params grammar already refuses these)."""
+    for key, val in (
+        ("ClusterName", context["cluster_name"]),
+        ("SlurmctldHost", f"{context['controller_host']}({context['controller_addr']})"),
+        ("AccountingStorageHost", context["dbd_host"]),
+        *(("GresTypes", g) for g in context["gres_types"]),
+        *(("PartitionName", p["name"]) for p in context["partitions"]),
+        *(("MaxTime", p["max_time"]) for p in context["partitions"]),
+    ):
+        if slurmconf.value(key, val) != str(val):
+            raise slurmconf.SlurmConfError(f"slurm.conf: {key}={val!r} needs quoting; refused")
+    return context
+
+
 def _write_slurm_conf(ctx: RoleContext) -> None:
-    text = render(ctx.paths, "slurm.conf.j2", slurm_conf_context(ctx))
+    text = render(ctx.paths, "slurm.conf.j2", _checked(slurm_conf_context(ctx)))
     write_atomic(ctx.paths.slurm_etc / "slurm.conf", text, 0o644)
 
 

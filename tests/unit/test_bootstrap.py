@@ -190,6 +190,7 @@ def make(tmp_path, node_yaml: dict, hostname="node1", slurm_version="22.05.8", s
     fm = FakeMachine(tmp_path, hostname)
     paths.node_yaml.parent.mkdir(parents=True, exist_ok=True)
     paths.node_yaml.write_text(json.dumps(node_yaml))
+    paths.node_yaml.chmod(0o600)  # it carries the munge key: the agent refuses a readable one
     paths.slurm_features.write_text(
         json.dumps({"slurm_version": slurm_version, "sackd": sackd, "force_requeue_on_fail": False})
     )

@@ -71,7 +71,7 @@ def test_minimal_compute_and_defaults():
         ),
         (
             {"hooks": [{"uri": "file:///a", "timeout": -1}]},
-            "node.yaml: hooks[0].timeout: must be > 0",
+            "node.yaml: hooks[0].timeout: -1 out of range (0, 86400] seconds",
         ),
         ({"hooks": [{"uri": "file:///a", "bogus": 1}]}, "node.yaml: hooks[0].bogus: unknown key"),
         (
@@ -128,6 +128,7 @@ def test_file_source_wins(tmp_path):
     cfg = _cfg(tmp_path)
     cfg.paths.node_yaml.parent.mkdir(parents=True)
     cfg.paths.node_yaml.write_text(json.dumps(base()))
+    cfg.paths.node_yaml.chmod(0o600)
     cfg.paths.cmdline.parent.mkdir(parents=True)
     cfg.paths.cmdline.write_text(
         "quiet nodeforge.role=login nodeforge.cluster=other nodeforge.controller=x"
@@ -169,6 +170,7 @@ def test_cmdline_source(tmp_path):
     cfg = _cfg(tmp_path)
     extra = tmp_path / "more.yaml"
     extra.write_text(f"munge_key: {KEY}\nhook_timeout: 30\nfeatures: [old]\n")
+    extra.chmod(0o600)  # root-only: may carry the munge key
     cfg.paths.cmdline.parent.mkdir(parents=True)
     cfg.paths.cmdline.write_text(
         "BOOT_IMAGE=/vmlinuz root=/dev/vda1 ro nodeforge.role=compute nodeforge.cluster=demo "
@@ -254,7 +256,7 @@ def test_imds_token_flow(tmp_path, imds):
         "#cloud-config\npackages: []\nnodeforge:\n"
         + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in base(role="login").items())
     ).encode()
-    got = load_params(_cfg(tmp_path, imds_url=url))
+    got = load_params(_cfg(tmp_path, imds_url=url, imds_guarded=lambda: True))
     assert got.source == "imds" and got.params.role == "login"
     assert handler.seen[0] == ("PUT", "/latest/api/token", "21600")
     assert handler.seen[1] == ("GET", "/latest/user-data", "tok-123")
@@ -275,7 +277,7 @@ def test_imds_invalid_params_name_the_field(tmp_path, imds):
     with pytest.raises(
         ParamsError, match=r"EC2 user-data \(IMDSv2\) nodeforge: max_node_count: 0 out of range"
     ):
-        load_params(_cfg(tmp_path, imds_url=url))
+        load_params(_cfg(tmp_path, imds_url=url, imds_guarded=lambda: True))
 
 
 def test_absent_imds_times_out_fast():
@@ -300,7 +302,7 @@ def test_absent_imds_times_out_fast():
 
 
 def test_cloud_init_copy_used_before_imds(tmp_path):
-    cfg = _cfg(tmp_path, imds_url="http://127.0.0.1:9")  # would be refused if reached
+    cfg = _cfg(tmp_path, imds_url="http://127.0.0.1:9", imds_guarded=lambda: True)
     cfg.paths.cloud_init_user_data.parent.mkdir(parents=True)
     cfg.paths.cloud_init_user_data.write_text(json.dumps({"nodeforge": base()}))
     assert load_params(cfg).source == "cloud-init"
