@@ -18,6 +18,7 @@ from .state import GovState
 
 log = logging.getLogger("nodeforge.gang")
 JOB_ALREADY_PENDING = "Job is pending execution"  # scontrol requeue of a job not running
+READ_BACKOFF_MAX = 60.0  # seconds between reads of a slurmctld that keeps failing
 
 
 class Governor:
@@ -32,36 +33,61 @@ class Governor:
         self.stop_event = threading.Event()
         self.up = True
         self.last_cycle_seconds: float | None = None
+        self.last_bytes = 0
+        self.failures = 0  # failed reads of slurmctld in a row
+        self.retry_at = 0.0
+        self._saved: bytes | None = None  # the state file's content as this process wrote it
 
     # ---- one cycle ------------------------------------------------------------------------
     def cycle(self) -> list[policy.Action]:
         t0 = time.monotonic()
+        if self.clock() < self.retry_at:
+            return []  # backing off after failed reads of slurmctld
         try:
             snap = self.slurm.snapshot()
         except NodeforgeError as exc:
-            if self.up:
-                log.warning("slurmctld unreachable, will retry: %s", exc)
-                self.events.write({"action": "slurmctld_unreachable", "detail": str(exc)[-500:]})
-            self.up = False
-            self._write_metrics()
+            self._read_failed(exc)
             return []
         if not self.up:
-            self.events.write({"action": "slurmctld_reachable"})
-        self.up = True
+            self.events.write({"action": "slurmctld_reachable", "failures": self.failures})
+        self.up, self.failures, self.retry_at = True, 0, 0.0
+        self.last_bytes = snap.bytes_read
         now = self.clock()
         new_state, actions = policy.decide(self.cfg, self.state, snap, now)
         self.state = new_state
         # Write-ahead: the decision (phase, counter, next eligible) is on disk before Slurm
         # is touched, so a crash in between re-issues the same attempt, never a second one.
-        state_mod.save(self.state, self.cfg.state_file)
+        # A cycle that changed nothing writes nothing.
+        self._saved = state_mod.save_if_changed(self.state, self.cfg.state_file, self._saved)
         if actions:
             jobs = {j.job_id: j for j in snap.jobs}
             for a in actions:
                 self._execute(a, jobs.get(a.job_id))
-            state_mod.save(self.state, self.cfg.state_file)
+            self._saved = state_mod.save_if_changed(self.state, self.cfg.state_file, self._saved)
         self.last_cycle_seconds = time.monotonic() - t0
         self._write_metrics()
         return actions
+
+    def _read_failed(self, exc: NodeforgeError) -> None:
+        """slurmctld unreachable, scontrol failing, or output that does not parse: an event
+        on the first failure and on every doubling, retries backed off up to 60 s (never a
+        1 Hz loop of errors); no decision is taken on a partial view."""
+        self.failures += 1
+        if self.up or self.failures & (self.failures - 1) == 0:
+            log.warning(
+                "reading slurmctld failed (%d in a row), will retry: %s", self.failures, exc
+            )
+            self.events.write(
+                {
+                    "action": "slurmctld_unreachable",
+                    "failures": self.failures,
+                    "detail": str(exc)[-500:],
+                }
+            )
+        self.up = False
+        delay = min(self.cfg.interval_seconds * 2 ** min(self.failures - 1, 16), READ_BACKOFF_MAX)
+        self.retry_at = self.clock() + delay
+        self._write_metrics()
 
     def _write_metrics(self) -> None:
         if self.cfg.metrics_file:
@@ -80,7 +106,7 @@ class Governor:
             restarts=a.restarts,
             why=why,
         )
-        self.slurm.set_admin_comment(a.job_id, text)
+        self.slurm.set_admin_comment(_target(a, job), text)
 
     def _execute(self, a: policy.Action, job) -> None:
         ev = {
@@ -102,10 +128,11 @@ class Governor:
         if a.node:
             ev["node"] = a.node
         st = self.state
+        tgt = _target(a, job)  # Slurm's numeric id (array task, het leader)
         try:
             if a.kind == "requeue":
                 self._admin(a, job, "backoff", a.reason)
-                self._requeue(a.job_id, a.hold, ev)
+                self._requeue(tgt, a.hold, ev)
                 ev["requeued_at"] = round(time.time(), 3)
                 if a.deadline is not None:
                     metrics.observe(
@@ -113,21 +140,21 @@ class Governor:
                         "nodeforge_gang_deadline_to_requeue_seconds",
                         max(0.0, ev["requeued_at"] - a.deadline),
                     )
-                self.slurm.set_start_time(a.job_id, a.start_at or self.clock())
+                self.slurm.set_start_time(tgt, a.start_at or self.clock())
                 self._count_eviction(a)
             elif a.kind == "requeuehold":
                 self._admin(a, job, "deactivated", a.reason)
-                self._requeue(a.job_id, True, ev)
+                self._requeue(tgt, True, ev)
                 ev["requeued_at"] = round(time.time(), 3)
                 st.counters.deactivated += 1
                 self._count_eviction(a)
             elif a.kind == "set_start":
-                self.slurm.set_start_time(a.job_id, a.start_at or self.clock())
+                self.slurm.set_start_time(tgt, a.start_at or self.clock())
             elif a.kind == "hold":
-                self.slurm.hold(a.job_id)
+                self.slurm.hold(tgt)
                 self._admin(a, job, "waiting_admission", "block_admission")
             elif a.kind == "release":
-                self.slurm.release(a.job_id)
+                self.slurm.release(tgt)
                 st.counters.released += 1
             elif a.kind in ("record", "cancel"):
                 self._admin(a, job, "not_requeueable", "not_requeueable")
@@ -139,7 +166,7 @@ class Governor:
                     "; cancelling" if a.kind == "cancel" else "",
                 )
                 if a.kind == "cancel":
-                    self.slurm.cancel(a.job_id)
+                    self.slurm.cancel(tgt)
             elif a.kind == "annotate":
                 self._admin(a, job, a.phase, a.reason)
             elif a.kind == "strike":
@@ -234,6 +261,10 @@ class Governor:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+
+def _target(a: policy.Action, job) -> str:
+    return job.target if job is not None else a.job_id
 
 
 def _count_skip(st: GovState, reason: str) -> None:

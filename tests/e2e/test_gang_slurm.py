@@ -18,7 +18,7 @@ import pytest
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.events import decode_admin, read_events
 from nodeforge.gang.governor import Governor
-from nodeforge.gang.slurm import SlurmCli, parse_time
+from nodeforge.gang.slurm import SlurmCli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurmlab import Lab, check_tools
@@ -149,6 +149,11 @@ def gov(clean, tmp_path):
     yield make
     for g in govs:
         g.stop()
+
+
+def parse_time(value: str) -> float:
+    """scontrol's local `YYYY-MM-DDTHH:MM:SS` (what an operator reads) -> epoch."""
+    return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
 
 
 def wait_for(pred, timeout, what):
@@ -311,7 +316,6 @@ def test_probe_never_signals_backoff_steps(lab, gov):
     assert int(info["Restarts"]) == 3
     # Slurm's EligibleTime is the governor's next eligible time (Slurm's own ~120 s requeue
     # hold-off on 22.05 is replaced by the backoff)
-    from nodeforge.gang.slurm import parse_time
 
     last = g.events(j, "requeue")[-1]
     assert abs(parse_time(info["EligibleTime"]) - last["next_eligible"]) <= 1.5

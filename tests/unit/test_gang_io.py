@@ -5,56 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from nodeforge.gang import config as gcfg
 from nodeforge.gang import metrics
 from nodeforge.gang import state as st_mod
-from nodeforge.gang.slurm import expand_hostlist, job_from_record, node_flags, parse_records
 
 pytestmark = pytest.mark.unit
-
-JOB_LINE = (
-    "JobId=42 JobName=train UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=0 Nice=0 "
-    "Account=(null) QOS=normal JobState=PENDING Reason=job_requeued_in_held_state Dependency=(null) "
-    "Requeue=1 Restarts=2 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED "
-    "SubmitTime=2026-12-02T20:27:22 EligibleTime=2026-12-02T20:29:23 StartTime=2026-12-02T20:29:23 "
-    "Partition=main AllocNode:Sid=vm:123 NodeList=gn[1-2],gc1 NumNodes=3 NumCPUs=3 "
-    "AdminComment=ops nfg-gang:n=2,phase=deactivated,r=1 Comment=gang nfg-ready=1 "
-    "Command=/tmp/job.sh WorkDir=/tmp Power="
-)
-
-
-def test_parse_job_line():
-    (rec,) = parse_records(JOB_LINE + "\n\n")
-    j = job_from_record(rec)
-    assert (j.job_id, j.state, j.reason, j.restarts, j.num_nodes) == (
-        "42",
-        "PENDING",
-        "job_requeued_in_held_state",
-        2,
-        3,
-    )
-    assert j.nodes == ("gn1", "gn2", "gc1")
-    assert j.held and j.requeue
-    assert j.admin_comment == "ops nfg-gang:n=2,phase=deactivated,r=1"
-    assert j.comment == "gang nfg-ready=1"
-    assert j.start_time is not None and j.partition == "main"
-
-
-def test_no_requeue_and_interactive_not_requeueable():
-    for tok in ("Requeue=0 BatchFlag=1", "Requeue=1 BatchFlag=0"):
-        (rec,) = parse_records(f"JobId=1 JobState=RUNNING {tok} NumNodes=2")
-        assert not job_from_record(rec).requeue
-
-
-def test_node_flags_and_hostlist():
-    assert node_flags("ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP") >= {
-        "POWERING_UP",
-        "NOT_RESPONDING",
-    }
-    assert node_flags("DOWN*") == {"DOWN", "NOT_RESPONDING"}
-    assert expand_hostlist("n[01-03,7],x") == ("n01", "n02", "n03", "n7", "x")
-    assert expand_hostlist("(null)") == ()
 
 
 def write(tmp_path, text):
@@ -192,31 +147,6 @@ def test_cli_module_imports_only_stdlib():
 
 
 # ---- node strikes: parsing, state, metrics, status, the governor's drain ------------------
-
-NODE_LINE = (
-    "NodeName=gc1 CoresPerSocket=1 CPUAlloc=0 CPUEfctv=1 CPUTot=1 CPULoad=N/A "
-    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=10.231.0.1 "
-    "NodeHostName=vm Port=7868 RealMemory=100 AllocMem=0 FreeMem=N/A Sockets=1 Boards=1 "
-    "State=IDLE+CLOUD+DRAIN+NOT_RESPONDING+POWERING_UP ThreadsPerCore=1 TmpDisk=0 Weight=1 "
-    "Owner=N/A MCS_label=N/A Partitions=main BootTime=None SlurmdStartTime=None "
-    "LastBusyTime=2026-12-03T00:49:14 CfgTRES=cpu=1,mem=100M,billing=1 AllocTRES= CapWatts=n/a "
-    "CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s "
-    "Reason=nodeforge-gang: not ready at 2 gang timeouts within 3600s (last job 5: "
-    "NOT_RESPONDING+POWERING_UP) [root@2026-12-03T00:49:18]"
-)
-
-
-def test_parse_node_reasons_strips_the_stamp():
-    from nodeforge.gang.slurm import parse_node_reasons, parse_nodes
-
-    text = NODE_LINE + "\nNodeName=gn1 State=IDLE Partitions=main\n"
-    assert parse_node_reasons(text) == {
-        "gc1": "nodeforge-gang: not ready at 2 gang timeouts within 3600s "
-        "(last job 5: NOT_RESPONDING+POWERING_UP)"
-    }
-    assert "DRAIN" in parse_nodes(text)["gc1"]
-    other = "NodeName=gn2 State=IDLE+DRAIN Reason=disk swap Comment=x [root@2026-12-03T00:49:18]"
-    assert parse_node_reasons(other) == {"gn2": "disk swap"}
 
 
 def test_state_roundtrip_keeps_node_strikes(tmp_path):
@@ -404,3 +334,33 @@ def test_governor_requeue_after_slurm_requeued_on_the_drain_still_sets_backoff(t
     (tmp_path / "state.json").unlink()
     _gov(tmp_path, slurm, 1e9 + 10).cycle()
     assert "nodeforge_gang_action_errors_total 1" in (tmp_path / "metrics.prom").read_text()
+
+
+def test_persistent_read_failure_backs_off_with_events(tmp_path):
+    """A slurmctld that keeps failing (or output that does not parse) is read again after
+    growing delays, with an event at the 1st, 2nd, 4th, 8th... failure: not a 1 Hz loop."""
+    from nodeforge.gang.events import read_events
+    from nodeforge.gang.governor import READ_BACKOFF_MAX
+
+    from nodeforge.errors import NodeforgeError
+
+    class Failing(FakeSlurm):
+        reads = 0
+
+        def snapshot(self):
+            Failing.reads += 1
+            raise NodeforgeError("scontrol: Unable to contact slurm controller")
+
+    now = [1000.0]
+    g = _gov(tmp_path, Failing([]), 0)
+    g.clock = lambda: now[0]
+    for _ in range(600):  # ten minutes at 1 s
+        g.cycle()
+        now[0] += 1.0
+    assert Failing.reads <= 20, Failing.reads  # backed off up to 60 s
+    ev = [
+        e for e in read_events(tmp_path / "events.jsonl") if e["action"] == "slurmctld_unreachable"
+    ]
+    assert [e["failures"] for e in ev][:4] == [1, 2, 4, 8] and len(ev) <= 6
+    assert g.retry_at - now[0] <= READ_BACKOFF_MAX
+    assert "nodeforge_gang_up 0" in (tmp_path / "metrics.prom").read_text()
