@@ -139,7 +139,9 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
             next_join += p.join_every
         while ai < len(arrivals) and arrivals[ai].submit <= now:
             j = arrivals[ai]
-            j.held = bool(cfg and cfg.block_admission)  # submitted held (sbatch -H)
+            # submitted unheld: with block_admission the governor's admin hold queues it (the
+            # governor runs before the scheduler in each tick; on Slurm, see docs/gang.md)
+            j.held = False
             jobs[j.jid] = j
             ai += 1
         # node failures: a never-booting node goes DOWN at ResumeTimeout; Slurm requeues
@@ -255,7 +257,15 @@ def _snapshot(jobs: dict[str, Job], nodes: dict[str, Node], now: float) -> Snaps
             JobObs(
                 job_id=j.jid,
                 state=j.state,
-                reason="JobHeldUser" if j.held else ("Prolog" if j.hung else "None"),
+                reason=(
+                    "JobHeldAdmin"
+                    if j.held
+                    else "BeginTime"
+                    if j.state == "PENDING" and j.eligible > now
+                    else "Prolog"
+                    if j.hung
+                    else "None"
+                ),
                 nodes=tuple(j.nodes),
                 num_nodes=j.size,
                 partition="main",
@@ -264,6 +274,7 @@ def _snapshot(jobs: dict[str, Job], nodes: dict[str, Node], now: float) -> Snaps
                 eligible_time=j.eligible,
                 restarts=j.restarts,
                 held=j.held,
+                admin_held=j.held,  # the sim's only holds are the governor's (admin)
                 admin_comment=j.admin_comment,
             )
         )

@@ -49,7 +49,7 @@ class Probe:
 @dataclass(frozen=True)
 class GangConfig:
     timeout: float = 300.0
-    recovery_timeout: float = 0.0  # 0 disables
+    recovery_timeout: float = 0.0  # 0 (or false) disables; true = same as timeout
     block_admission: bool = False
     requeuing: Requeuing = field(default_factory=Requeuing)
     gangs: Gangs = field(default_factory=Gangs)
@@ -175,6 +175,10 @@ def _build(cls, data: Any, prefix: str, src: str):
 
 
 def from_dict(data: Any, src: str = "<config>") -> GangConfig:
+    if isinstance(data, dict) and isinstance(data.get("recovery_timeout"), bool):
+        # `recovery_timeout: true` = on, as long as `timeout` (Kueue's default when enabled)
+        on = data["recovery_timeout"]
+        data = {**data, "recovery_timeout": data.get("timeout", GangConfig.timeout) if on else 0}
     cfg = _build(GangConfig, data, "", src)
     if cfg.timeout <= 0:
         raise ConfigError(f"{src}: 'timeout' must be > 0 seconds, got {cfg.timeout}")

@@ -60,6 +60,15 @@ class GangRecord:
     why: str = ""
     updated: float = 0.0
     done_at: float | None = None
+    # Kueue semantics and identity (see docs/gang.md)
+    run_restarts: int | None = None  # Restarts of the run whose admission admitted_at is
+    admitted_nodes: int = 0  # node count at admission: fewer later is lost readiness
+    obs_submit: float | None = None  # SubmitTime and Restarts at the last observation:
+    obs_restarts: int | None = None  # a new SubmitTime without a requeue is a reused id
+    hold_ours: bool = False  # the job's current hold was placed by the governor
+    hold_confirmed: bool = False  # deactivation: our admin hold seen in Slurm
+    priority: int = 0  # Slurm priority before our hold (a hold sets it to 0)
+    slurm_reason: str = ""  # Slurm's pending Reason at the last observation
 
 
 # Node drain states (NodeRecord.drain); "" = not drained by this governor.

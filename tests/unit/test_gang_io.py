@@ -94,7 +94,7 @@ def test_state_roundtrip_atomic(tmp_path):
     p = tmp_path / "s" / "state.json"
     st_mod.save(st, p)
     back = st_mod.load(p)
-    assert back.jobs["1"].count == 2 and back.counters.evicted == {"PodsReadyTimeout|main": 1}
+    assert back.jobs["1"].count == 2 and back.counters.evicted == {"PodsReadyTimeout||main": 1}
     assert not [x for x in p.parent.iterdir() if x.name.startswith(".state-")]
     p.write_text("{broken")
     with pytest.raises(Exception, match="unreadable"):
@@ -106,7 +106,10 @@ def test_metrics_text_has_kueue_names():
     st.jobs["1"] = st_mod.GangRecord("1", phase="admitted", partition="main")
     metrics.inc_evicted(st, "PodsReadyTimeout", "main")
     txt = metrics.render(st, 0.01)
-    assert 'kueue_evicted_workloads_total{cluster_queue="main",reason="PodsReadyTimeout"} 1' in txt
+    assert (
+        'kueue_evicted_workloads_total{cluster_queue="main",reason="PodsReadyTimeout",'
+        'underlying_cause=""} 1'
+    ) in txt
     assert "kueue_pods_ready_to_evicted_time_seconds_count 0" in txt
     assert 'kueue_admitted_active_workloads{cluster_queue="main"} 1' in txt
     for line in txt.splitlines():
@@ -364,3 +367,23 @@ def test_persistent_read_failure_backs_off_with_events(tmp_path):
     assert [e["failures"] for e in ev][:4] == [1, 2, 4, 8] and len(ev) <= 6
     assert g.retry_at - now[0] <= READ_BACKOFF_MAX
     assert "nodeforge_gang_up 0" in (tmp_path / "metrics.prom").read_text()
+
+
+def test_metrics_label_values_escaped_and_deactivation_under_kueue_reason():
+    st = st_mod.GovState()
+    metrics.inc_evicted(st, metrics.REASON_DEACTIVATED, 'a"b\\c\nd', metrics.CAUSE_REQUEUING_LIMIT)
+    st.counters.evicted["PodsReadyTimeout|old"] = 2  # a state file from before the cause label
+    txt = metrics.render(st)
+    assert (
+        'kueue_evicted_workloads_total{cluster_queue="a\\"b\\\\c\\nd",reason="InactiveWorkload",'
+        'underlying_cause="RequeuingLimitExceeded"} 1'
+    ) in txt
+    assert 'cluster_queue="old",reason="PodsReadyTimeout",underlying_cause=""} 2' in txt
+    # every sample line is one line: no raw newline leaked from a label value
+    assert all(ln.startswith(("#", "kueue_", "nodeforge_")) for ln in txt.splitlines())
+
+
+def test_recovery_timeout_true_means_timeout(tmp_path):
+    c = gcfg.load(write(tmp_path, "timeout: 5m\nrecovery_timeout: true\n"))
+    assert c.recovery_timeout == 300
+    assert gcfg.load(write(tmp_path, "recovery_timeout: false\n")).recovery_timeout == 0
