@@ -79,9 +79,12 @@ OWN_WAIT_REASONS = frozenset(
 )
 
 
-def waits_for_itself(reason: str) -> bool:
+def waits_for_itself(reason: str, eligible_at: float | None = None, soon: float = 0.0) -> bool:
     """Slurm's pending Reason says the job cannot start for its own reasons (limits of its
-    association or QOS included: AssocGrpNodeLimit, QOSMaxNodePerJobLimit, ...)."""
+    association or QOS included: AssocGrpNodeLimit, QOSMaxNodePerJobLimit, ...). A BeginTime
+    that comes within *soon* seconds (from EligibleTime) is a short wait, not a stall."""
+    if reason == "BeginTime" and eligible_at is not None and eligible_at <= soon:
+        return False
     return reason in OWN_WAIT_REASONS or (
         reason.startswith(("Assoc", "QOS")) and ("Limit" in reason or "Max" in reason)
     )
@@ -232,6 +235,7 @@ def _observe(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
     rec.obs_submit, rec.obs_restarts = job.submit_time, job.restarts
     rec.partition = job.partition
     rec.slurm_reason = job.reason
+    rec.eligible_at = job.eligible_time
     if job.state == "PENDING" and not job.held and job.priority > 0:
         rec.priority = job.priority  # a hold sets Priority=0: keep the last real one
 
@@ -465,7 +469,11 @@ def _admit_next(c: _Cycle) -> None:
     recs = c.recs.values()
     busy = any(
         r.phase in (ADMITTED, RECOVERING)
-        or (r.phase == PENDING and r.released_by_us and not waits_for_itself(r.slurm_reason))
+        or (
+            r.phase == PENDING
+            and r.released_by_us
+            and not waits_for_itself(r.slurm_reason, r.eligible_at, c.now + c.cfg.timeout)
+        )
         for r in recs
     )
     if busy:

@@ -69,6 +69,7 @@ class GangRecord:
     hold_confirmed: bool = False  # deactivation: our admin hold seen in Slurm
     priority: int = 0  # Slurm priority before our hold (a hold sets it to 0)
     slurm_reason: str = ""  # Slurm's pending Reason at the last observation
+    eligible_at: float | None = None  # Slurm's EligibleTime at the last observation
 
 
 # Node drain states (NodeRecord.drain); "" = not drained by this governor.

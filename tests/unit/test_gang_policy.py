@@ -713,3 +713,18 @@ def test_our_requeue_is_not_a_reused_id():
     back = job(state="PENDING", nodes=(), restarts=1, submit=T0 + 10)
     st, _ = run(c, st, snap(back), T0 + 11)
     assert st.jobs["1"].count == 1 and st.jobs["1"].phase == "backoff"
+
+
+def test_released_gang_with_a_begin_time_soon_still_blocks():
+    """`--begin=now+2` is a short wait (within timeout), not a stall: the queue waits."""
+    c = cfg(block_admission=True)
+    a = job("10", state="PENDING", nodes=(), submit=T0 - 50)
+    b = job("11", state="PENDING", nodes=(), submit=T0 - 40)
+    st = _queued(c, a, b, now=T0 - 1)
+    st, acts = run(c, st, snap(held_admin(a), held_admin(b)), T0)
+    soon = replace(a, reason="BeginTime", eligible_time=T0 + 2)
+    st, acts = run(c, st, snap(soon, held_admin(b)), T0 + 1)
+    assert acts == []
+    later = replace(a, reason="BeginTime", eligible_time=T0 + 3600)
+    st, acts = run(c, st, snap(later, held_admin(b)), T0 + 2)
+    assert [(x.kind, x.job_id) for x in acts] == [("release", "11")]
