@@ -349,6 +349,181 @@ def cmd_sim(args) -> None:
     print("# deterministic: re-run with the same seed gives identical results")
 
 
+# The other ~90 keys of a 22.05 `squeue --json` job (names from a real capture, typical
+# values), so that the bytes and the parse cost match what slurmctld sends (~3.5 kB a job).
+FILLER = {
+    f"{k}": v
+    for k, v in zip(
+        [
+            "accrue_time",
+            "association_id",
+            "batch_features",
+            "batch_host",
+            "billable_tres",
+            "burst_buffer",
+            "burst_buffer_state",
+            "cluster",
+            "cluster_features",
+            "container",
+            "contiguous",
+            "core_spec",
+            "cores_per_socket",
+            "cpu_frequency_governor",
+            "cpu_frequency_maximum",
+            "cpu_frequency_minimum",
+            "cpus_per_task",
+            "cpus_per_tres",
+            "deadline",
+            "delay_boot",
+            "dependency",
+            "derived_exit_code",
+            "end_time",
+            "excluded_nodes",
+            "exit_code",
+            "features",
+            "federation_origin",
+            "federation_siblings_active",
+            "federation_siblings_viable",
+            "flags",
+            "gres_detail",
+            "group_id",
+            "group_name",
+            "het_job_id_set",
+            "last_sched_evaluation",
+            "licenses",
+            "max_cpus",
+            "max_nodes",
+            "mcs_label",
+            "memory_per_cpu",
+            "memory_per_node",
+            "memory_per_tres",
+            "minimum_cpus_per_node",
+            "minimum_tmp_disk_per_node",
+            "nice",
+            "pre_sus_time",
+            "preempt_time",
+            "prefer",
+            "profile",
+            "reboot",
+            "required_nodes",
+            "resize_time",
+            "resv_name",
+            "shared",
+            "show_flags",
+            "sockets_per_board",
+            "sockets_per_node",
+            "standard_error",
+            "standard_input",
+            "suspend_time",
+            "system_comment",
+            "tasks_per_board",
+            "tasks_per_core",
+            "tasks_per_node",
+            "tasks_per_socket",
+            "thread_spec",
+            "threads_per_core",
+            "time_minimum",
+            "tres_alloc_str",
+            "tres_bind",
+            "tres_freq",
+            "tres_per_job",
+            "tres_per_node",
+            "tres_per_socket",
+            "tres_per_task",
+            "user_name",
+            "wckey",
+        ],
+        [
+            1796290183,
+            0,
+            "",
+            "n0001",
+            96.0,
+            "",
+            "",
+            "cluster",
+            "",
+            "",
+            False,
+            0,
+            0,
+            0,
+            0,
+            0,
+            1,
+            "",
+            0,
+            0,
+            "",
+            0,
+            1796376583,
+            "",
+            0,
+            "",
+            "",
+            "",
+            "",
+            ["CRON_JOB", "EXACT_NODES"],
+            [],
+            1000,
+            "users",
+            "",
+            1796290190,
+            "",
+            0,
+            8,
+            "",
+            0,
+            0,
+            "",
+            1,
+            0,
+            0,
+            0,
+            0,
+            "",
+            [],
+            0,
+            "",
+            0,
+            "",
+            ["ALLOW_OVERSUBSCRIBE"],
+            ["DETAIL", "LOCAL"],
+            0,
+            0,
+            "/home/u/slurm-%j.err",
+            "/dev/null",
+            0,
+            "",
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            "cpu=96,mem=1000000M,node=8,billing=96,gres/gpu=64",
+            "",
+            "",
+            "",
+            "gres:gpu:8",
+            "",
+            "",
+            "u",
+            "",
+        ]
+        * 2,
+        strict=False,
+    )
+}
+FILLER["job_resources"] = {
+    "nodes": "n[0001-0008]",
+    "allocated_cores": 768,
+    "allocated_hosts": 8,
+    "allocated_nodes": [{"sockets": {"0": "unassigned"}, "cores": {"0": "allocated"}}] * 2,
+}
+
+
 def cmd_cycle(args) -> None:
     """Governor cycle cost with N jobs: parse Slurm's JSON (22.05 `squeue --json` shape) +
     decide() + persistence (state file written only when it changed), and the bytes that
@@ -428,11 +603,14 @@ def cmd_cycle(args) -> None:
     tmp = tempfile.mkdtemp(prefix="gang-cycle-")
     path = os.path.join(tmp, "state.json")
 
+    saved = None
+
     def one(st, change: float):
+        nonlocal saved
         # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
         for k in rng.sample(range(len(jobs)), int(len(jobs) * change)):
             jobs[k]["restart_cnt"] += 1
-        job_txt = json.dumps({"jobs": jobs, "errors": []})
+        job_txt = json.dumps({"jobs": jobs, "errors": []}, indent=2)  # squeue pretty-prints
         t0 = time.perf_counter()
         js = parse_jobs(job_txt)
         ns = parse_nodes(node_txt)
@@ -440,7 +618,7 @@ def cmd_cycle(args) -> None:
         snap = Snapshot(js, {k: v.flags for k, v in ns.items()}, now)
         st2, _acts = decide(cfg, st, snap, now)
         t2 = time.perf_counter()
-        state_mod.save_if_changed(st2, path)
+        saved = state_mod.save_if_changed(st2, path, saved)
         t3 = time.perf_counter()
         return st2, (t1 - t0, t2 - t1, t3 - t2), len(job_txt) + len(node_txt)
 

@@ -37,7 +37,7 @@ class Governor:
         self.last_bytes = 0
         self.failures = 0  # failed reads of slurmctld in a row
         self.retry_at = 0.0
-        self._saved: bytes | None = None  # the state file's content as this process wrote it
+        self._saved: state_mod.Saved | None = None  # what this process last wrote
 
     # ---- one cycle ------------------------------------------------------------------------
     def cycle(self) -> list[policy.Action]:

@@ -387,3 +387,23 @@ def test_recovery_timeout_true_means_timeout(tmp_path):
     c = gcfg.load(write(tmp_path, "timeout: 5m\nrecovery_timeout: true\n"))
     assert c.recovery_timeout == 300
     assert gcfg.load(write(tmp_path, "recovery_timeout: false\n")).recovery_timeout == 0
+
+
+def test_state_written_only_when_it_changed(tmp_path):
+    p = tmp_path / "state.json"
+    st = st_mod.GovState()
+    st.jobs["1"] = st_mod.GangRecord("1", phase="admitted")
+    saved = st_mod.save_if_changed(st, p)
+    assert st_mod.load(p).jobs["1"].phase == "admitted"
+    p.unlink()
+    same = st_mod.GovState(jobs={"1": st_mod.GangRecord("1", phase="admitted")})
+    saved = st_mod.save_if_changed(same, p, saved)
+    assert not p.exists()  # equal records: nothing written
+    same.counters.released += 1
+    saved = st_mod.save_if_changed(same, p, saved)
+    assert st_mod.load(p).counters.released == 1
+    changed = st_mod.GovState(
+        jobs={"1": st_mod.GangRecord("1", phase="ready")}, counters=same.counters
+    )
+    st_mod.save_if_changed(changed, p, saved)
+    assert st_mod.load(p).jobs["1"].phase == "ready"
