@@ -209,15 +209,32 @@ class SlurmCli:
             bytes_read=len(jobs_txt) + len(nodes_txt),
         )
 
+    def _one(self, argv: list[str], what: str) -> list[str]:
+        """Ask for one job/node: `scontrol show job --json ID` (>= 23.02); 22.05's squeue/sinfo
+        get a filter too (`--jobs=`, `--nodes=`). The caller still picks the record by id."""
+        if argv[0] == "scontrol":
+            return [*argv, what]
+        return [*argv, f"--jobs={what}" if argv[0] == "squeue" else f"--nodes={what}"]
+
     def show_node(self, name: str) -> tuple[frozenset[str], str] | None:
         """(state flags, Reason) of one node now; None if slurmctld does not list it."""
         _, nodes_argv = self.commands()
-        n = parse_nodes(self._run(*nodes_argv).stdout, " ".join(nodes_argv)).get(name)
+        argv = self._one(nodes_argv, name)
+        cp = self._run(*argv, check=False)
+        if cp.returncode != 0:
+            if "not found" in (cp.stdout or "").lower():
+                return None
+            raise CommandError(argv, cp.returncode, cp.stdout or "")
+        n = parse_nodes(cp.stdout, " ".join(argv)).get(name)
         return None if n is None else (n.flags, n.reason)
 
     def show_job(self, job_id: str) -> JobObs | None:
-        jobs_argv, _ = self.commands()
+        all_argv, _ = self.commands()
+        jobs_argv = self._one(all_argv, job_id)
         cp = self._run(*jobs_argv, check=False)
+        if cp.returncode != 0 and all_argv[0] == "squeue":  # a filter 22.05 refuses: read all
+            jobs_argv = all_argv
+            cp = self._run(*jobs_argv, check=False)
         if cp.returncode != 0:
             raise CommandError(jobs_argv, cp.returncode, cp.stdout or "")
         for j in parse_jobs(cp.stdout, " ".join(jobs_argv)):

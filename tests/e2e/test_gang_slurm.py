@@ -686,3 +686,15 @@ def test_array_tasks_are_tracked_as_arrayjob_task(lab, gov):
     a = lab.sbatch("--array=1-2%1", "-N2", "-w", "gn3,gn4")
     wait_for(lambda: g.events(f"{a}_1", "requeue"), 25, "task 1 requeued under its key")
     assert f"{a}_1" in g.gov.state.jobs
+
+
+def test_het_job_readiness_covers_every_component(lab, gov):
+    """A het job whose second component never gets ready is one gang (1+1 nodes), requeued
+    through its leader."""
+    lab.set_prolog("gn4", "hang")
+    g = gov(timeout=3).start()
+    script = "#!/bin/sh\n#SBATCH -N1 -w gn3\n#SBATCH hetjob\n#SBATCH -N1 -w gn4\nsleep 30\n"
+    j = lab.sbatch(script=script)
+    wait_for(lambda: g.events(j, "requeue"), 25, "het job requeued through its leader")
+    assert g.rec(j).count == 1 and g.rec(j).admitted_nodes == 2
+    wait_for(lambda: int(lab.job(j)["Restarts"]) >= 1, 20, "leader requeued")
