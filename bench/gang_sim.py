@@ -21,6 +21,7 @@ resumes a drained node in the model, so a wrong drain costs its capacity to the 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import statistics
@@ -698,9 +699,12 @@ def cmd_deadline(args) -> None:
             f" {args.rounds} rounds"
         )
         print("delays (s): " + " ".join(f"{d:.2f}" for d in delays))
+        ds = sorted(delays)
+        p95 = ds[min(len(ds) - 1, math.ceil(0.95 * len(ds)) - 1)]
         print(
-            f"median {statistics.median(delays):.2f} s, max {max(delays):.2f} s   goal <= 2 s: "
-            f"{'OK' if max(delays) <= 2 else 'MISSED'}  (Restarts after each: {slurm_delays})"
+            f"p50 {statistics.median(ds):.2f} s, p95 {p95:.2f} s, max {ds[-1]:.2f} s   "
+            f"goal p95 <= one interval ({args.interval} s): "
+            f"{'OK' if p95 <= args.interval else 'MISSED'}  (Restarts after each: {slurm_delays})"
         )
     finally:
         lab.close()
