@@ -331,6 +331,7 @@ def _pending(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
         rec.phase = PENDING
         return
     rec.phase, rec.hold_ours = WAITING, True
+    c.held_now.add(rec.job_id)  # held by us in this cycle: may be released in this cycle
     c.act(ActionKind.HOLD, rec, job, "Admission", "block_admission: queued")
 
 
@@ -478,7 +479,7 @@ def _admit_next(c: _Cycle) -> None:
     )
     if busy:
         return
-    # only jobs Slurm shows under our hold: one held in this cycle is released next cycle
+    # only jobs under our hold (seen in Slurm, or placed in this cycle)
     waiting = [r for r in recs if r.phase == WAITING and r.hold_ours and r.job_id in c.held_now]
     if not waiting:
         return

@@ -252,8 +252,11 @@ def test_slurm_own_requeue_is_noted():
 
 def _queued(c, *jobs, now=T0):
     """block_admission: the governor admin-holds the pending gangs; Slurm then shows them
-    held (JobHeldAdmin)."""
-    st, acts = run(c, GovState(), snap(*jobs), now)
+    held (JobHeldAdmin). A gang admitted-but-not-ready (99) keeps them queued in this cycle;
+    it is gone in the next."""
+    busy = job("99", state="CONFIGURING", nodes=("c", "d"))
+    st, acts = run(c, GovState(), snap(busy, *jobs), now)
+    assert not [x for x in acts if x.kind == "release"]
     assert sorted(x.job_id for x in acts if x.kind == "hold") == sorted(
         j.job_id for j in jobs if j.state == "PENDING"
     )
@@ -728,3 +731,11 @@ def test_released_gang_with_a_begin_time_soon_still_blocks():
     later = replace(a, reason="BeginTime", eligible_time=T0 + 3600)
     st, acts = run(c, st, snap(later, held_admin(b)), T0 + 2)
     assert [(x.kind, x.job_id) for x in acts] == [("release", "11")]
+
+
+def test_block_admission_hold_and_release_in_one_cycle_when_nothing_blocks():
+    """A new gang with nothing ahead of it is held and released in the same cycle: queueing
+    costs no extra interval per admission."""
+    c = cfg(block_admission=True)
+    st, acts = run(c, GovState(), snap(job("10", state="PENDING", nodes=())), T0)
+    assert [(x.kind, x.job_id) for x in acts] == [("hold", "10"), ("release", "10")]
