@@ -96,6 +96,10 @@ class Params:
     sizes: tuple[int, ...] = (2, 4, 4, 8, 8, 16)
     runtime_min: float = 1800.0
     runtime_max: float = 3 * HOUR
+    # share of jobs submitted with a begin time (`sbatch --begin`) this far ahead: a released
+    # gang that waits for it must not stall block_admission (issue 10)
+    begin_fraction: float = 0.0
+    begin_delay: float = 6 * HOUR
 
 
 def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
@@ -125,6 +129,11 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
         k += 1
         rt = rng.uniform(p.runtime_min, p.runtime_max)
         arrivals.append(Job(str(k), rng.choice(p.sizes), rt, rt * 2 + HOUR, t, eligible=t))
+    if p.begin_fraction:
+        brng = random.Random(p.seed * 104729 + 3)  # own stream: the arrivals stay the same
+        for j in arrivals:
+            if brng.random() < p.begin_fraction:
+                j.eligible = j.submit + p.begin_delay
     jobs: dict[str, Job] = {}
     st = GovState()
     wasted = useful = 0.0
@@ -319,8 +328,16 @@ def scenarios(
 
 
 def cmd_sim(args) -> None:
-    p = Params(seed=args.seed, hours=args.hours, resume_timeout=args.resume_timeout)
+    p = Params(
+        seed=args.seed,
+        hours=args.hours,
+        resume_timeout=args.resume_timeout,
+        begin_fraction=args.begin_fraction,
+    )
     runs = scenarios(args.timeout, args.strike_limit)
+    if p.begin_fraction:
+        # the rule before issue 10: any released-but-pending gang blocks the queue
+        runs.insert(3, ("block_admission, old rule", runs[2][1]))
     print(
         f"# governor: timeout={args.timeout} backoff 60-1800s jitter 0.1; node strikes: "
         f"limit {args.strike_limit} in 1 h (last scenario only)\n"
@@ -335,9 +352,17 @@ def cmd_sim(args) -> None:
         f" {'mean_done_h':>11} {'drained(bad)':>12}"
     )
     base = None
+    from unittest import mock
+
+    from nodeforge.gang import policy
+
     for name, cfg in runs:
         t0 = time.perf_counter()
-        r = simulate(p, cfg)
+        if name.endswith("old rule"):
+            with mock.patch.object(policy, "waits_for_itself", lambda *a, **k: False):
+                r = simulate(p, cfg)
+        else:
+            r = simulate(p, cfg)
         base = base or r
         print(
             f"{name:<32} {r['wasted_node_hours']:>10.1f} {r['useful_node_hours']:>10.1f} "
@@ -726,6 +751,12 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--timeout", default="20m", help="sim: the governor's timeout")
     ap.add_argument("--strike-limit", type=int, default=2, help="sim: node_strike_limit")
+    ap.add_argument(
+        "--begin-fraction",
+        type=float,
+        default=0.0,
+        help="sim: share of jobs submitted with --begin 6 h ahead (adds the old-rule row)",
+    )
     ap.add_argument(
         "--resume-timeout", type=float, default=3600.0, help="sim: Slurm's ResumeTimeout (s)"
     )
