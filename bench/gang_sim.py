@@ -630,6 +630,10 @@ def cmd_cycle(args) -> None:
     path = os.path.join(tmp, "state.json")
 
     saved = None
+    from nodeforge.gang.slurm import JobCache
+
+    cache = JobCache()  # as SlurmCli keeps it between cycles
+    node_cache: list = ["", {}]
 
     def one(st, change: float):
         nonlocal saved
@@ -638,10 +642,11 @@ def cmd_cycle(args) -> None:
             jobs[k]["restart_cnt"] += 1
         job_txt = json.dumps({"jobs": jobs, "errors": []}, indent=2)  # squeue pretty-prints
         t0 = time.perf_counter()
-        js = parse_jobs(job_txt)
-        ns = parse_nodes(node_txt)
+        js = parse_jobs(job_txt, "bench", cache)
+        if node_txt != node_cache[0]:  # as SlurmCli: unchanged text, the same map
+            node_cache[:] = [node_txt, {k: v.flags for k, v in parse_nodes(node_txt).items()}]
         t1 = time.perf_counter()
-        snap = Snapshot(js, {k: v.flags for k, v in ns.items()}, now)
+        snap = Snapshot(js, node_cache[1], now)
         st2, _acts = decide(cfg, st, snap, now)
         t2 = time.perf_counter()
         saved = state_mod.save_if_changed(st2, path, saved)

@@ -172,7 +172,10 @@ def decide(
 ) -> tuple[GovState, list[Action]]:
     """One cycle, one small function per phase (Kueue's workload controller style)."""
     c = _Cycle(cfg, st, snap, now)
+    same_nodes = snap.nodes is st.seen_nodes
     for job in snap.jobs:
+        if st.seen_jobs.get(job.job_id) is job and _quiet(c, job, same_nodes):
+            continue
         rec = _record(c, job)
         if rec is None:
             continue
@@ -189,7 +192,38 @@ def decide(
     _forget_gone(c)
     if cfg.block_admission:
         _admit_next(c)
-    return GovState(jobs=c.recs, counters=st.counters, version=st.version, nodes=c.nodes), c.actions
+    out = GovState(jobs=c.recs, counters=st.counters, version=st.version, nodes=c.nodes)
+    out.seen_jobs = {j.job_id: j for j in snap.jobs}
+    out.seen_nodes = snap.nodes
+    return out, c.actions
+
+
+def _quiet(c: _Cycle, job: JobObs, same_nodes: bool) -> bool:
+    """The job's observation is the same object as last cycle's: if its record is in a
+    phase where nothing happens without a change in Slurm (no clock running), keep the
+    record as it is (no copy, no work). Clocks (admitted, recovering, backoff) always run."""
+    old = c.st.jobs.get(job.job_id)
+    if old is None:
+        return False
+    ph = old.phase
+    if ph == PENDING:
+        ok = not c.cfg.block_admission
+    elif ph == READY:
+        ok = same_nodes
+    elif ph == WAITING:
+        ok = job.held and old.hold_ours
+    elif ph == DEACTIVATED:
+        ok = old.hold_confirmed and job.admin_held
+    elif ph == DONE:
+        ok = job.finished
+    else:
+        ok = False
+    if ok:
+        c.seen.add(job.job_id)
+        c.recs[job.job_id] = old  # never mutated: a release copies it first
+        if ph == WAITING:
+            c.held_now.add(job.job_id)
+    return ok
 
 
 def _record(c: _Cycle, job: JobObs) -> GangRecord | None:
@@ -484,6 +518,8 @@ def _admit_next(c: _Cycle) -> None:
     if not waiting:
         return
     nxt = min(waiting, key=lambda r: admission_key(c.cfg, r))
+    if c.st.jobs.get(nxt.job_id) is nxt:  # kept as is by _quiet: copy before changing it
+        nxt = c.recs[nxt.job_id] = replace(nxt)
     nxt.phase, nxt.released_by_us, nxt.hold_ours = PENDING, True, False
     nxt.why = "released by block_admission"
     c.act(

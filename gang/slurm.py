@@ -122,15 +122,22 @@ def _merge_het(leader: JobObs, parts: list[JobObs]) -> JobObs:
     )
 
 
-def jobs_from_records(records: list[JobRecord]) -> list[JobObs]:
+def jobs_from_records(
+    records: list[JobRecord], cache: dict[int, tuple[JobRecord, JobObs]] | None = None
+) -> list[JobObs]:
+    """*cache* (id(record) -> (record, obs)) reuses the observation of a record the reader
+    took from its own cache (the same object): unchanged jobs cost a lookup."""
     out: list[JobObs] = []
+    fresh: dict[int, tuple[JobRecord, JobObs]] = {}
     het: dict[int, list[JobRecord]] = {}
     keys: set[str] = set()
     for r in records:
         if r.het_job_id is not None:
             het.setdefault(r.het_job_id, []).append(r)
             continue
-        o = obs_from_record(r)
+        hit = cache.get(id(r)) if cache is not None else None
+        o = hit[1] if hit is not None and hit[0] is r else obs_from_record(r)
+        fresh[id(r)] = (r, o)
         if o.job_id in keys:
             raise slurm_records.SlurmDataError(f"Slurm JSON: job {o.job_id} is listed twice")
         keys.add(o.job_id)
@@ -146,11 +153,26 @@ def jobs_from_records(records: list[JobRecord]) -> list[JobObs]:
             raise slurm_records.SlurmDataError(f"Slurm JSON: job {o.job_id} is listed twice")
         keys.add(o.job_id)
         out.append(o)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     return out
 
 
-def parse_jobs(text: str, source: str = "squeue --json") -> list[JobObs]:
-    return jobs_from_records(slurm_records.parse_jobs(text, source))
+class JobCache:
+    """Between cycles: JSON block -> JobRecord, and record -> JobObs."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, JobRecord] = {}
+        self.obs: dict[int, tuple[JobRecord, JobObs]] = {}
+
+
+def parse_jobs(
+    text: str, source: str = "squeue --json", cache: JobCache | None = None
+) -> list[JobObs]:
+    if cache is None:
+        return jobs_from_records(slurm_records.parse_jobs(text, source))
+    return jobs_from_records(slurm_records.parse_jobs(text, source, cache.records), cache.obs)
 
 
 def parse_nodes(text: str, source: str = "sinfo --json") -> dict[str, slurm_records.NodeRecord]:
@@ -178,6 +200,8 @@ class SlurmCli:
         self.timeout = timeout
         self.clock = clock
         self._commands: tuple[list[str], list[str]] | None = None
+        self._cache = JobCache()
+        self._nodes: tuple[str, dict[str, frozenset[str]], dict[str, str]] = ("", {}, {})
 
     def _run(self, *argv: str, check: bool = True):
         return proc.run(
@@ -199,13 +223,19 @@ class SlurmCli:
         jobs_argv, nodes_argv = self.commands()
         jobs_txt = self._run(*jobs_argv).stdout
         nodes_txt = self._run(*nodes_argv).stdout
-        jobs = parse_jobs(jobs_txt, " ".join(jobs_argv))
-        nodes = parse_nodes(nodes_txt, " ".join(nodes_argv))
+        jobs = parse_jobs(jobs_txt, " ".join(jobs_argv), self._cache)
+        if nodes_txt != self._nodes[0]:
+            nodes = parse_nodes(nodes_txt, " ".join(nodes_argv))
+            flags = {n: r.flags for n, r in nodes.items()}
+            reasons = {n: r.reason for n, r in nodes.items() if r.reason}
+            self._nodes = (nodes_txt, flags, reasons)
+        # unchanged node text: the same map object, which lets decide() skip ready jobs
+        _, flags, reasons = self._nodes
         return Snapshot(
             jobs=jobs,
-            nodes={n: r.flags for n, r in nodes.items()},
+            nodes=flags,
             taken_at=now,
-            node_reasons={n: r.reason for n, r in nodes.items() if r.reason},
+            node_reasons=reasons,
             bytes_read=len(jobs_txt) + len(nodes_txt),
         )
 

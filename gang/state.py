@@ -115,6 +115,11 @@ class GovState:
     counters: Counters = field(default_factory=Counters)
     version: int = 1
     nodes: dict[str, NodeRecord] = field(default_factory=dict)  # struck or drained by us
+    # Not persisted: the observations this state was decided on (job key -> JobObs, and the
+    # node map), so that decide() can skip a job whose observation is the very same object
+    # (the reader's cache hands out the same object for an unchanged job).
+    seen_jobs: dict = field(default_factory=dict, compare=False, repr=False)
+    seen_nodes: object = field(default=None, compare=False, repr=False)
 
 
 def to_json(st: GovState) -> dict:

@@ -285,17 +285,77 @@ def _load(text: str, key: str, source: str) -> list:
     return doc[key]
 
 
-def parse_jobs(text: str, source: str = "squeue --json") -> list[JobRecord]:
-    """Jobs of one JSON document. A job id listed twice is an error (never a guess)."""
-    out: list[JobRecord] = []
-    seen: set[int] = set()
-    for d in _load(text, "jobs", source):
-        j = job_from_json(d)
-        if j.job_id in seen:
+def parse_jobs(
+    text: str, source: str = "squeue --json", cache: dict[str, JobRecord] | None = None
+) -> list[JobRecord]:
+    """Jobs of one JSON document. A job id listed twice is an error (never a guess).
+
+    With *cache* (block text -> JobRecord, kept by the caller between calls and replaced by
+    this call's blocks), a job whose JSON block did not change costs one dict lookup instead
+    of a JSON parse: see `_job_blocks` for why splitting the text is safe."""
+    blocks = _job_blocks(text) if cache is not None else None
+    if blocks is None:
+        out = [job_from_json(d) for d in _load(text, "jobs", source)]
+    else:
+        head, chunks = blocks
+        _load(head, "jobs", source)  # meta and errors (the jobs list emptied)
+        seen: dict[str, JobRecord] = {}
+        out = []
+        for chunk in chunks:
+            key = _stable(chunk)
+            j = cache.get(key) if cache is not None else None
+            if j is None:
+                try:
+                    j = job_from_json(json.loads("{" + chunk + "}"))
+                except ValueError as exc:
+                    raise SlurmDataError(f"{source}: a job block is not JSON ({exc})") from exc
+            seen[key] = j
+            out.append(j)
+        cache.clear()
+        cache.update(seen)
+    ids: set[int] = set()
+    for j in out:
+        if j.job_id in ids:
             raise SlurmDataError(f"{source}: job {j.job_id} is listed twice")
-        seen.add(j.job_id)
-        out.append(j)
+        ids.add(j.job_id)
     return out
+
+
+_JOBS_OPEN = '\n  "jobs": [\n'
+_JOB_SEP = "\n    },\n    {\n"
+_VOLATILE = '\n      "last_sched_evaluation": '  # changes every scheduler pass; not read
+
+
+def _job_blocks(text: str) -> tuple[str, list[str]] | None:
+    """Split a pretty-printed document (22.05's squeue --json) into the text of each job.
+
+    Safe against job text: a JSON serializer escapes newlines inside strings, so a line that
+    is exactly `    },` or `    {` (indent 4: the jobs list's items; a job's own nested
+    values are indented deeper) can only be structure, never part of a name, comment or path.
+    Every block is still parsed as JSON on its own. Any other layout -> None (full parse)."""
+    i = text.find(_JOBS_OPEN)
+    if i < 0:
+        return None
+    body_start = i + len(_JOBS_OPEN)
+    end = text.find("\n  ]", body_start)
+    if end < 0 or text.find(_JOBS_OPEN, body_start) >= 0:
+        return None
+    body = text[body_start:end]
+    head = text[: i + 1] + '  "jobs": []' + text[end + 4 :]
+    if not body.strip():
+        return head, []
+    if not (body.startswith("    {\n") and body.endswith("\n    }")):
+        return None
+    return head, body[6:-6].split(_JOB_SEP)
+
+
+def _stable(chunk: str) -> str:
+    """The block without fields that change on every scheduler pass and are not read."""
+    i = chunk.find(_VOLATILE)
+    if i < 0:
+        return chunk
+    j = chunk.find("\n", i + 1)
+    return chunk[:i] + (chunk[j:] if j >= 0 else "")
 
 
 def node_from_json(d: object) -> NodeRecord:

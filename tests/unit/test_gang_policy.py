@@ -737,5 +737,34 @@ def test_block_admission_hold_and_release_in_one_cycle_when_nothing_blocks():
     """A new gang with nothing ahead of it is held and released in the same cycle: queueing
     costs no extra interval per admission."""
     c = cfg(block_admission=True)
-    st, acts = run(c, GovState(), snap(job("10", state="PENDING", nodes=())), T0)
+    _, acts = run(c, GovState(), snap(job("10", state="PENDING", nodes=())), T0)
     assert [(x.kind, x.job_id) for x in acts] == [("hold", "10"), ("release", "10")]
+
+
+def test_unchanged_observation_is_skipped_but_clocks_still_run():
+    """The reader hands out the same JobObs object for an unchanged job: a quiet record is
+    kept as is, but an admitted job's deadline still fires without any change in Slurm."""
+    c = cfg()
+    nodes = {"a": OK, "b": frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})}
+    admitted, pending = job("1"), job("2", state="PENDING", nodes=())
+    s = snap(admitted, pending, nodes=nodes)
+    st, _ = run(c, GovState(), s, T0 + 1)
+    rec2 = st.jobs["2"]
+    st2, acts = run(c, st, s, T0 + 10)
+    assert st2.jobs["2"] is rec2  # quiet: not copied
+    assert [(a.kind, a.job_id) for a in acts] == [("requeue", "1")]  # the clock ran
+
+
+def test_release_of_a_quiet_waiting_record_does_not_mutate_the_input_state():
+    c = cfg(block_admission=True)
+    w = held_admin(job("10", state="PENDING", nodes=(), submit=T0 - 50))
+    busy = job("99", state="CONFIGURING", nodes=("c", "d"))
+    st, _ = run(c, GovState(), snap(busy, w), T0)
+    st.jobs["10"].hold_ours = True  # as if held by us earlier
+    st.jobs["10"].phase = "waiting_admission"
+    s = snap(w)  # busy gone; w unchanged (same object)
+    st.seen_jobs["10"] = w
+    before = dict(st.jobs["10"].__dict__)
+    st2, acts = run(c, st, s, T0 + 1)
+    assert [(a.kind, a.job_id) for a in acts] == [("release", "10")]
+    assert st.jobs["10"].__dict__ == before and st2.jobs["10"].released_by_us

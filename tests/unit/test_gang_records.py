@@ -256,6 +256,15 @@ def test_hostile_text_parses_back_exactly(names, comments, workdirs, shape):
         for i in range(n)
     ]
     recs = sr.parse_jobs(doc(*src))
+    # the same through the block cache (pretty-printed like 22.05's squeue): equal records,
+    # and a second read reuses them
+    pretty = json.dumps({"meta": {}, "errors": [], "jobs": src}, indent=2)
+    cache: dict = {}
+    assert sr.parse_jobs(pretty, cache=cache) == recs
+    again = sr.parse_jobs(pretty, cache=cache)
+    assert again == recs and all(
+        a is b for a, b in zip(again, sr.parse_jobs(pretty, cache=cache), strict=True)
+    )
     # exactly the jobs that were written, no phantom, every text back byte for byte
     assert [r.job_id for r in recs] == [100 + i for i in range(n)]
     for i, r in enumerate(recs):
@@ -266,3 +275,29 @@ def test_hostile_text_parses_back_exactly(names, comments, workdirs, shape):
             "RUNNING",
             1796290186,
         )
+
+
+def test_block_cache_is_not_fooled_by_a_separator_in_job_text():
+    sep = '\n    },\n    {\n      "job_id": 999,'
+    src = [job22(5, name=sep, comment=sep, current_working_directory=sep), job22(6)]
+    pretty = json.dumps({"meta": {}, "errors": [], "jobs": src}, indent=2)
+    cache: dict = {}
+    recs = sr.parse_jobs(pretty, cache=cache)
+    assert [r.job_id for r in recs] == [5, 6] and recs[0].name == sep
+    # a changed job is parsed again; an unchanged one comes from the cache
+    src[1]["restart_cnt"] = 1
+    recs2 = sr.parse_jobs(
+        json.dumps({"meta": {}, "errors": [], "jobs": src}, indent=2), cache=cache
+    )
+    assert recs2[0] is recs[0] and recs2[1].restarts == 1
+
+
+def test_block_cache_falls_back_on_another_layout_and_keeps_errors():
+    compact = doc(job22(5))
+    assert [r.job_id for r in sr.parse_jobs(compact, cache={})] == [5]
+    bad = json.dumps({"meta": {}, "errors": ["boom"], "jobs": [job22(5)]}, indent=2)
+    with pytest.raises(sr.SlurmDataError, match="errors"):
+        sr.parse_jobs(bad, cache={})
+    dup = json.dumps({"meta": {}, "errors": [], "jobs": [job22(5), job22(5)]}, indent=2)
+    with pytest.raises(sr.SlurmDataError, match="listed twice"):
+        sr.parse_jobs(dup, cache={})
