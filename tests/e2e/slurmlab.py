@@ -401,6 +401,13 @@ class Lab:
                 f.setdefault(k, v)
         return f
 
+    def job_json(self, job_id: int | str) -> dict:
+        """The job as the governor reads it (22.05: squeue --json), {} if not listed."""
+        import json
+
+        doc = json.loads(self.run("squeue", "--json", "--states=all").stdout)
+        return next((j for j in doc["jobs"] if str(j["job_id"]) == str(job_id)), {})
+
     def sbatch(self, *args: str, script: str = "#!/bin/sh\nsleep 30\n") -> int:
         path = self.base / f"job-{time.monotonic_ns()}.sh"
         path.write_text(script)
