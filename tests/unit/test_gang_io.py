@@ -51,6 +51,12 @@ def test_config_defaults_and_values(tmp_path):
         ("node_strike_window_seconds: -5m\n", "'node_strike_window_seconds'"),
         ("node_strike_max_drained: many\n", "'node_strike_max_drained'"),
         ("requeuing:\n  node_strike_limit: 2\n", "'requeuing.node_strike_limit'"),
+        ("timeout: .nan\n", "'timeout'"),
+        ("timeout: .inf\n", "'timeout'"),
+        ("recovery_timeout: 1e300\n", "'recovery_timeout'"),
+        ("seed: 100000000000000000000\n", "'seed'"),
+        ("timeout: 5\ntimeout: 6\n", "duplicate key 'timeout'"),
+        ("requeuing:\n  jitter: 0.1\n  jitter: 0.2\n", "duplicate key 'jitter'"),
     ],
 )
 def test_config_errors_name_file_and_key(tmp_path, text, needle):
@@ -407,3 +413,18 @@ def test_state_written_only_when_it_changed(tmp_path):
     )
     st_mod.save_if_changed(changed, p, saved)
     assert st_mod.load(p).jobs["1"].phase == "ready"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "nfg-gang:n=1,phase=backoff,next=nan",
+        "nfg-gang:n=99999999999,phase=backoff",
+        "nfg-gang:n=1,phase=backoff,next=1e309",
+        "nfg-gang:n=1,phase=Backoff\nJobId=9",
+    ],
+)
+def test_admin_comment_token_out_of_grammar_is_ignored(text):
+    from nodeforge.gang.events import decode_admin
+
+    assert decode_admin(text) is None
