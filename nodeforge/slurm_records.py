@@ -176,9 +176,13 @@ def _states(v: object, what: str, field: str) -> tuple[str, frozenset[str]]:
         raise _fail(what, field, v)
     out = []
     for w in words:
+        if w == "?":
+            continue  # a flag bit Slurm's own table lacks
         if not isinstance(w, str) or not _STATE_WORD.fullmatch(w.upper()):
             raise _fail(what, field, v)
         out.append(w.upper())
+    if not out:
+        raise _fail(what, field, v)
     base = next((w for w in out if w in JOB_BASE_STATES), "")
     return base, frozenset(w for w in out if w != base)
 
@@ -230,11 +234,12 @@ def job_from_json(d: object) -> JobRecord:
         raise _fail("job", "job_id", d.get("job_id"))
     what = f"job {jid}"
     base, flags = _states(d.get("job_state"), what, "job_state")
-    # scontrol shows a flag (COMPLETING, CONFIGURING, ...) instead of the base state; 22.05's
-    # JSON sends only that one word, >= 23.02 the base state and all flags.
-    shown = next((f for f in _SHOWN_FLAGS if f in flags), base)
-    if not shown:
-        raise _fail(what, "job_state", d.get("job_state"))
+    # scontrol shows a flag (COMPLETING, CONFIGURING, REQUEUE_HOLD, ...) instead of the base
+    # state; 22.05's JSON sends only that one word, >= 23.02 the base state and all flags.
+    # Any well-formed state word is accepted: a transition state this reader does not know
+    # (REQUEUE_HOLD right after requeuehold, RESV_DEL_HOLD, ...) must not blind the
+    # governor to every other job; it decides nothing on a state it does not know.
+    shown = next((f for f in _SHOWN_FLAGS if f in flags), base) or min(flags)
     if not base and shown == "CONFIGURING":
         base = "RUNNING"
     nodelist = _str(d.get("nodes"), what, "nodes", _HOSTLIST)
@@ -372,6 +377,8 @@ def node_from_json(d: object) -> NodeRecord:
         raise _fail(what, "state", state)
     flags = set()
     for w in [*words, *extra]:
+        if w == "?":
+            continue  # Slurm's word for a flag bit its own table lacks (node_state_flag_string)
         if not isinstance(w, str) or not _STATE_WORD.fullmatch(w.upper()):
             raise _fail(what, "state", w)
         flags.add(w.upper())
