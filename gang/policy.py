@@ -51,6 +51,9 @@ REASON_RECOVERY = "RecoveryTimeout"
 CAUSE_START = "WaitForStart"
 CAUSE_RECOVERY = "WaitForRecovery"
 ADMITTED_STATES = ("RUNNING", "CONFIGURING")
+# A deactivated job still under requeuehold's own hold whose admin hold did not take: the
+# admin hold is asked for again after this long (a job that is not held at all: at once).
+HOLD_RETRY_SECONDS = 30.0
 # Pending reasons that are the job's own: a released gang that waits for one of these does
 # not hold up the block_admission queue (it might wait for hours, or forever).
 OWN_WAIT_REASONS = frozenset(
@@ -299,7 +302,13 @@ def _deactivated(c: _Cycle, rec: GangRecord, job: JobObs) -> bool:
         if rec.hold_confirmed:
             _operator_release(c, rec, job)
             return False
-        rec.hold_ours = True
+        if (
+            job.held
+            and rec.hold_asked_at is not None
+            and c.now - rec.hold_asked_at < HOLD_RETRY_SECONDS
+        ):
+            return True  # still under requeuehold's own hold: ask again later, not every cycle
+        rec.hold_ours, rec.hold_asked_at = True, c.now
         c.act(ActionKind.HOLD, rec, job, "Deactivated", "close the deactivation: admin hold")
         return True
     if job.state in ADMITTED_STATES:

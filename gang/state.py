@@ -70,6 +70,7 @@ class GangRecord:
     priority: int = 0  # Slurm priority before our hold (a hold sets it to 0)
     slurm_reason: str = ""  # Slurm's pending Reason at the last observation
     eligible_at: float | None = None  # Slurm's EligibleTime at the last observation
+    hold_asked_at: float | None = None  # deactivation: when we last asked for the admin hold
 
 
 # Node drain states (NodeRecord.drain); "" = not drained by this governor.

@@ -768,3 +768,17 @@ def test_release_of_a_quiet_waiting_record_does_not_mutate_the_input_state():
     st2, acts = run(c, st, s, T0 + 1)
     assert [(a.kind, a.job_id) for a in acts] == [("release", "10")]
     assert st.jobs["10"].__dict__ == before and st2.jobs["10"].released_by_us
+
+
+def test_admin_hold_that_does_not_take_is_retried_slowly_not_every_cycle():
+    c = cfg(requeuing={"backoff_limit_count": 0})
+    st = _deactivate(c)
+    user_held = job(state="PENDING", nodes=(), restarts=1, held=True, reason="JobHeldUser")
+    kinds = []
+    for t in range(12, 12 + 61):
+        st, acts = run(c, st, snap(user_held), T0 + t)
+        kinds += [a.kind for a in acts]
+    assert kinds.count("hold") == 3  # at +12, +42, +72: every 30 s, not 61 times
+    # not held at all (the owner released it): the admin hold is asked for at once
+    st, acts = run(c, st, snap(job(state="PENDING", nodes=(), restarts=1)), T0 + 73)
+    assert [a.kind for a in acts] == ["hold"]
