@@ -38,8 +38,18 @@ VAR_FILES = {
 
 def build(out: Path, cache: Path, args, *extra: str) -> dict:
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "nodeforge", "build", "--output", str(out), "--cache-dir",
-           str(cache), "--json", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nodeforge",
+        "build",
+        "--output",
+        str(out),
+        "--cache-dir",
+        str(cache),
+        "--json",
+        *extra,
+    ]
     if args.artifact_mirror:
         cmd += ["--artifact-mirror", args.artifact_mirror]
     if args.versions_file:

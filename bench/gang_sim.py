@@ -21,6 +21,7 @@ resumes a drained node in the model, so a wrong drain costs its capacity to the 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import statistics
@@ -95,6 +96,10 @@ class Params:
     sizes: tuple[int, ...] = (2, 4, 4, 8, 8, 16)
     runtime_min: float = 1800.0
     runtime_max: float = 3 * HOUR
+    # share of jobs submitted with a begin time (`sbatch --begin`) this far ahead: a released
+    # gang that waits for it must not stall block_admission (issue 10)
+    begin_fraction: float = 0.0
+    begin_delay: float = 6 * HOUR
 
 
 def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
@@ -124,6 +129,11 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
         k += 1
         rt = rng.uniform(p.runtime_min, p.runtime_max)
         arrivals.append(Job(str(k), rng.choice(p.sizes), rt, rt * 2 + HOUR, t, eligible=t))
+    if p.begin_fraction:
+        brng = random.Random(p.seed * 104729 + 3)  # own stream: the arrivals stay the same
+        for j in arrivals:
+            if brng.random() < p.begin_fraction:
+                j.eligible = j.submit + p.begin_delay
     jobs: dict[str, Job] = {}
     st = GovState()
     wasted = useful = 0.0
@@ -139,7 +149,9 @@ def simulate(p: Params, cfg: gcfg.GangConfig | None) -> dict:
             next_join += p.join_every
         while ai < len(arrivals) and arrivals[ai].submit <= now:
             j = arrivals[ai]
-            j.held = bool(cfg and cfg.block_admission)  # submitted held (sbatch -H)
+            # submitted unheld: with block_admission the governor's admin hold queues it (the
+            # governor runs before the scheduler in each tick; on Slurm, see docs/gang.md)
+            j.held = False
             jobs[j.jid] = j
             ai += 1
         # node failures: a never-booting node goes DOWN at ResumeTimeout; Slurm requeues
@@ -255,7 +267,15 @@ def _snapshot(jobs: dict[str, Job], nodes: dict[str, Node], now: float) -> Snaps
             JobObs(
                 job_id=j.jid,
                 state=j.state,
-                reason="JobHeldUser" if j.held else ("Prolog" if j.hung else "None"),
+                reason=(
+                    "JobHeldAdmin"
+                    if j.held
+                    else "BeginTime"
+                    if j.state == "PENDING" and j.eligible > now
+                    else "Prolog"
+                    if j.hung
+                    else "None"
+                ),
                 nodes=tuple(j.nodes),
                 num_nodes=j.size,
                 partition="main",
@@ -264,6 +284,7 @@ def _snapshot(jobs: dict[str, Job], nodes: dict[str, Node], now: float) -> Snaps
                 eligible_time=j.eligible,
                 restarts=j.restarts,
                 held=j.held,
+                admin_held=j.held,  # the sim's only holds are the governor's (admin)
                 admin_comment=j.admin_comment,
             )
         )
@@ -307,8 +328,16 @@ def scenarios(
 
 
 def cmd_sim(args) -> None:
-    p = Params(seed=args.seed, hours=args.hours, resume_timeout=args.resume_timeout)
+    p = Params(
+        seed=args.seed,
+        hours=args.hours,
+        resume_timeout=args.resume_timeout,
+        begin_fraction=args.begin_fraction,
+    )
     runs = scenarios(args.timeout, args.strike_limit)
+    if p.begin_fraction:
+        # the rule before issue 10: any released-but-pending gang blocks the queue
+        runs.insert(3, ("block_admission, old rule", runs[2][1]))
     print(
         f"# governor: timeout={args.timeout} backoff 60-1800s jitter 0.1; node strikes: "
         f"limit {args.strike_limit} in 1 h (last scenario only)\n"
@@ -323,9 +352,17 @@ def cmd_sim(args) -> None:
         f" {'mean_done_h':>11} {'drained(bad)':>12}"
     )
     base = None
+    from unittest import mock
+
+    from nodeforge.gang import policy
+
     for name, cfg in runs:
         t0 = time.perf_counter()
-        r = simulate(p, cfg)
+        if name.endswith("old rule"):
+            with mock.patch.object(policy, "waits_for_itself", lambda *a, **k: False):
+                r = simulate(p, cfg)
+        else:
+            r = simulate(p, cfg)
         base = base or r
         print(
             f"{name:<32} {r['wasted_node_hours']:>10.1f} {r['useful_node_hours']:>10.1f} "
@@ -338,80 +375,299 @@ def cmd_sim(args) -> None:
     print("# deterministic: re-run with the same seed gives identical results")
 
 
+# The other ~90 keys of a 22.05 `squeue --json` job (names from a real capture, typical
+# values), so that the bytes and the parse cost match what slurmctld sends (~3.5 kB a job).
+FILLER = {
+    f"{k}": v
+    for k, v in zip(
+        [
+            "accrue_time",
+            "association_id",
+            "batch_features",
+            "batch_host",
+            "billable_tres",
+            "burst_buffer",
+            "burst_buffer_state",
+            "cluster",
+            "cluster_features",
+            "container",
+            "contiguous",
+            "core_spec",
+            "cores_per_socket",
+            "cpu_frequency_governor",
+            "cpu_frequency_maximum",
+            "cpu_frequency_minimum",
+            "cpus_per_task",
+            "cpus_per_tres",
+            "deadline",
+            "delay_boot",
+            "dependency",
+            "derived_exit_code",
+            "end_time",
+            "excluded_nodes",
+            "exit_code",
+            "features",
+            "federation_origin",
+            "federation_siblings_active",
+            "federation_siblings_viable",
+            "flags",
+            "gres_detail",
+            "group_id",
+            "group_name",
+            "het_job_id_set",
+            "last_sched_evaluation",
+            "licenses",
+            "max_cpus",
+            "max_nodes",
+            "mcs_label",
+            "memory_per_cpu",
+            "memory_per_node",
+            "memory_per_tres",
+            "minimum_cpus_per_node",
+            "minimum_tmp_disk_per_node",
+            "nice",
+            "pre_sus_time",
+            "preempt_time",
+            "prefer",
+            "profile",
+            "reboot",
+            "required_nodes",
+            "resize_time",
+            "resv_name",
+            "shared",
+            "show_flags",
+            "sockets_per_board",
+            "sockets_per_node",
+            "standard_error",
+            "standard_input",
+            "suspend_time",
+            "system_comment",
+            "tasks_per_board",
+            "tasks_per_core",
+            "tasks_per_node",
+            "tasks_per_socket",
+            "thread_spec",
+            "threads_per_core",
+            "time_minimum",
+            "tres_alloc_str",
+            "tres_bind",
+            "tres_freq",
+            "tres_per_job",
+            "tres_per_node",
+            "tres_per_socket",
+            "tres_per_task",
+            "user_name",
+            "wckey",
+        ],
+        [
+            1796290183,
+            0,
+            "",
+            "n0001",
+            96.0,
+            "",
+            "",
+            "cluster",
+            "",
+            "",
+            False,
+            0,
+            0,
+            0,
+            0,
+            0,
+            1,
+            "",
+            0,
+            0,
+            "",
+            0,
+            1796376583,
+            "",
+            0,
+            "",
+            "",
+            "",
+            "",
+            ["CRON_JOB", "EXACT_NODES"],
+            [],
+            1000,
+            "users",
+            "",
+            1796290190,
+            "",
+            0,
+            8,
+            "",
+            0,
+            0,
+            "",
+            1,
+            0,
+            0,
+            0,
+            0,
+            "",
+            [],
+            0,
+            "",
+            0,
+            "",
+            ["ALLOW_OVERSUBSCRIBE"],
+            ["DETAIL", "LOCAL"],
+            0,
+            0,
+            "/home/u/slurm-%j.err",
+            "/dev/null",
+            0,
+            "",
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            "cpu=96,mem=1000000M,node=8,billing=96,gres/gpu=64",
+            "",
+            "",
+            "",
+            "gres:gpu:8",
+            "",
+            "",
+            "u",
+            "",
+        ]
+        * 2,
+        strict=False,
+    )
+}
+FILLER["job_resources"] = {
+    "nodes": "n[0001-0008]",
+    "allocated_cores": 768,
+    "allocated_hosts": 8,
+    "allocated_nodes": [{"sockets": {"0": "unassigned"}, "cores": {"0": "allocated"}}] * 2,
+}
+
+
 def cmd_cycle(args) -> None:
-    """Governor cycle cost with N jobs: parse `scontrol show job -o` text + decide()."""
+    """Governor cycle cost with N jobs: parse Slurm's JSON (22.05 `squeue --json` shape) +
+    decide() + persistence (state file written only when it changed), and the bytes that
+    slurmctld returns per cycle."""
+    import json
+    import tempfile
+
+    from nodeforge.gang import state as state_mod
     from nodeforge.gang.slurm import parse_jobs, parse_nodes
 
     n = args.jobs
     rng = random.Random(args.seed)
-    lines, nlines = [], []
-    for i in range(1, 2001):
-        nlines.append(
-            f"NodeName=n{i:04d} Arch=x86_64 CPUAlloc=0 State={'ALLOCATED' if i % 3 else 'IDLE+CLOUD+POWERING_UP'} Partitions=main"
-        )
+    nodes_doc = {
+        "nodes": [
+            {
+                "name": f"n{i:04d}",
+                "state": "allocated" if i % 3 else "idle",
+                "state_flags": [] if i % 3 else ["CLOUD", "POWERING_UP"],
+                "reason": "",
+                "partitions": ["main"],
+                "address": "10.0.0.1",
+                "hostname": f"n{i:04d}",
+                "cpus": 96,
+                "real_memory": 1_000_000,
+                "tres": "cpu=96,mem=1000000M,gres/gpu=8",
+            }
+            for i in range(1, 2001)
+        ],
+        "errors": [],
+    }
+    t_sub = 1796200000
+    jobs = []
     for i in range(1, n + 1):
         state = rng.choice(["PENDING"] * 6 + ["RUNNING"] * 3 + ["CONFIGURING"])
         nn = rng.choice([1, 2, 4, 8])
         first = rng.randint(1, 1990)
-        nl = f"n[{first:04d}-{first + nn - 1:04d}]" if state != "PENDING" else "(null)"
-        lines.append(
-            f"JobId={i} JobName=j{i} UserId=u(1000) GroupId=g(1000) Priority={1000 + i} QOS=normal "
-            f"JobState={state} Reason={'Prolog' if state == 'CONFIGURING' else 'None'} Requeue=1 "
-            f"Restarts=0 BatchFlag=1 SubmitTime=2026-12-02T10:00:00 EligibleTime=2026-12-02T10:00:00 "
-            f"StartTime=2026-12-02T20:00:00 Partition=main NodeList={nl} NumNodes={nn} NumCPUs={nn} "
-            f"AdminComment=(null) Comment=(null) Command=/home/u/train.sh WorkDir=/home/u"
+        nl = f"n[{first:04d}-{first + nn - 1:04d}]" if state != "PENDING" else ""
+        jobs.append(
+            {
+                # the keys the reader uses plus a typical payload of the others
+                "job_id": i,
+                "name": f"j{i}",
+                "comment": "",
+                "admin_comment": "",
+                "job_state": state,
+                "state_reason": "Prolog" if state == "CONFIGURING" else "None",
+                "state_description": "",
+                "node_count": nn,
+                "nodes": nl,
+                "array_job_id": 0,
+                "array_task_id": None,
+                "het_job_id": 0,
+                "het_job_offset": 0,
+                "start_time": t_sub + 36000,
+                "submit_time": t_sub,
+                "eligible_time": t_sub,
+                "priority": 1000 + i,
+                "restart_cnt": 0,
+                "requeue": True,
+                "batch_flag": True,
+                "partition": "main",
+                "qos": "normal",
+                "user_id": 1000,
+                "current_working_directory": "/home/u",
+                "command": "/home/u/train.sh",
+                "standard_output": "/home/u/slurm-%j.out",
+                "account": "acct",
+                "tres_req_str": "cpu=96,mem=1000000M,node=8,billing=96,gres/gpu=64",
+                "time_limit": 1440,
+                "cpus": nn * 96,
+                "tasks": nn * 8,
+            }
         )
-    job_txt, node_txt = "\n".join(lines), "\n".join(nlines)
+    node_txt = json.dumps(nodes_doc)
     cfg = gcfg.from_dict({"timeout": 300, "recovery_timeout": 60}, "bench")
-    now = time.mktime(time.strptime("2026-12-02T20:03:00", "%Y-%m-%dT%H:%M:%S"))
+    now = float(t_sub + 36000 + 180)
+    tmp = tempfile.mkdtemp(prefix="gang-cycle-")
+    path = os.path.join(tmp, "state.json")
 
-    cache: dict = {}
-    walls: list[float] = []
+    saved = None
+    from nodeforge.gang.slurm import JobCache
 
-    def one(st, cached=True):
-        nonlocal job_txt
-        # ~1% of the queue changes between cycles (state, reason, restarts)
-        ls = job_txt.split("\n")
-        for k in rng.sample(range(len(ls)), len(ls) // 100):
-            ls[k] = ls[k].replace("Restarts=", "Restarts=1", 1) if "Restarts=0" in ls[k] else ls[k]
-        job_txt = "\n".join(ls)
-        # CPU time of this process: the machine may be shared; wall time is printed too
-        t0, w0 = time.process_time(), time.perf_counter()
-        jobs = parse_jobs(job_txt, cache if cached else None)
-        nodes = parse_nodes(node_txt)
-        t1 = time.process_time()
-        st2, acts = decide(cfg, st, Snapshot(jobs, nodes, now), now)
-        t2, w2 = time.process_time(), time.perf_counter()
-        walls.append(w2 - w0)
-        return st2, acts, t1 - t0, t2 - t1
+    cache = JobCache()  # as SlurmCli keeps it between cycles
+    node_cache: list = ["", {}]
 
-    # the first cycle creates the records (no parse cache)
-    st, _acts, cold_parse, cold_dec = one(GovState(), cached=False)
-    parse_t, dec_t = [], []
-    for _ in range(args.repeat):
-        st, _acts, a, b = one(st)
-        parse_t.append(a)
-        dec_t.append(b)
-    gangs = len(st.jobs)
-    pm, dm = statistics.median(parse_t), statistics.median(dec_t)
+    def one(st, change: float):
+        nonlocal saved
+        # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
+        for k in rng.sample(range(len(jobs)), int(len(jobs) * change)):
+            jobs[k]["restart_cnt"] += 1
+        job_txt = json.dumps({"jobs": jobs, "errors": []}, indent=2)  # squeue pretty-prints
+        t0 = time.perf_counter()
+        js = parse_jobs(job_txt, "bench", cache)
+        if node_txt != node_cache[0]:  # as SlurmCli: unchanged text, the same map
+            node_cache[:] = [node_txt, {k: v.flags for k, v in parse_nodes(node_txt).items()}]
+        t1 = time.perf_counter()
+        snap = Snapshot(js, node_cache[1], now)
+        st2, _acts = decide(cfg, st, snap, now)
+        t2 = time.perf_counter()
+        saved = state_mod.save_if_changed(st2, path, saved)
+        t3 = time.perf_counter()
+        return st2, (t1 - t0, t2 - t1, t3 - t2), len(job_txt) + len(node_txt)
+
+    st, _cold, _b = one(GovState(), 0)
+    for label, change in (("steady (nothing changed)", 0.0), ("1% of jobs changed", 0.01)):
+        ts, nbytes = [], 0
+        for _ in range(args.repeat):
+            st, t, nbytes = one(st, change)
+            ts.append(t)
+        p_, d_, s_ = (statistics.median(x[i] for x in ts) * 1000 for i in range(3))
+        tot = p_ + d_ + s_
+        print(
+            f"{n:>6} jobs ({len(st.jobs)} gangs), {label:<26}: parse {p_:7.1f} ms  "
+            f"decide {d_:6.1f} ms  persist {s_:6.1f} ms  total {tot:7.1f} ms  "
+            f"slurmctld bytes/cycle {nbytes / 1e6:6.1f} MB"
+        )
     print(
-        f"# cycle cost (CPU time of this process): {n} jobs in the queue ({gangs} gangs), 2000 nodes, median of {args.repeat}"
-    )
-    print(
-        f"cold first cycle: parse {cold_parse * 1000:.1f} ms + decide {cold_dec * 1000:.1f} ms"
-        " (no parse cache, every record new)"
-    )
-    print(
-        f"parse scontrol output: {pm * 1000:7.1f} ms  (parse cache, ~1% of lines changed per cycle)"
-    )
-    print(f"policy.decide:         {dm * 1000:7.1f} ms")
-    print(
-        f"(wall clock, parse+decide, median: {statistics.median(walls[1:]) * 1000:.1f} ms;"
-        f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
-    )
-    print(
-        f"total (excl. scontrol): {(pm + dm) * 1000:6.1f} ms   goal <= 100 ms: "
-        f"{'OK' if pm + dm <= 0.1 else 'MISSED'}  (ratio {(pm + dm) / 0.1:.2f} of budget)"
+        f"(median of {args.repeat}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
 
 
@@ -473,9 +729,12 @@ def cmd_deadline(args) -> None:
             f" {args.rounds} rounds"
         )
         print("delays (s): " + " ".join(f"{d:.2f}" for d in delays))
+        ds = sorted(delays)
+        p95 = ds[min(len(ds) - 1, math.ceil(0.95 * len(ds)) - 1)]
         print(
-            f"median {statistics.median(delays):.2f} s, max {max(delays):.2f} s   goal <= 2 s: "
-            f"{'OK' if max(delays) <= 2 else 'MISSED'}  (Restarts after each: {slurm_delays})"
+            f"p50 {statistics.median(ds):.2f} s, p95 {p95:.2f} s, max {ds[-1]:.2f} s   "
+            f"goal p95 <= one interval ({args.interval} s): "
+            f"{'OK' if p95 <= args.interval else 'MISSED'}  (Restarts after each: {slurm_delays})"
         )
     finally:
         lab.close()
@@ -497,6 +756,12 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--timeout", default="20m", help="sim: the governor's timeout")
     ap.add_argument("--strike-limit", type=int, default=2, help="sim: node_strike_limit")
+    ap.add_argument(
+        "--begin-fraction",
+        type=float,
+        default=0.0,
+        help="sim: share of jobs submitted with --begin 6 h ahead (adds the old-rule row)",
+    )
     ap.add_argument(
         "--resume-timeout", type=float, default=3600.0, help="sim: Slurm's ResumeTimeout (s)"
     )

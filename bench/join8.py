@@ -62,34 +62,44 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
                 if name not in ready and not ttr._alive(cluster.node(name).pid):
                     raise NodeforgeError(f"node {name} exited; see its console.log")
             if time.monotonic() > deadline:
-                raise NodeforgeError(f"not schedulable in time: "
-                                     f"{', '.join(sorted(set(started) - set(ready)))}")
+                raise NodeforgeError(
+                    f"not schedulable in time: {', '.join(sorted(set(started) - set(ready)))}"
+                )
             time.sleep(args.poll)
         cluster = Cluster.load(lc.name)
         nodes = []
         for name in sorted(started):
             st = ttr.read_state(cluster.node(name))
-            nodes.append({
-                "node": name,
-                "started_after_first_add_s": round(started[name] - t_first, 2),
-                "seconds": round(ready[name] - started[name], 2),
-                "agent_seconds": _agent_seconds(st),
-                "agent_started_after_s": round(st["first_started"] - started[name], 2)
-                if st.get("first_started") else None,
-            })
+            nodes.append(
+                {
+                    "node": name,
+                    "started_after_first_add_s": round(started[name] - t_first, 2),
+                    "seconds": round(ready[name] - started[name], 2),
+                    "agent_seconds": _agent_seconds(st),
+                    "agent_started_after_s": round(st["first_started"] - started[name], 2)
+                    if st.get("first_started")
+                    else None,
+                }
+            )
         secs = [x["seconds"] for x in nodes]
-        res.update({
-            "ok": True,
-            "nodes": nodes,
-            "all_seconds": round(max(ready.values()) - t_first, 2),
-            "last_start_to_all_ready_s": round(max(ready.values()) - max(started.values()), 2),
-            "per_node_median_s": round(statistics.median(secs), 2),
-            "per_node_min_s": min(secs),
-            "per_node_max_s": max(secs),
-            "agent_median_s": round(statistics.median(
-                [x["agent_seconds"] for x in nodes if x["agent_seconds"] is not None]), 2),
-            "load_after": round(os.getloadavg()[0], 2),
-        })
+        res.update(
+            {
+                "ok": True,
+                "nodes": nodes,
+                "all_seconds": round(max(ready.values()) - t_first, 2),
+                "last_start_to_all_ready_s": round(max(ready.values()) - max(started.values()), 2),
+                "per_node_median_s": round(statistics.median(secs), 2),
+                "per_node_min_s": min(secs),
+                "per_node_max_s": max(secs),
+                "agent_median_s": round(
+                    statistics.median(
+                        [x["agent_seconds"] for x in nodes if x["agent_seconds"] is not None]
+                    ),
+                    2,
+                ),
+                "load_after": round(os.getloadavg()[0], 2),
+            }
+        )
     except (NodeforgeError, OSError) as exc:
         res["ok"] = False
         res["error"] = str(exc)[-2000:]
@@ -109,11 +119,17 @@ def main() -> int:
     ap.add_argument("--image", type=Path, default=Path("/var/tmp/nodeforge-e2e/image"))
     ap.add_argument("--name", default="b8j", help="cluster name (default: %(default)s)")
     ap.add_argument("--computes", type=int, default=8)
-    ap.add_argument("--intervals", default="0,3",
-                    help="comma-separated join intervals in s, one fresh cluster each "
-                         "(default: %(default)s)")
-    ap.add_argument("--timeout", type=float, default=300.0,
-                    help="bound for the controller and for all computes after the last add")
+    ap.add_argument(
+        "--intervals",
+        default="0,3",
+        help="comma-separated join intervals in s, one fresh cluster each (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="bound for the controller and for all computes after the last add",
+    )
     ap.add_argument("--poll", type=float, default=0.25)
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/nodeforge-bench"))
     ap.add_argument("--json", action="store_true")
@@ -125,9 +141,14 @@ def main() -> int:
     manifest, _ = ttr.check_image(image)
     log(f"image {image} created {manifest.get('created')}")
     lc = LocalCluster(args.name)
-    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "image": str(image),
-              "image_created": manifest.get("created"), "cpus": os.cpu_count(),
-              "poll_s": args.poll, "rounds": []}
+    report = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "image": str(image),
+        "image_created": manifest.get("created"),
+        "cpus": os.cpu_count(),
+        "poll_s": args.poll,
+        "rounds": [],
+    }
     for iv in intervals:
         report["rounds"].append(round_(lc, image, args.computes, iv, args))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -139,15 +160,19 @@ def main() -> int:
             if not r.get("ok"):
                 print(f"interval {r['interval_s']}s: FAILED: {r.get('error')}")
                 continue
-            print(f"interval {r['interval_s']}s, {r['computes']} computes: all schedulable "
-                  f"{r['all_seconds']}s after the first add "
-                  f"({r['last_start_to_all_ready_s']}s after the last start); per node median "
-                  f"{r['per_node_median_s']}s (min {r['per_node_min_s']}, max "
-                  f"{r['per_node_max_s']}), agent median {r['agent_median_s']}s")
+            print(
+                f"interval {r['interval_s']}s, {r['computes']} computes: all schedulable "
+                f"{r['all_seconds']}s after the first add "
+                f"({r['last_start_to_all_ready_s']}s after the last start); per node median "
+                f"{r['per_node_median_s']}s (min {r['per_node_min_s']}, max "
+                f"{r['per_node_max_s']}), agent median {r['agent_median_s']}s"
+            )
             for x in r["nodes"]:
-                print(f"  {x['node']}  start +{x['started_after_first_add_s']:6.2f}s  "
-                      f"to IDLE {x['seconds']:6.2f}s  agent {x['agent_seconds']}s "
-                      f"(started {x['agent_started_after_s']}s after nspawn)")
+                print(
+                    f"  {x['node']}  start +{x['started_after_first_add_s']:6.2f}s  "
+                    f"to IDLE {x['seconds']:6.2f}s  agent {x['agent_seconds']}s "
+                    f"(started {x['agent_started_after_s']}s after nspawn)"
+                )
         print(f"full result: {args.workdir / 'join8.json'}")
     return 0 if all(r.get("ok") for r in report["rounds"]) else 1
 

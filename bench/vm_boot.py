@@ -34,12 +34,22 @@ def one(args: argparse.Namespace, accel: str) -> dict:
     if args.role:
         # A throwaway cluster key: the agent refuses to start munge without one.
         key = base64.b64encode(os.urandom(32)).decode()
-        node_yaml = (f"role: {args.role}\ncluster_name: bench\nnode_name: bench\n"
-                     "controller: {host: bench, address: 127.0.0.1}\n"
-                     f"munge_key: {key}\n")
-    cfg = VMConfig(image_dir=Path(args.image), workdir=work, name=f"bench-{accel}", accel=accel,
-                   node_yaml=node_yaml, compat_net=args.compat_net, compat_keygen=args.compat_keygen,
-                   boot_timeout=args.timeout, keep=args.keep)
+        node_yaml = (
+            f"role: {args.role}\ncluster_name: bench\nnode_name: bench\n"
+            "controller: {host: bench, address: 127.0.0.1}\n"
+            f"munge_key: {key}\n"
+        )
+    cfg = VMConfig(
+        image_dir=Path(args.image),
+        workdir=work,
+        name=f"bench-{accel}",
+        accel=accel,
+        node_yaml=node_yaml,
+        compat_net=args.compat_net,
+        compat_keygen=args.compat_keygen,
+        boot_timeout=args.timeout,
+        keep=args.keep,
+    )
     row: dict = {"accel": accel}
     with VM(cfg) as vm:
         t0 = vm.started_at
@@ -50,7 +60,9 @@ def one(args: argparse.Namespace, accel: str) -> dict:
             time.sleep(1)
         row["ssh_banner_s"] = round(time.monotonic() - t0, 1)
         row["ssh_login_s"] = round(vm.wait_ssh(), 1)
-        row["guest_uptime_at_login_s"] = float(vm.ssh("cut -d' ' -f1 /proc/uptime").stdout.strip() or 0)
+        row["guest_uptime_at_login_s"] = float(
+            vm.ssh("cut -d' ' -f1 /proc/uptime").stdout.strip() or 0
+        )
         if args.role:
             row["init_state"] = vm.wait_unit("nodeforge-init.service", timeout=args.timeout)
             row["init_done_s"] = round(vm.elapsed(), 1)
@@ -59,12 +71,17 @@ def one(args: argparse.Namespace, accel: str) -> dict:
             t = time.monotonic()
             _, results = verify.run_suite([spec])
             row["suite_s"] = round(time.monotonic() - t, 1)
-            row["suite"] = {k: sum(1 for r in results if r.outcome == k) for k in ("passed", "failed", "skipped", "error")}
+            row["suite"] = {
+                k: sum(1 for r in results if r.outcome == k)
+                for k in ("passed", "failed", "skipped", "error")
+            }
     return row
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--image", required=True)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--accel", default="auto", choices=("auto", "tcg", "kvm", "both"))
@@ -77,9 +94,13 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     image = Path(args.image)
-    probe = probe_accel(image / "vmlinuz", image / "initrd.img", Path(tempfile.mkdtemp(prefix="nodeforge-probe-")))
+    probe = probe_accel(
+        image / "vmlinuz", image / "initrd.img", Path(tempfile.mkdtemp(prefix="nodeforge-probe-"))
+    )
     print(f"KVM probe: {probe.accel} ({probe.reason}; {probe.probe_seconds:.1f}s)")
-    accels = {"auto": [probe.accel], "both": ["tcg", "kvm"], "tcg": ["tcg"], "kvm": ["kvm"]}[args.accel]
+    accels = {"auto": [probe.accel], "both": ["tcg", "kvm"], "tcg": ["tcg"], "kvm": ["kvm"]}[
+        args.accel
+    ]
     if "kvm" in accels and probe.accel != "kvm":
         print(f"kvm: not measured, the probe says it does not boot guests here ({probe.reason})")
         accels = [a for a in accels if a != "kvm"] or ["tcg"]

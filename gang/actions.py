@@ -7,13 +7,32 @@ importing each other; `gang.policy.Action` stays the public name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class ActionKind(str, Enum):
+    """str-valued: events and tests compare and serialize the plain names."""
+
+    REQUEUE = "requeue"
+    REQUEUEHOLD = "requeuehold"  # deactivation: requeue held, then an admin hold
+    SET_START = "set_start"
+    HOLD = "hold"  # an admin hold (block_admission queue, or re-closing a deactivation)
+    RELEASE = "release"
+    CANCEL = "cancel"
+    RECORD = "record"
+    ANNOTATE = "annotate"
+    NOTE = "note"
+    STRIKE = "strike"
+    DRAIN = "drain"
+    DRAIN_SKIPPED = "drain_skipped"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
 class Action:
-    # requeue | requeuehold | set_start | hold | release | cancel | record | annotate | note
-    # | strike | drain | drain_skipped
-    kind: str
+    kind: ActionKind | str
     job_id: str  # for node actions: the gang job whose timeout gave the (last) strike
     reason: str = ""
     detail: str = ""
@@ -27,3 +46,5 @@ class Action:
     partition: str = ""
     phase: str = ""  # the phase the record is in after this action
     node: str = ""  # node actions (strike, drain, drain_skipped, note NodeResumed)
+    cause: str = ""  # Kueue's underlying_cause of an eviction
+    reissue: bool = False  # the same attempt again (already counted): not a new eviction

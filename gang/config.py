@@ -8,6 +8,7 @@ that name the file and the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +50,7 @@ class Probe:
 @dataclass(frozen=True)
 class GangConfig:
     timeout: float = 300.0
-    recovery_timeout: float = 0.0  # 0 disables
+    recovery_timeout: float = 0.0  # 0 (or false) disables; true = same as timeout
     block_admission: bool = False
     requeuing: Requeuing = field(default_factory=Requeuing)
     gangs: Gangs = field(default_factory=Gangs)
@@ -96,6 +97,10 @@ _COUNTS = (
 )
 
 
+MAX_SECONDS = 30 * 86400.0  # no duration knob makes sense beyond 30 days
+MAX_COUNT = 10**9
+
+
 def _duration(value: Any, where: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"{where}: expected seconds (number or '30s'/'5m'/'1h'), got {value!r}")
@@ -105,8 +110,10 @@ def _duration(value: Any, where: str) -> float:
         v = float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}[m.group(2)]
     else:
         raise ConfigError(f"{where}: expected seconds (number or '30s'/'5m'/'1h'), got {value!r}")
-    if v < 0:
-        raise ConfigError(f"{where}: must be >= 0, got {value!r}")
+    if not math.isfinite(v) or not 0 <= v <= MAX_SECONDS:
+        raise ConfigError(
+            f"{where}: must be a finite number of seconds in 0..{MAX_SECONDS:.0f}, got {value!r}"
+        )
     return v
 
 
@@ -158,8 +165,10 @@ def _build(cls, data: Any, prefix: str, src: str):
             if v is None and name == "backoff_limit_count":
                 kw[name] = None
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ConfigError(f"{where}: expected a non-negative integer, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
+                raise ConfigError(
+                    f"{where}: expected a non-negative integer up to {MAX_COUNT}, got {v!r}"
+                )
             kw[name] = v
         elif name == "jitter":
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
@@ -175,6 +184,10 @@ def _build(cls, data: Any, prefix: str, src: str):
 
 
 def from_dict(data: Any, src: str = "<config>") -> GangConfig:
+    if isinstance(data, dict) and isinstance(data.get("recovery_timeout"), bool):
+        # `recovery_timeout: true` = on, as long as `timeout` (Kueue's default when enabled)
+        on = data["recovery_timeout"]
+        data = {**data, "recovery_timeout": data.get("timeout", GangConfig.timeout) if on else 0}
     cfg = _build(GangConfig, data, "", src)
     if cfg.timeout <= 0:
         raise ConfigError(f"{src}: 'timeout' must be > 0 seconds, got {cfg.timeout}")
@@ -206,7 +219,29 @@ def load(path: str | Path = DEFAULT_PATH, *, missing_ok: bool = True) -> GangCon
             return GangConfig()
         raise ConfigError(f"{p}: config file not found (create it, or pass --config PATH)")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=_strict_loader())  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
     return from_dict(data, str(p))
+
+
+def _strict_loader():
+    """yaml.SafeLoader that refuses a key given twice (safe_load keeps the last silently)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        keys = set()
+        for k, _ in node.value:
+            key = loader.construct_object(k, deep=deep)
+            if key in keys:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", k.start_mark
+                )
+            keys.add(key)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return StrictLoader

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -32,9 +33,16 @@ def encode_admin(
     return " ".join(keep + [TAG + ",".join(fields)])
 
 
+# Our token, full match: an AdminComment is operator-written text; anything else is ignored
+_TOKEN = re.compile(
+    r"nfg-gang:n=\d{1,6},phase=[a-z_]{1,20}(?:,next=\d{1,12})?(?:,r=\d{1,6})?"
+    r"(?:,why=[A-Za-z0-9_.-]{0,60})?"
+)
+
+
 def decode_admin(text: str) -> dict[str, str] | None:
     for tok in text.split():
-        if tok.startswith(TAG):
+        if tok.startswith(TAG) and _TOKEN.fullmatch(tok):
             out = {}
             for kv in tok[len(TAG) :].split(","):
                 if "=" in kv:

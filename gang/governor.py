@@ -11,6 +11,7 @@ from nodeforge.errors import CommandError, NodeforgeError
 
 from . import metrics, policy, strikes
 from . import state as state_mod
+from .actions import ActionKind
 from .config import GangConfig
 from .events import EventLog, encode_admin
 from .slurm import SlurmCli, Snapshot
@@ -18,6 +19,7 @@ from .state import GovState
 
 log = logging.getLogger("nodeforge.gang")
 JOB_ALREADY_PENDING = "Job is pending execution"  # scontrol requeue of a job not running
+READ_BACKOFF_MAX = 60.0  # seconds between reads of a slurmctld that keeps failing
 
 
 class Governor:
@@ -32,41 +34,67 @@ class Governor:
         self.stop_event = threading.Event()
         self.up = True
         self.last_cycle_seconds: float | None = None
+        self.last_bytes = 0
+        self.failures = 0  # failed reads of slurmctld in a row
+        self.retry_at = 0.0
+        self._saved: state_mod.Saved | None = None  # what this process last wrote
 
     # ---- one cycle ------------------------------------------------------------------------
     def cycle(self) -> list[policy.Action]:
         t0 = time.monotonic()
+        if self.clock() < self.retry_at:
+            return []  # backing off after failed reads of slurmctld
         try:
             snap = self.slurm.snapshot()
         except NodeforgeError as exc:
-            if self.up:
-                log.warning("slurmctld unreachable, will retry: %s", exc)
-                self.events.write({"action": "slurmctld_unreachable", "detail": str(exc)[-500:]})
-            self.up = False
-            self._write_metrics()
+            self._read_failed(exc)
             return []
         if not self.up:
-            self.events.write({"action": "slurmctld_reachable"})
-        self.up = True
+            self.events.write({"action": "slurmctld_reachable", "failures": self.failures})
+        self.up, self.failures, self.retry_at = True, 0, 0.0
+        self.last_bytes = snap.bytes_read
         now = self.clock()
         new_state, actions = policy.decide(self.cfg, self.state, snap, now)
         self.state = new_state
         # Write-ahead: the decision (phase, counter, next eligible) is on disk before Slurm
         # is touched, so a crash in between re-issues the same attempt, never a second one.
-        state_mod.save(self.state, self.cfg.state_file)
+        # A cycle that changed nothing writes nothing.
+        self._saved = state_mod.save_if_changed(self.state, self.cfg.state_file, self._saved)
         if actions:
             jobs = {j.job_id: j for j in snap.jobs}
             for a in actions:
                 self._execute(a, jobs.get(a.job_id))
-            state_mod.save(self.state, self.cfg.state_file)
+            self._saved = state_mod.save_if_changed(self.state, self.cfg.state_file, self._saved)
         self.last_cycle_seconds = time.monotonic() - t0
         self._write_metrics()
         return actions
 
+    def _read_failed(self, exc: NodeforgeError) -> None:
+        """slurmctld unreachable, scontrol failing, or output that does not parse: an event
+        on the first failure and on every doubling, retries backed off up to 60 s (never a
+        1 Hz loop of errors); no decision is taken on a partial view."""
+        self.failures += 1
+        if self.up or self.failures & (self.failures - 1) == 0:
+            log.warning(
+                "reading slurmctld failed (%d in a row), will retry: %s", self.failures, exc
+            )
+            self.events.write(
+                {
+                    "action": "slurmctld_unreachable",
+                    "failures": self.failures,
+                    "detail": str(exc)[-500:],
+                }
+            )
+        self.up = False
+        delay = min(self.cfg.interval_seconds * 2 ** min(self.failures - 1, 16), READ_BACKOFF_MAX)
+        self.retry_at = self.clock() + delay
+        self._write_metrics()
+
     def _write_metrics(self) -> None:
         if self.cfg.metrics_file:
             metrics.write(
-                self.cfg.metrics_file, metrics.render(self.state, self.last_cycle_seconds, self.up)
+                self.cfg.metrics_file,
+                metrics.render(self.state, self.last_cycle_seconds, self.up, self.last_bytes),
             )
 
     def _admin(self, a: policy.Action, job, phase: str, why: str) -> None:
@@ -80,7 +108,7 @@ class Governor:
             restarts=a.restarts,
             why=why,
         )
-        self.slurm.set_admin_comment(a.job_id, text)
+        self.slurm.set_admin_comment(_target(a, job), text)
 
     def _execute(self, a: policy.Action, job) -> None:
         ev = {
@@ -103,53 +131,9 @@ class Governor:
             ev["node"] = a.node
         st = self.state
         try:
-            if a.kind == "requeue":
-                self._admin(a, job, "backoff", a.reason)
-                self._requeue(a.job_id, a.hold, ev)
-                ev["requeued_at"] = round(time.time(), 3)
-                if a.deadline is not None:
-                    metrics.observe(
-                        st,
-                        "nodeforge_gang_deadline_to_requeue_seconds",
-                        max(0.0, ev["requeued_at"] - a.deadline),
-                    )
-                self.slurm.set_start_time(a.job_id, a.start_at or self.clock())
-                self._count_eviction(a)
-            elif a.kind == "requeuehold":
-                self._admin(a, job, "deactivated", a.reason)
-                self._requeue(a.job_id, True, ev)
-                ev["requeued_at"] = round(time.time(), 3)
-                st.counters.deactivated += 1
-                self._count_eviction(a)
-            elif a.kind == "set_start":
-                self.slurm.set_start_time(a.job_id, a.start_at or self.clock())
-            elif a.kind == "hold":
-                self.slurm.hold(a.job_id)
-                self._admin(a, job, "waiting_admission", "block_admission")
-            elif a.kind == "release":
-                self.slurm.release(a.job_id)
-                st.counters.released += 1
-            elif a.kind in ("record", "cancel"):
-                self._admin(a, job, "not_requeueable", "not_requeueable")
-                st.counters.not_requeueable += 1
-                log.warning(
-                    "gang job %s timed out but cannot be requeued (%s)%s",
-                    a.job_id,
-                    a.detail,
-                    "; cancelling" if a.kind == "cancel" else "",
-                )
-                if a.kind == "cancel":
-                    self.slurm.cancel(a.job_id)
-            elif a.kind == "annotate":
-                self._admin(a, job, a.phase, a.reason)
-            elif a.kind == "strike":
-                st.counters.node_strikes += 1
-            elif a.kind == "drain":
-                self._drain(a, ev)
-            elif a.kind == "drain_skipped":
-                _count_skip(st, a.reason)
-            elif a.kind == "note" and a.reason == "PodsReady" and a.waited is not None:
-                metrics.observe(st, "kueue_admitted_until_ready_wait_time_seconds", a.waited)
+            handler = self._handlers.get(ActionKind(a.kind))
+            if handler is not None:
+                handler(a, job, _target(a, job), ev)
         except NodeforgeError as exc:
             st.counters.requeue_errors += 1
             ev["error"] = str(exc)[-800:]
@@ -167,7 +151,95 @@ class Governor:
                 a.detail,
             )
 
+    # ---- one handler per action kind ------------------------------------------------------
+    def _do_requeue(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        self._admin(a, job, "backoff", a.reason)
+        self._requeue(tgt, a.hold, ev)
+        ev["requeued_at"] = round(time.time(), 3)
+        if a.deadline is not None:
+            metrics.observe(
+                self.state,
+                "nodeforge_gang_deadline_to_requeue_seconds",
+                max(0.0, ev["requeued_at"] - a.deadline),
+            )
+        self.slurm.set_start_time(tgt, a.start_at or self.clock())
+        self._count_eviction(a)
+        if a.hold:
+            self.slurm.hold(tgt)  # block_admission: back in the queue under our admin hold
+
+    def _do_requeuehold(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        """Deactivate: requeuehold, then an admin hold (the owner can release the hold that
+        requeuehold leaves; not an admin hold). Counted once, not when re-closing."""
+        self._admin(a, job, "deactivated", a.reason)
+        self._requeue(tgt, True, ev)
+        ev["requeued_at"] = round(time.time(), 3)
+        if not a.reissue:
+            self.state.counters.deactivated += 1
+            self._count_eviction(a)
+        self.slurm.hold(tgt)
+
+    def _do_set_start(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        self.slurm.set_start_time(tgt, a.start_at or self.clock())
+
+    def _do_hold(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        self.slurm.hold(tgt)
+        if a.reason == "Admission":
+            self._admin(a, job, "waiting_admission", "block_admission")
+
+    def _do_release(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        self.slurm.release(tgt)
+        self.state.counters.released += 1
+
+    def _do_not_requeueable(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        self._admin(a, job, "not_requeueable", "not_requeueable")
+        self.state.counters.not_requeueable += 1
+        cancel = a.kind == ActionKind.CANCEL
+        log.warning(
+            "gang job %s timed out but cannot be requeued (%s)%s",
+            a.job_id,
+            a.detail,
+            "; cancelling" if cancel else "",
+        )
+        if cancel:
+            self.slurm.cancel(tgt)
+
+    def _do_annotate(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        self._admin(a, job, a.phase, a.reason)
+
+    def _do_strike(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        self.state.counters.node_strikes += 1
+
+    def _do_drain(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        self._drain(a, ev)
+
+    def _do_drain_skipped(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        _count_skip(self.state, a.reason)
+
+    def _do_note(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+        if a.reason == "PodsReady" and a.waited is not None:
+            metrics.observe(self.state, "kueue_admitted_until_ready_wait_time_seconds", a.waited)
+
+    @property
+    def _handlers(self) -> dict[ActionKind, Callable]:
+        K = ActionKind
+        return {
+            K.REQUEUE: self._do_requeue,
+            K.REQUEUEHOLD: self._do_requeuehold,
+            K.SET_START: self._do_set_start,
+            K.HOLD: self._do_hold,
+            K.RELEASE: self._do_release,
+            K.RECORD: self._do_not_requeueable,
+            K.CANCEL: self._do_not_requeueable,
+            K.ANNOTATE: self._do_annotate,
+            K.STRIKE: self._do_strike,
+            K.DRAIN: self._do_drain,
+            K.DRAIN_SKIPPED: self._do_drain_skipped,
+            K.NOTE: self._do_note,
+        }
+
     def _requeue(self, job_id: str, hold: bool, ev: dict) -> None:
+        """requeue or requeuehold. The caller follows a requeuehold with an admin hold
+        (`scontrol hold` as root): a hold the governor places is one the owner cannot release."""
         try:
             if hold:
                 self.slurm.requeuehold(job_id)
@@ -182,8 +254,6 @@ class Governor:
             if JOB_ALREADY_PENDING not in exc.output:
                 raise
             ev["requeued_by"] = "slurmctld"
-            if hold:
-                self.slurm.hold(job_id)
 
     def _drain(self, a: policy.Action, ev: dict) -> None:
         """Drain a struck node, unless someone else took it out since the snapshot: the
@@ -202,7 +272,12 @@ class Governor:
         self.state.counters.nodes_drained += 1
 
     def _count_eviction(self, a: policy.Action) -> None:
-        metrics.inc_evicted(self.state, policy.REASON_TIMEOUT, a.partition)
+        if a.kind == ActionKind.REQUEUEHOLD:
+            # Kueue counts a deactivation under its own reason, with the cause beneath it
+            reason, cause = metrics.REASON_DEACTIVATED, metrics.CAUSE_REQUEUING_LIMIT
+        else:
+            reason, cause = policy.REASON_TIMEOUT, a.cause
+        metrics.inc_evicted(self.state, reason, a.partition, cause)
         if a.waited is not None:
             name = (
                 "kueue_pods_ready_to_evicted_time_seconds"
@@ -234,6 +309,10 @@ class Governor:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+
+def _target(a: policy.Action, job) -> str:
+    return job.target if job is not None else a.job_id
 
 
 def _count_skip(st: GovState, reason: str) -> None:

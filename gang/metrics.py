@@ -33,12 +33,31 @@ def observe(st: GovState, name: str, value: float) -> None:
             h[2 + i] += 1
 
 
-def inc_evicted(st: GovState, reason: str, queue: str) -> None:
-    k = f"{reason}|{queue}"
+# Kueue's eviction reason for a deactivated workload, and the cause beneath it
+REASON_DEACTIVATED = "InactiveWorkload"
+CAUSE_REQUEUING_LIMIT = "RequeuingLimitExceeded"
+
+
+def esc(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def inc_evicted(st: GovState, reason: str, queue: str, cause: str = "") -> None:
+    k = f"{reason}|{cause}|{queue}"
     st.counters.evicted[k] = st.counters.evicted.get(k, 0) + 1
 
 
-def render(st: GovState, cycle_seconds: float | None = None, up: bool = True) -> str:
+def _evicted_key(k: str) -> tuple[str, str, str]:
+    parts = k.split("|", 2)
+    if len(parts) == 2:  # a state file from before underlying_cause
+        return parts[0], "", parts[1]
+    return parts[0], parts[1], parts[2]
+
+
+def render(
+    st: GovState, cycle_seconds: float | None = None, up: bool = True, slurm_bytes: int = 0
+) -> str:
     L: list[str] = []
 
     def head(name: str, typ: str, help_: str) -> None:
@@ -47,8 +66,11 @@ def render(st: GovState, cycle_seconds: float | None = None, up: bool = True) ->
 
     head("kueue_evicted_workloads_total", "counter", "Workloads evicted (requeued or deactivated)")
     for k, v in sorted(st.counters.evicted.items()):
-        reason, q = k.split("|", 1)
-        L.append(f'kueue_evicted_workloads_total{{cluster_queue="{q}",reason="{reason}"}} {v}')
+        reason, cause, q = _evicted_key(k)
+        L.append(
+            f'kueue_evicted_workloads_total{{cluster_queue="{esc(q)}",reason="{esc(reason)}",'
+            f'underlying_cause="{esc(cause)}"}} {v}'
+        )
     for name, help_ in HISTOGRAMS.items():
         head(name, "histogram", help_)
         h = st.counters.hist.get(name, [0.0, 0.0] + [0.0] * len(BUCKETS))
@@ -75,13 +97,13 @@ def render(st: GovState, cycle_seconds: float | None = None, up: bool = True) ->
         "Gang jobs pending (active) or in backoff/deactivated (inadmissible)",
     )
     for (q, s), v in sorted(pend.items()):
-        L.append(f'kueue_pending_workloads{{cluster_queue="{q}",status="{s}"}} {v}')
+        L.append(f'kueue_pending_workloads{{cluster_queue="{esc(q)}",status="{s}"}} {v}')
     head("kueue_admitted_active_workloads", "gauge", "Gang jobs holding an allocation")
     for q, v in sorted(adm.items()):
-        L.append(f'kueue_admitted_active_workloads{{cluster_queue="{q}"}} {v}')
+        L.append(f'kueue_admitted_active_workloads{{cluster_queue="{esc(q)}"}} {v}')
     head("nodeforge_gang_jobs", "gauge", "Gang jobs by governor phase")
     for ph, v in sorted(phases.items()):
-        L.append(f'nodeforge_gang_jobs{{phase="{ph}"}} {v}')
+        L.append(f'nodeforge_gang_jobs{{phase="{esc(ph)}"}} {v}')
     c = st.counters
     for name, v, help_ in (
         (
@@ -123,7 +145,7 @@ def render(st: GovState, cycle_seconds: float | None = None, up: bool = True) ->
         "Nodes at node_strike_limit left undrained (AlreadyOut, MaxDrained, NotListed, ...)",
     )
     for reason, v in sorted(c.drains_skipped.items()):
-        L.append(f'nodeforge_gang_node_drains_skipped_total{{reason="{reason}"}} {v}')
+        L.append(f'nodeforge_gang_node_drains_skipped_total{{reason="{esc(reason)}"}} {v}')
     head("nodeforge_gang_nodes_drained", "gauge", "Nodes held drained by the governor now")
     L.append(f"nodeforge_gang_nodes_drained {sum(1 for r in st.nodes.values() if r.drain)}")
     head("nodeforge_gang_nodes_struck", "gauge", "Undrained nodes with strikes in the window")
@@ -136,6 +158,8 @@ def render(st: GovState, cycle_seconds: float | None = None, up: bool = True) ->
     if cycle_seconds is not None:
         head("nodeforge_gang_cycle_seconds", "gauge", "Duration of the last governor cycle")
         L.append(f"nodeforge_gang_cycle_seconds {cycle_seconds:.6f}")
+    head("nodeforge_gang_slurm_bytes", "gauge", "Bytes slurmctld returned in the last cycle")
+    L.append(f"nodeforge_gang_slurm_bytes {slurm_bytes}")
     return "\n".join(L) + "\n"
 
 

@@ -3,13 +3,18 @@ state, actions). No I/O, no clock, no randomness beyond a seeded per-(job, attem
 the unit tests and bench/gang_sim.py exercise exactly the code the daemon runs.
 
 Kueue's waitForPodsReady mapped onto Slurm:
-- admitted = the job left PENDING (RUNNING/CONFIGURING); `timeout` runs from its StartTime;
-- ready = readiness.check(); a ready job that loses readiness gets `recovery_timeout`;
+- admitted = the job left PENDING (RUNNING/CONFIGURING); `timeout` runs from the first
+  admission of this run (Slurm moves StartTime when cloud nodes finish powering up);
+- ready = readiness.check(); a ready job that loses readiness (a node DOWN, NOT_RESPONDING,
+  FAIL, or fewer nodes than at admission) gets `recovery_timeout`;
 - eviction = `scontrol requeue` (+ StartTime pushed by the backoff), or `requeuehold` over
   `backoff_limit_count` (deactivated); a job that cannot be requeued is recorded (or
   cancelled when configured), never silently skipped;
-- block_admission = gang jobs wait held; one is released only when no released gang job is
-  admitted-but-not-ready (or released-but-not-yet-started);
+- deactivation is final until an operator acts: requeuehold, then an admin hold the owner
+  cannot release; only a release of that confirmed hold resets the counter;
+- block_admission = gang jobs wait under the governor's own (admin) hold; one is released
+  only when no released gang job is admitted-but-not-ready or released-and-able-to-start
+  (one that waits for its own reasons, e.g. BeginTime or a dependency, does not block);
 - node strikes (gang/strikes.py, no Kueue equivalent) = each node that was not up at an
   eviction gets a strike; `node_strike_limit` strikes within the window drain it.
 """
@@ -20,7 +25,7 @@ import random
 from dataclasses import replace
 
 from . import readiness, strikes
-from .actions import Action
+from .actions import Action, ActionKind
 from .config import GangConfig
 from .events import decode_admin
 from .slurm import JobObs, Snapshot
@@ -42,6 +47,50 @@ from .state import (
 DONE_KEEP_SECONDS = 3600.0
 REASON_TIMEOUT = "PodsReadyTimeout"
 REASON_RECOVERY = "RecoveryTimeout"
+# Kueue's PodsReady=False condition reasons, used as the eviction's underlying_cause
+CAUSE_START = "WaitForStart"
+CAUSE_RECOVERY = "WaitForRecovery"
+ADMITTED_STATES = ("RUNNING", "CONFIGURING")
+# A deactivated job still under requeuehold's own hold whose admin hold did not take: the
+# admin hold is asked for again after this long (a job that is not held at all: at once).
+HOLD_RETRY_SECONDS = 30.0
+# Pending reasons that are the job's own: a released gang that waits for one of these does
+# not hold up the block_admission queue (it might wait for hours, or forever).
+OWN_WAIT_REASONS = frozenset(
+    {
+        "BeginTime",
+        "Dependency",
+        "DependencyNeverSatisfied",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "PartitionDown",
+        "PartitionInactive",
+        "PartitionConfig",
+        "JobHeldUser",
+        "JobHeldAdmin",
+        "InvalidAccount",
+        "InvalidQOS",
+        "AccountNotAllowed",
+        "QOSNotAllowed",
+        "BadConstraints",
+        "ReqNodeNotAvail",
+        "Reservation",
+        "ReservationDeleted",
+        "JobArrayTaskLimit",
+        "job_requeued_in_held_state",
+    }
+)
+
+
+def waits_for_itself(reason: str, eligible_at: float | None = None, soon: float = 0.0) -> bool:
+    """Slurm's pending Reason says the job cannot start for its own reasons (limits of its
+    association or QOS included: AssocGrpNodeLimit, QOSMaxNodePerJobLimit, ...). A BeginTime
+    that comes within *soon* seconds (from EligibleTime) is a short wait, not a stall."""
+    if reason == "BeginTime" and eligible_at is not None and eligible_at <= soon:
+        return False
+    return reason in OWN_WAIT_REASONS or (
+        reason.startswith(("Assoc", "QOS")) and ("Limit" in reason or "Max" in reason)
+    )
 
 
 def is_gang(cfg: GangConfig, job: JobObs) -> bool:
@@ -89,340 +138,404 @@ def _bootstrap(job: JobObs) -> GangRecord:
             rec.restarts_seen = rec.restarts_at_action + (
                 1 if rec.phase in (BACKOFF, DEACTIVATED) else 0
             )
-        if rec.phase in (BACKOFF, NOT_REQUEUEABLE) and job.state in ("RUNNING", "CONFIGURING"):
+        if rec.phase in (BACKOFF, NOT_REQUEUEABLE) and job.state in ADMITTED_STATES:
             rec.admitted_at = job.start_time
+            rec.run_restarts = job.restarts
         elif rec.phase in (ADMITTED, READY, RECOVERING):
             rec.phase = PENDING  # re-derived from Slurm below
+        rec.hold_ours = rec.phase in (WAITING, DEACTIVATED, BACKOFF) and job.held
+        rec.hold_confirmed = rec.phase == DEACTIVATED and job.admin_held
     return rec
+
+
+class _Cycle:
+    """One decide() call: inputs, the records being built, and the actions so far."""
+
+    def __init__(self, cfg: GangConfig, st: GovState, snap: Snapshot, now: float):
+        self.cfg, self.st, self.snap, self.now = cfg, st, snap, now
+        self.recs: dict[str, GangRecord] = {}
+        self.seen: set[str] = set()
+        self.nodes, self.actions = strikes.reconcile(cfg, st.nodes, snap, now)
+        self.struck: set[str] = set()
+        self.held_now: set[str] = set()  # gangs Slurm shows held in this snapshot
+
+    def act(
+        self, kind: ActionKind, rec: GangRecord, job: JobObs | None, reason: str, detail: str, **kw
+    ) -> None:
+        kw.setdefault("count", rec.count)
+        kw.setdefault("phase", rec.phase)
+        if job is not None:
+            kw.setdefault("restarts", job.restarts)
+            kw.setdefault("partition", job.partition)
+        self.actions.append(Action(kind, rec.job_id, reason, detail, **kw))
 
 
 def decide(
     cfg: GangConfig, st: GovState, snap: Snapshot, now: float
 ) -> tuple[GovState, list[Action]]:
-    recs: dict[str, GangRecord] = {}
-    seen: set[str] = set()
-    timeout, recovery = cfg.timeout, cfg.recovery_timeout
-    limit = cfg.requeuing.backoff_limit_count
-    block = cfg.block_admission
-    nodes, actions = strikes.reconcile(cfg, st.nodes, snap, now)
-    struck: set[str] = set()
-
-    def evict(rec: GangRecord, job: JobObs, reason: str, waited: float, deadline: float) -> None:
-        # Node strikes (and drains) come first: the drain then reaches slurmctld before the
-        # requeue frees the node, so no scheduling pass in between can hand it out again.
-        actions.extend(strikes.strike(cfg, nodes, job, snap, now, struck, reason))
-        rec.restarts_seen = job.restarts + (1 if job.requeue else 0)
-        if not job.requeue:
-            rec.phase = NOT_REQUEUEABLE
-            kind = "cancel" if cfg.not_requeueable == "cancel" else "record"
-            rec.why = f"{reason}: job cannot be requeued (Requeue=0 or not a batch job)"
-            actions.append(
-                Action(
-                    kind,
-                    job.job_id,
-                    reason,
-                    rec.why,
-                    rec.count,
-                    waited=waited,
-                    deadline=deadline,
-                    restarts=job.restarts,
-                    partition=job.partition,
-                    phase=rec.phase,
-                )
-            )
-            return
-        n = rec.count + 1
-        rec.count = n
-        rec.last_evicted_at = now
-        rec.restarts_at_action = job.restarts
-        rec.released_by_us = False
-        if limit is not None and n > limit:
-            rec.phase = DEACTIVATED
-            rec.next_eligible = None
-            rec.why = f"{reason}; requeue {n} > backoff_limit_count {limit}: deactivated"
-            actions.append(
-                Action(
-                    "requeuehold",
-                    job.job_id,
-                    reason,
-                    rec.why,
-                    n,
-                    waited=waited,
-                    deadline=deadline,
-                    restarts=job.restarts,
-                    partition=job.partition,
-                    phase=rec.phase,
-                )
-            )
-            return
-        delay = backoff_delay(cfg, job.job_id, n)
-        start_at = now + delay
-        rec.phase = BACKOFF
-        rec.next_eligible = start_at
-        rec.why = reason
-        actions.append(
-            Action(
-                "requeue",
-                job.job_id,
-                reason,
-                rec.why,
-                n,
-                start_at=start_at,
-                backoff=delay,
-                waited=waited,
-                deadline=deadline,
-                hold=block,
-                restarts=job.restarts,
-                partition=job.partition,
-                phase=rec.phase,
-            )
-        )
-
+    """One cycle, one small function per phase (Kueue's workload controller style)."""
+    c = _Cycle(cfg, st, snap, now)
+    same_nodes = snap.nodes is st.seen_nodes
     for job in snap.jobs:
-        jid = job.job_id
-        old = st.jobs.get(jid)
-        # Once a gang, always a gang: while COMPLETING, Slurm shows only the nodes still
-        # completing in NumNodes, so the size rule alone would drop a requeued job.
-        if not is_gang(cfg, job) and (old is None or old.phase == DONE):
+        if st.seen_jobs.get(job.job_id) is job and _quiet(c, job, same_nodes):
             continue
-        seen.add(jid)
-        if old is not None:
-            rec = _new_rec(GangRecord)  # shallow copy; the input state is never mutated
-            rec.__dict__.update(old.__dict__)
-        else:
-            rec = _bootstrap(job)
-        recs[jid] = rec
-        if rec.submit_time is None:
-            rec.submit_time = job.submit_time
-        if rec.restarts_seen is None:
-            rec.restarts_seen = job.restarts
-        elif job.restarts > rec.restarts_seen:
-            # Slurm requeued it on its own (prolog failure, node failure, operator requeue).
-            rec.restarts_seen = job.restarts
-            rec.why = f"requeued by Slurm (Restarts={job.restarts}, Reason={job.reason})"
-            actions.append(
-                Action(
-                    "note",
-                    jid,
-                    "RequeuedBySlurm",
-                    rec.why,
-                    rec.count,
-                    restarts=job.restarts,
-                    partition=job.partition,
-                    phase=rec.phase,
-                )
-            )
-            if rec.phase in (ADMITTED, READY, RECOVERING, NOT_REQUEUEABLE):
-                rec.phase = PENDING
-        rec.partition = job.partition
-        if job.finished:
-            if rec.phase != DONE:
-                rec.phase, rec.done_at = DONE, now
-                rec.why = job.state
-                actions.append(Action("note", jid, "Finished", job.state, rec.count, phase=DONE))
+        rec = _record(c, job)
+        if rec is None:
             continue
-        if rec.phase == DONE:  # reused id or requeued after we saw it finish
-            rec.phase, rec.done_at = PENDING, None
-
-        # An operator's `scontrol release` of a deactivated job resets the counter.
-        if rec.phase == DEACTIVATED and not (job.state == "PENDING" and job.held):
-            rec.phase, rec.count, rec.next_eligible, rec.why = (
-                PENDING,
-                0,
-                None,
-                "released by operator",
-            )
-            rec.released_by_us = False
-            actions.append(
-                Action(
-                    "annotate",
-                    jid,
-                    "Released",
-                    rec.why,
-                    0,
-                    restarts=job.restarts,
-                    partition=job.partition,
-                    phase=PENDING,
-                )
-            )
-        if rec.phase == DEACTIVATED:
+        _observe(c, rec, job)
+        if _finished(c, rec, job):
             continue
-
+        if rec.phase == DEACTIVATED and _deactivated(c, rec, job):
+            continue
         if job.state == "PENDING":
-            if rec.phase in (ADMITTED, READY, RECOVERING, NOT_REQUEUEABLE):
-                rec.phase = PENDING  # back in the queue without a requeue (e.g. preempted)
-            if rec.phase == BACKOFF:
-                if rec.next_eligible is not None and now < rec.next_eligible:
-                    if (
-                        not job.held
-                        and job.eligible_time is not None
-                        and abs(job.eligible_time - rec.next_eligible) > 2.0
-                    ):
-                        # e.g. the governor died between requeue and StartTime update
-                        actions.append(
-                            Action(
-                                "set_start",
-                                jid,
-                                "Backoff",
-                                "repair StartTime",
-                                rec.count,
-                                start_at=rec.next_eligible,
-                                phase=BACKOFF,
-                            )
-                        )
-                    continue
-                rec.phase = WAITING if (block and job.held) else PENDING
-            if block:
-                if job.held:
-                    rec.phase = WAITING
-                    rec.released_by_us = False
-                elif not rec.released_by_us:
-                    rec.phase = WAITING
-                    actions.append(
-                        Action(
-                            "hold",
-                            jid,
-                            "Admission",
-                            "block_admission: queued",
-                            rec.count,
-                            phase=WAITING,
-                        )
-                    )
-                else:
-                    rec.phase = PENDING
-            else:
-                rec.phase = PENDING
-            continue
+            _pending(c, rec, job)
+        elif job.state in ADMITTED_STATES:
+            _admitted(c, rec, job)
+        # COMPLETING, SUSPENDED, ...: nothing to decide
+    _forget_gone(c)
+    if cfg.block_admission:
+        _admit_next(c)
+    out = GovState(jobs=c.recs, counters=st.counters, version=st.version, nodes=c.nodes)
+    out.seen_jobs = {j.job_id: j for j in snap.jobs}
+    out.seen_nodes = snap.nodes
+    return out, c.actions
 
-        if job.state not in ("RUNNING", "CONFIGURING"):
-            continue  # COMPLETING, SUSPENDED, ...: nothing to decide
-        start = job.start_time if job.start_time is not None else now
+
+def _quiet(c: _Cycle, job: JobObs, same_nodes: bool) -> bool:
+    """The job's observation is the same object as last cycle's: if its record is in a
+    phase where nothing happens without a change in Slurm (no clock running), keep the
+    record as it is (no copy, no work). Clocks (admitted, recovering, backoff) always run."""
+    old = c.st.jobs.get(job.job_id)
+    if old is None:
+        return False
+    ph = old.phase
+    if ph == PENDING:
+        ok = not c.cfg.block_admission
+    elif ph == READY:
+        ok = same_nodes
+    elif ph == WAITING:
+        ok = job.held and old.hold_ours
+    elif ph == DEACTIVATED:
+        ok = old.hold_confirmed and job.admin_held
+    elif ph == DONE:
+        ok = job.finished
+    else:
+        ok = False
+    if ok:
+        c.seen.add(job.job_id)
+        c.recs[job.job_id] = old  # never mutated: a release copies it first
+        if ph == WAITING:
+            c.held_now.add(job.job_id)
+    return ok
+
+
+def _record(c: _Cycle, job: JobObs) -> GangRecord | None:
+    """This cycle's copy of the job's record (the input state is never mutated); None if it
+    is not a gang. A job id that Slurm reuses (new SubmitTime, no requeue) starts fresh."""
+    jid = job.job_id
+    old = c.st.jobs.get(jid)
+    if (
+        old is not None
+        and old.obs_submit is not None
+        and job.submit_time is not None
+        and job.submit_time != old.obs_submit
+        and job.restarts <= (old.obs_restarts or 0)
+    ):
+        old = None  # same id, another job: its count and history are not this job's
+    # Once a gang, always a gang: while COMPLETING, Slurm shows only the nodes still
+    # completing in NumNodes, so the size rule alone would drop a requeued job.
+    if not is_gang(c.cfg, job) and (old is None or old.phase == DONE):
+        return None
+    c.seen.add(jid)
+    if old is not None:
+        rec = _new_rec(GangRecord)
+        rec.__dict__.update(old.__dict__)
+    else:
+        rec = _bootstrap(job)
+    c.recs[jid] = rec
+    return rec
+
+
+def _observe(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
+    """What Slurm says about the job, independent of its phase."""
+    if rec.submit_time is None:
+        rec.submit_time = job.submit_time
+    if rec.restarts_seen is None:
+        rec.restarts_seen = job.restarts
+    elif job.restarts > rec.restarts_seen:
+        # Slurm requeued it on its own (prolog failure, node failure, operator requeue).
+        rec.restarts_seen = job.restarts
+        rec.why = f"requeued by Slurm (Restarts={job.restarts}, Reason={job.reason})"
+        c.act(ActionKind.NOTE, rec, job, "RequeuedBySlurm", rec.why)
+        if rec.phase in (ADMITTED, READY, RECOVERING, NOT_REQUEUEABLE):
+            rec.phase = PENDING
+    rec.obs_submit, rec.obs_restarts = job.submit_time, job.restarts
+    rec.partition = job.partition
+    rec.slurm_reason = job.reason
+    rec.eligible_at = job.eligible_time
+    if job.state == "PENDING" and not job.held and job.priority > 0:
+        rec.priority = job.priority  # a hold sets Priority=0: keep the last real one
+
+
+def _finished(c: _Cycle, rec: GangRecord, job: JobObs) -> bool:
+    if job.finished:
+        if rec.phase != DONE:
+            rec.phase, rec.done_at, rec.why = DONE, c.now, job.state
+            c.act(ActionKind.NOTE, rec, job, "Finished", job.state, phase=DONE)
+        return True
+    if rec.phase == DONE:  # requeued after we saw it finish
+        rec.phase, rec.done_at = PENDING, None
+    return False
+
+
+def _deactivated(c: _Cycle, rec: GangRecord, job: JobObs) -> bool:
+    """Deactivated: requeuehold, then our admin hold. True = nothing more this cycle.
+
+    Only a release of the *confirmed* admin hold is an operator's (the owner cannot release
+    an admin hold); COMPLETING (the epilog after requeuehold) and other states never are. A
+    requeuehold that did not reach Slurm, or that the owner undid before our admin hold
+    closed it, is issued again with the same count."""
+    if job.state == "PENDING":
+        if job.admin_held:
+            rec.hold_confirmed = True
+            return True
+        if rec.hold_confirmed:
+            _operator_release(c, rec, job)
+            return False
         if (
-            rec.phase == BACKOFF
-            and rec.admitted_at == start
-            and rec.restarts_at_action == job.restarts
+            job.held
+            and rec.hold_asked_at is not None
+            and c.now - rec.hold_asked_at < HOLD_RETRY_SECONDS
         ):
-            # Our requeue was decided (and persisted) but never reached Slurm: re-issue it,
-            # same attempt number, so a crash cannot double-count or double-requeue.
-            actions.append(
-                Action(
-                    "requeue",
-                    jid,
-                    rec.why or REASON_TIMEOUT,
-                    "re-issue interrupted requeue",
-                    rec.count,
-                    start_at=rec.next_eligible,
-                    hold=block,
-                    restarts=job.restarts,
-                    partition=job.partition,
-                    phase=BACKOFF,
-                )
-            )
-            continue
-        if rec.phase == NOT_REQUEUEABLE and rec.admitted_at == start:
-            continue
-        if rec.phase not in (ADMITTED, READY, RECOVERING) or rec.admitted_at != start:
-            rec.phase, rec.admitted_at, rec.ready_at, rec.lost_at = ADMITTED, start, None, None
-            rec.released_by_us = False
-            rec.why = ""
-        ok, why = readiness.check(job, snap.nodes, cfg.probe.mode)
-        if rec.phase == ADMITTED:
-            if ok:
-                rec.phase, rec.ready_at, rec.why = READY, now, ""
-                strikes.clear_on_ready(nodes, job)
-                actions.append(
-                    Action(
-                        "note",
-                        jid,
-                        "PodsReady",
-                        "all nodes ready",
-                        rec.count,
-                        waited=now - start,
-                        partition=job.partition,
-                        phase=READY,
-                    )
-                )
-            elif now >= start + timeout:
-                evict(rec, job, REASON_TIMEOUT, now - start, start + timeout)
-            else:
-                rec.why = why
-        elif rec.phase == READY:
-            if not ok and recovery > 0:
-                rec.phase, rec.lost_at, rec.why = RECOVERING, now, why
-                actions.append(
-                    Action(
-                        "note",
-                        jid,
-                        "ReadinessLost",
-                        why,
-                        rec.count,
-                        partition=job.partition,
-                        phase=RECOVERING,
-                    )
-                )
-        elif rec.phase == RECOVERING:
-            if ok:
-                rec.phase, rec.lost_at, rec.why = READY, None, ""
-                strikes.clear_on_ready(nodes, job)
-                actions.append(
-                    Action(
-                        "note",
-                        jid,
-                        "Recovered",
-                        "all nodes ready again",
-                        rec.count,
-                        partition=job.partition,
-                        phase=READY,
-                    )
-                )
-            elif rec.lost_at is not None and now >= rec.lost_at + recovery:
-                evict(
-                    rec, job, REASON_RECOVERY, now - (rec.ready_at or start), rec.lost_at + recovery
-                )
-            else:
-                rec.why = why
+            return True  # still under requeuehold's own hold: ask again later, not every cycle
+        rec.hold_ours, rec.hold_asked_at = True, c.now
+        c.act(ActionKind.HOLD, rec, job, "Deactivated", "close the deactivation: admin hold")
+        return True
+    if job.state in ADMITTED_STATES:
+        if rec.hold_confirmed and job.restarts != rec.restarts_at_action:
+            _operator_release(c, rec, job)
+            return False
+        lost = job.restarts == rec.restarts_at_action
+        detail = (
+            "re-issue requeuehold that did not reach slurmctld"
+            if lost
+            else "started again before the admin hold closed it: requeuehold again"
+        )
+        rec.restarts_at_action = job.restarts
+        rec.restarts_seen = job.restarts + 1
+        reason = rec.why.split(";")[0] or REASON_TIMEOUT
+        # a requeuehold that never reached slurmctld was not counted (it failed): count it now
+        c.act(ActionKind.REQUEUEHOLD, rec, job, reason, detail, reissue=not lost)
+        return True
+    return True
 
-    # Jobs gone from Slurm (purged after MinJobAge) or finished long ago.
-    for jid, old in st.jobs.items():
-        if jid in seen:
+
+def _operator_release(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
+    rec.phase, rec.count, rec.next_eligible, rec.why = PENDING, 0, None, "released by operator"
+    rec.released_by_us = rec.hold_ours = rec.hold_confirmed = False
+    c.act(ActionKind.ANNOTATE, rec, job, "Released", rec.why, count=0, phase=PENDING)
+
+
+def _pending(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
+    if rec.phase in (ADMITTED, READY, RECOVERING, NOT_REQUEUEABLE):
+        rec.phase = PENDING  # back in the queue without a requeue (e.g. preempted)
+    if rec.phase == BACKOFF:
+        if rec.next_eligible is not None and c.now < rec.next_eligible:
+            if (
+                not job.held
+                and job.eligible_time is not None
+                and abs(job.eligible_time - rec.next_eligible) > 2.0
+            ):
+                # e.g. the governor died between requeue and StartTime update
+                c.act(
+                    ActionKind.SET_START,
+                    rec,
+                    job,
+                    "Backoff",
+                    "repair StartTime",
+                    start_at=rec.next_eligible,
+                )
+            return
+        rec.phase = PENDING
+    if not c.cfg.block_admission:
+        rec.phase = PENDING
+        return
+    if job.held:
+        if rec.hold_ours:
+            rec.phase = WAITING
+            c.held_now.add(rec.job_id)
+        else:
+            # Someone else's hold (the owner's, an operator's, Slurm's launch-failure hold):
+            # never ours to release; the job is not in the admission queue.
+            rec.phase, rec.released_by_us = PENDING, False
+            rec.why = f"held by someone else ({job.reason}): not released by the governor"
+        return
+    if rec.released_by_us:
+        rec.phase = PENDING
+        return
+    rec.phase, rec.hold_ours = WAITING, True
+    c.held_now.add(rec.job_id)  # held by us in this cycle: may be released in this cycle
+    c.act(ActionKind.HOLD, rec, job, "Admission", "block_admission: queued")
+
+
+def _admitted(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
+    cfg, now = c.cfg, c.now
+    if rec.phase == BACKOFF and rec.restarts_at_action == job.restarts:
+        # Our requeue was decided (and persisted) but never reached Slurm: re-issue it,
+        # same attempt number, so a crash cannot double-count or double-requeue.
+        c.act(
+            ActionKind.REQUEUE,
+            rec,
+            job,
+            rec.why or REASON_TIMEOUT,
+            "re-issue interrupted requeue",
+            start_at=rec.next_eligible,
+            hold=cfg.block_admission,
+        )
+        return
+    if rec.phase == NOT_REQUEUEABLE and rec.run_restarts == job.restarts:
+        return
+    if rec.phase not in (ADMITTED, READY, RECOVERING) or rec.run_restarts != job.restarts:
+        # First admission of this run: the clock starts here and is not moved by a later
+        # StartTime (Slurm resets it when cloud nodes finish powering up).
+        start = job.start_time if job.start_time is not None and job.start_time <= now else now
+        rec.phase, rec.admitted_at, rec.ready_at, rec.lost_at = ADMITTED, start, None, None
+        rec.run_restarts, rec.admitted_nodes = job.restarts, job.num_nodes
+        rec.released_by_us = rec.hold_ours = False
+        rec.why = ""
+    start = rec.admitted_at if rec.admitted_at is not None else now
+    if rec.phase == ADMITTED:
+        _wait_for_ready(c, rec, job, start)
+    elif rec.phase == READY:
+        ok, why = readiness.still_ready(job, c.snap.nodes, rec.admitted_nodes)
+        if not ok and cfg.recovery_timeout > 0:
+            rec.phase, rec.lost_at, rec.why = RECOVERING, now, why
+            c.act(ActionKind.NOTE, rec, job, "ReadinessLost", why)
+    elif rec.phase == RECOVERING:
+        ok, why = readiness.still_ready(job, c.snap.nodes, rec.admitted_nodes)
+        if ok:
+            rec.phase, rec.lost_at, rec.why = READY, None, ""
+            strikes.clear_on_ready(c.nodes, job)
+            c.act(ActionKind.NOTE, rec, job, "Recovered", "all nodes ready again")
+        elif rec.lost_at is not None and now >= rec.lost_at + cfg.recovery_timeout:
+            _evict(
+                c,
+                rec,
+                job,
+                REASON_RECOVERY,
+                CAUSE_RECOVERY,
+                now - (rec.ready_at or start),
+                rec.lost_at + cfg.recovery_timeout,
+            )
+        else:
+            rec.why = why
+
+
+def _wait_for_ready(c: _Cycle, rec: GangRecord, job: JobObs, start: float) -> None:
+    ok, why = readiness.check(job, c.snap.nodes, c.cfg.probe.mode, rec.admitted_nodes)
+    if ok:
+        rec.phase, rec.ready_at, rec.why = READY, c.now, ""
+        strikes.clear_on_ready(c.nodes, job)
+        c.act(ActionKind.NOTE, rec, job, "PodsReady", "all nodes ready", waited=c.now - start)
+    elif c.now >= start + c.cfg.timeout:
+        _evict(c, rec, job, REASON_TIMEOUT, CAUSE_START, c.now - start, start + c.cfg.timeout)
+    else:
+        rec.why = why
+
+
+def _evict(
+    c: _Cycle, rec: GangRecord, job: JobObs, reason: str, cause: str, waited: float, deadline: float
+) -> None:
+    cfg, now = c.cfg, c.now
+    # Node strikes (and drains) come first: the drain then reaches slurmctld before the
+    # requeue frees the node, so no scheduling pass in between can hand it out again.
+    c.actions.extend(strikes.strike(cfg, c.nodes, job, c.snap, now, c.struck, reason))
+    rec.restarts_seen = job.restarts + (1 if job.requeue else 0)
+    common = {"waited": waited, "deadline": deadline, "cause": cause}
+    if not job.requeue:
+        rec.phase = NOT_REQUEUEABLE
+        kind = ActionKind.CANCEL if cfg.not_requeueable == "cancel" else ActionKind.RECORD
+        rec.why = f"{reason}: job cannot be requeued (Requeue=0 or not a batch job)"
+        c.act(kind, rec, job, reason, rec.why, **common)
+        return
+    n = rec.count = rec.count + 1
+    rec.last_evicted_at = now
+    rec.restarts_at_action = job.restarts
+    rec.released_by_us = False
+    limit = cfg.requeuing.backoff_limit_count
+    if limit is not None and n > limit:
+        rec.phase, rec.next_eligible = DEACTIVATED, None
+        rec.hold_ours, rec.hold_confirmed = True, False
+        rec.why = f"{reason}; requeue {n} > backoff_limit_count {limit}: deactivated"
+        c.act(ActionKind.REQUEUEHOLD, rec, job, reason, rec.why, **common)
+        return
+    delay = backoff_delay(cfg, job.job_id, n)
+    rec.phase, rec.next_eligible, rec.why = BACKOFF, now + delay, reason
+    rec.hold_ours = cfg.block_admission  # requeued under our admin hold: back in the queue
+    c.act(
+        ActionKind.REQUEUE,
+        rec,
+        job,
+        reason,
+        rec.why,
+        start_at=now + delay,
+        backoff=delay,
+        hold=cfg.block_admission,
+        **common,
+    )
+
+
+def _forget_gone(c: _Cycle) -> None:
+    """Jobs gone from Slurm (purged after MinJobAge) or finished long ago."""
+    for jid, old in c.st.jobs.items():
+        if jid in c.seen:
             continue
         if old.phase == DONE:
-            if old.done_at is not None and now - old.done_at < DONE_KEEP_SECONDS:
-                recs[jid] = old
+            if old.done_at is not None and c.now - old.done_at < DONE_KEEP_SECONDS:
+                c.recs[jid] = old
         else:
-            recs[jid] = replace(old, phase=DONE, done_at=now, why="gone from slurmctld")
+            c.recs[jid] = replace(old, phase=DONE, done_at=c.now, why="gone from slurmctld")
 
-    if block:
-        busy = any(
-            r.phase in (ADMITTED, RECOVERING) or (r.phase == PENDING and r.released_by_us)
-            for r in recs.values()
+
+def admission_key(cfg: GangConfig, r: GangRecord) -> tuple:
+    """Slurm priority first (higher first), then Kueue's requeuingStrategy timestamp."""
+    if cfg.requeuing.timestamp == "eviction" and r.last_evicted_at is not None:
+        t = r.last_evicted_at
+    else:
+        t = r.submit_time or 0.0
+    return (-r.priority, t, int(r.job_id) if r.job_id.isdigit() else 0, r.job_id)
+
+
+def _admit_next(c: _Cycle) -> None:
+    """block_admission: release the next queued gang when none blocks. Blocking: admitted and
+    not (or no longer) ready, or released and able to start (a released gang that waits for
+    its own BeginTime, dependency or limits would stall the queue)."""
+    recs = c.recs.values()
+    busy = any(
+        r.phase in (ADMITTED, RECOVERING)
+        or (
+            r.phase == PENDING
+            and r.released_by_us
+            and not waits_for_itself(r.slurm_reason, r.eligible_at, c.now + c.cfg.timeout)
         )
-        if not busy:
-            waiting = [r for r in recs.values() if r.phase == WAITING]
-            if waiting:
-
-                def key(r: GangRecord):
-                    if cfg.requeuing.timestamp == "eviction" and r.last_evicted_at is not None:
-                        t = r.last_evicted_at
-                    else:
-                        t = r.submit_time or 0.0
-                    return (t, int(r.job_id) if r.job_id.isdigit() else 0, r.job_id)
-
-                nxt = min(waiting, key=key)
-                nxt.phase, nxt.released_by_us, nxt.why = (
-                    PENDING,
-                    True,
-                    "released by block_admission",
-                )
-                actions.append(
-                    Action(
-                        "release",
-                        nxt.job_id,
-                        "Admission",
-                        "no admitted-but-not-ready gang job",
-                        nxt.count,
-                        partition=nxt.partition,
-                        phase=PENDING,
-                    )
-                )
-    return GovState(jobs=recs, counters=st.counters, version=st.version, nodes=nodes), actions
+        for r in recs
+    )
+    if busy:
+        return
+    # only jobs under our hold (seen in Slurm, or placed in this cycle)
+    waiting = [r for r in recs if r.phase == WAITING and r.hold_ours and r.job_id in c.held_now]
+    if not waiting:
+        return
+    nxt = min(waiting, key=lambda r: admission_key(c.cfg, r))
+    if c.st.jobs.get(nxt.job_id) is nxt:  # kept as is by _quiet: copy before changing it
+        nxt = c.recs[nxt.job_id] = replace(nxt)
+    nxt.phase, nxt.released_by_us, nxt.hold_ours = PENDING, True, False
+    nxt.why = "released by block_admission"
+    c.act(
+        ActionKind.RELEASE,
+        nxt,
+        None,
+        "Admission",
+        "no admitted-but-not-ready gang job",
+        partition=nxt.partition,
+    )

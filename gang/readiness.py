@@ -18,8 +18,13 @@ NODE_DOWN_FLAGS = (
     "POWERING_DOWN",
     "UNKNOWN",
 )
-# A node with any of these is not ready for its gang.
-BAD_NODE_FLAGS = ("DRAIN", "DRAINED", "DRAINING", *NODE_DOWN_FLAGS)
+# A node with any of these is not ready for its gang. A drain (or a pending reboot, ASAP or
+# not) is an operator's decision about the node's *future* jobs, like a Kubernetes cordon,
+# which does not make running pods unready: it is not in here.
+BAD_NODE_FLAGS = NODE_DOWN_FLAGS
+# A job that was ready loses readiness only when a node fails under it (Kueue: a pod of the
+# workload stops being ready), or when it runs on fewer nodes than it was admitted with.
+LOSS_FLAGS = ("DOWN", "NOT_RESPONDING", "FAIL")
 READY_MARK = "nfg-ready="
 
 
@@ -33,9 +38,14 @@ def probe_passed(job: JobObs) -> bool:
 
 
 def check(
-    job: JobObs, nodes: Mapping[str, frozenset[str]], probe_mode: str = "none"
+    job: JobObs,
+    nodes: Mapping[str, frozenset[str]],
+    probe_mode: str = "none",
+    admitted_nodes: int = 0,
 ) -> tuple[bool, str]:
     """Return (ready, why-not). Only meaningful for admitted jobs (RUNNING/CONFIGURING)."""
+    if admitted_nodes and job.num_nodes < admitted_nodes:
+        return False, f"runs on {job.num_nodes} of the {admitted_nodes} nodes it was admitted with"
     if job.state == "CONFIGURING":
         return False, "CONFIGURING"
     if job.state != "RUNNING":
@@ -67,3 +77,23 @@ def unready_nodes(job: JobObs, nodes: Mapping[str, frozenset[str]]) -> list[tupl
         if bad:
             out.append((n, "+".join(bad)))
     return out
+
+
+def still_ready(
+    job: JobObs, nodes: Mapping[str, frozenset[str]], admitted_nodes: int
+) -> tuple[bool, str]:
+    """A ready job stays ready unless a node of it is DOWN, NOT_RESPONDING or FAIL (or gone
+    from slurmctld), or it lost nodes (`--no-kill`): a drain or a reboot request is not
+    lost readiness."""
+    if job.state not in ("RUNNING", "CONFIGURING"):
+        return False, job.state
+    if admitted_nodes and job.num_nodes < admitted_nodes:
+        return False, f"runs on {job.num_nodes} of the {admitted_nodes} nodes it was admitted with"
+    for n in job.nodes:
+        flags = nodes.get(n)
+        if flags is None:
+            return False, f"node {n} unknown to slurmctld"
+        bad = [f for f in LOSS_FLAGS if f in flags]
+        if bad:
+            return False, f"node {n} {'+'.join(bad)}"
+    return True, ""

@@ -1,126 +1,34 @@
-"""Adapter to Slurm's command-line clients (scontrol), parsed into typed observations.
+"""The governor's view of Slurm: jobs and nodes from nodeforge.slurm_records (Slurm's JSON,
+so no user-written text can shift or add a field), shaped into what the policy decides on,
+and the scontrol commands it issues.
 
-Why `scontrol show -o` and not `squeue --json`: the JSON schema differs between 22.05
-(openapi v0.0.38, only when the data_parser/openapi plugins are built) and 24.11 (v0.0.40+
-with other field shapes), while `scontrol show job -o` / `show node -o` print the same
-`Key=Value` records on both, one line per object, including AdminComment and Restarts.
+Job identity: an array task is `ArrayJobId_TaskId`; the components of a heterogeneous job are
+one gang (readiness over all of them, commands to the leader's id). Commands always target
+Slurm's numeric id (`slurm_id`), never text taken from a job.
 """
 
 from __future__ import annotations
 
-import functools
-import re
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 
-_BOUND = re.compile(r"\s[A-Za-z][A-Za-z0-9_:/]*=")
-
-from nodeforge import proc
+from nodeforge import proc, slurm_records
 from nodeforge.errors import CommandError
+from nodeforge.slurm_records import FINISHED, JobRecord, expand_hostlist  # noqa: F401 (re-export)
 
-# A key starts after whitespace; keys are CamelCase words, possibly with ':' or '/' (TRES).
-_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
-
-FINISHED = {
-    "COMPLETED",
-    "CANCELLED",
-    "FAILED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "OUT_OF_MEMORY",
-    "SPECIAL_EXIT",
-    "REVOKED",
-}
-HELD_REASONS = {"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state"}
-
-
-def parse_records(text: str) -> list[dict[str, str]]:
-    """Parse `scontrol show ... -o` output: one record per line, Key=Value tokens."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or "=" not in line:
-            continue
-        marks = list(_KEY.finditer(line))
-        rec: dict[str, str] = {}
-        for i, m in enumerate(marks):
-            end = marks[i + 1].start() if i + 1 < len(marks) else len(line)
-            k = m.group(1)
-            if k not in rec:
-                rec[k] = line[m.end() : end].strip()
-        out.append(rec)
-    return out
-
-
-@functools.lru_cache(maxsize=65536)
-def parse_time(value: str | None) -> float | None:
-    """Slurm's local-time `YYYY-MM-DDTHH:MM:SS` -> epoch (cached: queues repeat timestamps)."""
-    if not value or len(value) != 19 or value[4] != "-" or value[10] != "T":
-        return None
-    try:
-        return time.mktime(
-            (
-                int(value[0:4]),
-                int(value[5:7]),
-                int(value[8:10]),
-                int(value[11:13]),
-                int(value[14:16]),
-                int(value[17:19]),
-                0,
-                0,
-                -1,
-            )
-        )
-    except (ValueError, OverflowError):
-        return None
-
-
-def fmt_time(ts: float) -> str:
-    return datetime.fromtimestamp(int(ts)).strftime("%Y-%m-%dT%H:%M:%S")
-
-
-@functools.lru_cache(maxsize=16384)
-def expand_hostlist(expr: str) -> tuple[str, ...]:
-    """Expand a Slurm hostlist (`gn[1-3,5],gc1`) without calling scontrol."""
-    if not expr or expr in ("(null)", "None"):
-        return ()
-    names: list[str] = []
-    parts, depth, cur = [], 0, ""
-    for ch in expr:
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-            continue
-        depth += ch == "["
-        depth -= ch == "]"
-        cur += ch
-    parts.append(cur)
-    for p in parts:
-        m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", p)
-        if not m:
-            if p:
-                names.append(p)
-            continue
-        pre, body, post = m.groups()
-        for rng in body.split(","):
-            if "-" in rng:
-                a, b = rng.split("-", 1)
-                w = len(a)
-                names.extend(f"{pre}{i:0{w}d}{post}" for i in range(int(a), int(b) + 1))
-            else:
-                names.append(f"{pre}{rng}{post}")
-    return tuple(names)
+# Holds (state_reason) and who can undo them: the owner can `scontrol release` a user hold;
+# only an operator (Slurm admin/operator) an admin hold (checked on 22.05, tests/e2e).
+USER_HOLD = "JobHeldUser"
+ADMIN_HOLD = "JobHeldAdmin"
+HELD_REASONS = frozenset({USER_HOLD, ADMIN_HOLD, "job_requeued_in_held_state"})
 
 
 @dataclass(slots=True)
-class JobObs:  # treat as immutable: instances are shared between cycles by the parse cache
-    job_id: str
-    state: str  # base JobState (PENDING, RUNNING, CONFIGURING, COMPLETING, ...)
+class JobObs:  # treat as immutable
+    job_id: str  # identity key: JobId, ArrayJobId_TaskId, or the het leader's JobId
+    state: str  # PENDING, RUNNING, CONFIGURING, COMPLETING, ... (as scontrol shows it)
     reason: str
     nodes: tuple[str, ...]
     num_nodes: int
@@ -132,13 +40,21 @@ class JobObs:  # treat as immutable: instances are shared between cycles by the 
     submit_time: float | None = None
     eligible_time: float | None = None
     restarts: int = 0
-    requeue: bool = True  # Requeue=1 and a batch job
-    held: bool = False  # Priority=0 / JobHeld*
+    requeue: bool = True  # Requeue=1 and a batch job (any BatchFlag >= 1)
+    held: bool = False  # PENDING with Priority=0 or a hold reason
     name: str = ""
+    priority: int = 1
+    admin_held: bool = False  # a hold only an operator (or the governor) can release
+    slurm_id: str = ""  # what commands target; "" = job_id
+    components: int = 1  # het job: number of components merged into this observation
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED
+
+    @property
+    def target(self) -> str:
+        return self.slurm_id or self.job_id
 
 
 @dataclass(frozen=True)
@@ -147,160 +63,145 @@ class Snapshot:
     nodes: dict[str, frozenset[str]] = field(default_factory=dict)
     taken_at: float = 0.0
     node_reasons: dict[str, str] = field(default_factory=dict)  # only nodes that have one
+    bytes_read: int = 0  # what slurmctld returned for this snapshot
 
 
-_JOB_KEYS = (
-    "JobId",
-    "JobName",
-    "JobState",
-    "Reason",
-    "Priority",
-    "NumNodes",
-    "NodeList",
-    "Partition",
-    "QOS",
-    "StartTime",
-    "SubmitTime",
-    "EligibleTime",
-    "Restarts",
-    "Requeue",
-    "BatchFlag",
-)
-_SPACED_KEYS = ("Comment", "AdminComment")
-_JOB_NEEDLES = tuple((k, f" {k}=") for k in _JOB_KEYS)
-_SPACED_NEEDLES = tuple((k, f" {k}=") for k in _SPACED_KEYS)
-_NODE_NEEDLES = tuple((k, f" {k}=") for k in ("NodeName", "State"))
-_REASON_NEEDLES = (("Reason", " Reason="),)
-# scontrol appends who set the reason and when: `Reason=text [root@2026-12-02T20:00:00]`
-_REASON_STAMP = re.compile(r"\s*\[[^\]\s]*@[^\]\s]*\]$")
-
-
-def _fields(line: str, keys, spaced=()) -> dict[str, str]:
-    """Pick only *keys* ((name, " name=") pairs) out of one `-o` record: str.find runs in C,
-    so this is several times faster than tokenizing every field of a long record."""
-    line = " " + line
-    find = line.find
-    out: dict[str, str] = {}
-    for k, needle in keys:
-        i = find(needle)
-        if i < 0:
-            continue
-        start = i + len(needle)
-        end = find(" ", start)
-        out[k] = line[start:] if end < 0 else line[start:end]
-    for k, needle in spaced:
-        i = find(needle)
-        if i < 0:
-            continue
-        start = i + len(needle)
-        if line.startswith("(null)", start):
-            continue
-        m = _BOUND.search(line, start)
-        out[k] = (line[start : m.start()] if m else line[start:]).strip()
-    return out
-
-
-def parse_jobs(text: str, cache: dict[str, JobObs] | None = None) -> list[JobObs]:
-    """`scontrol show job -o` -> JobObs.
-
-    With *cache* (line -> JobObs, kept by the caller between cycles and replaced by the lines
-    of this cycle), an unchanged job line costs one dict lookup: a 10k-job queue where few
-    jobs change per cycle parses in a few ms instead of ~100+ ms."""
-    out = []
-    seen: dict[str, JobObs] = {}
-    for line in text.splitlines():
-        if not line.startswith("JobId="):
-            continue
-        j = cache.get(line) if cache is not None else None
-        if j is None:
-            j = job_from_record(_fields(line, _JOB_NEEDLES, _SPACED_NEEDLES))
-        seen[line] = j
-        out.append(j)
-    if cache is not None:
-        cache.clear()
-        cache.update(seen)
-    return out
-
-
-def parse_nodes(text: str) -> dict[str, frozenset[str]]:
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("NodeName="):
-            f = _fields(line, _NODE_NEEDLES)
-            out[f["NodeName"]] = node_flags(f.get("State", ""))
-    return out
-
-
-def parse_node_reasons(text: str) -> dict[str, str]:
-    """`scontrol show node -o` -> {node: Reason without the `[user@time]` stamp}."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("NodeName=") and " Reason=" in line:
-            f = _fields(line, _NODE_NEEDLES, _REASON_NEEDLES)
-            reason = _REASON_STAMP.sub("", f.get("Reason", ""))
-            if reason and reason not in ("(null)", "none"):
-                out[f["NodeName"]] = reason
-    return out
-
-
-def job_from_record(r: dict[str, str]) -> JobObs:
-    state = r.get("JobState", "")
-    reason = r.get("Reason", "None")
-    try:
-        prio = int(r.get("Priority", "1"))
-    except ValueError:
-        prio = 1
-    try:
-        num_nodes = int(r.get("NumNodes", "1").split("-")[0])
-    except ValueError:
-        num_nodes = 1
-    nodelist = r.get("NodeList", "")
+def obs_from_record(r: JobRecord) -> JobObs:
+    held = r.state == "PENDING" and (r.priority == 0 or r.reason in HELD_REASONS)
     return JobObs(
-        job_id=r.get("JobId", ""),
-        name=r.get("JobName", ""),
-        state=state,
-        reason=reason,
-        nodes=expand_hostlist(nodelist),
-        num_nodes=num_nodes,
-        partition=r.get("Partition", ""),
-        qos=r.get("QOS", ""),
-        comment="" if r.get("Comment", "(null)") == "(null)" else r.get("Comment", ""),
-        admin_comment=""
-        if r.get("AdminComment", "(null)") == "(null)"
-        else r.get("AdminComment", ""),
-        start_time=parse_time(r.get("StartTime")),
-        submit_time=parse_time(r.get("SubmitTime")),
-        eligible_time=parse_time(r.get("EligibleTime")),
-        restarts=int(r.get("Restarts", "0") or 0),
-        requeue=r.get("Requeue", "1") == "1" and r.get("BatchFlag", "1") == "1",
-        held=(prio == 0 and state == "PENDING") or reason in HELD_REASONS,
+        job_id=r.key,
+        state=r.state,
+        reason=r.reason,
+        nodes=r.nodes,
+        num_nodes=r.num_nodes,
+        partition=r.partition,
+        qos=r.qos,
+        comment=r.comment,
+        admin_comment=r.admin_comment,
+        start_time=r.start_time,
+        submit_time=r.submit_time,
+        eligible_time=r.eligible_time,
+        restarts=r.restarts,
+        requeue=r.requeue and r.batch,
+        held=held,
+        name=r.name,
+        priority=1 if r.priority is None else r.priority,
+        admin_held=held and r.reason == ADMIN_HOLD,
+        slurm_id=str(r.job_id),
     )
 
 
-@functools.lru_cache(maxsize=4096)
-def node_flags(state: str) -> frozenset[str]:
-    """`IDLE+CLOUD+POWERING_UP` / `DOWN*` -> {'IDLE','CLOUD','POWERING_UP'} / {'DOWN','NOT_RESPONDING'}."""
-    flags = set()
-    for part in state.split("+"):
-        if part.endswith("*"):
-            part = part[:-1]
-            flags.add("NOT_RESPONDING")
-        if part:
-            flags.add(part)
-    return frozenset(flags)
+def _merge_het(leader: JobObs, parts: list[JobObs]) -> JobObs:
+    """One observation for a het job: ready only when every component is; the leader's
+    Restarts, times and id (a requeue of the leader requeues the whole het job)."""
+    states = {p.state for p in parts}
+    if "PENDING" in states:
+        state = "PENDING"
+    elif "CONFIGURING" in states:
+        state = "CONFIGURING"
+    elif states == {"RUNNING"}:
+        state = "RUNNING"
+    elif "COMPLETING" in states:
+        state = "COMPLETING"
+    else:
+        state = leader.state
+    nodes: list[str] = []
+    for p in parts:
+        nodes.extend(n for n in p.nodes if n not in nodes)
+    reason = next((p.reason for p in parts if p.reason not in ("None", "")), leader.reason)
+    return JobObs(
+        **{
+            **{k: getattr(leader, k) for k in JobObs.__slots__},
+            "state": state,
+            "reason": reason,
+            "nodes": tuple(nodes),
+            "num_nodes": sum(p.num_nodes for p in parts),
+            "requeue": all(p.requeue for p in parts),
+            "components": len(parts),
+        }
+    )
+
+
+def jobs_from_records(
+    records: list[JobRecord], cache: dict[int, tuple[JobRecord, JobObs]] | None = None
+) -> list[JobObs]:
+    """*cache* (id(record) -> (record, obs)) reuses the observation of a record the reader
+    took from its own cache (the same object): unchanged jobs cost a lookup."""
+    out: list[JobObs] = []
+    fresh: dict[int, tuple[JobRecord, JobObs]] = {}
+    het: dict[int, list[JobRecord]] = {}
+    keys: set[str] = set()
+    for r in records:
+        if r.het_job_id is not None:
+            het.setdefault(r.het_job_id, []).append(r)
+            continue
+        hit = cache.get(id(r)) if cache is not None else None
+        o = hit[1] if hit is not None and hit[0] is r else obs_from_record(r)
+        fresh[id(r)] = (r, o)
+        if o.job_id in keys:
+            raise slurm_records.SlurmDataError(f"Slurm JSON: job {o.job_id} is listed twice")
+        keys.add(o.job_id)
+        out.append(o)
+    for hid, recs in het.items():
+        recs.sort(key=lambda r: r.het_job_offset or 0)
+        lead = next((r for r in recs if r.job_id == hid), None)
+        if lead is None:
+            continue  # the leader is not listed (purged): nothing to command
+        parts = [obs_from_record(r) for r in recs]
+        o = _merge_het(parts[recs.index(lead)], parts)
+        if o.job_id in keys:
+            raise slurm_records.SlurmDataError(f"Slurm JSON: job {o.job_id} is listed twice")
+        keys.add(o.job_id)
+        out.append(o)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
+    return out
+
+
+class JobCache:
+    """Between cycles: JSON block -> JobRecord, and record -> JobObs."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, JobRecord] = {}
+        self.obs: dict[int, tuple[JobRecord, JobObs]] = {}
+
+
+def parse_jobs(
+    text: str, source: str = "squeue --json", cache: JobCache | None = None
+) -> list[JobObs]:
+    if cache is None:
+        return jobs_from_records(slurm_records.parse_jobs(text, source))
+    return jobs_from_records(slurm_records.parse_jobs(text, source, cache.records), cache.obs)
+
+
+def parse_nodes(text: str, source: str = "sinfo --json") -> dict[str, slurm_records.NodeRecord]:
+    return slurm_records.parse_nodes(text, source)
+
+
+def start_spec(start_at: float, now: float) -> str:
+    """StartTime as an offset from slurmctld's now: no local time, so no DST ambiguity."""
+    return f"now+{max(0, math.ceil(start_at - now))}"
 
 
 class SlurmCli:
-    """Runs scontrol through nodeforge.proc. *prefix* (e.g. `nsenter --net=...`) and *env*
-    (SLURM_CONF) let tests and the bench point it at a private cluster."""
+    """Runs Slurm's clients through nodeforge.proc. *prefix* (e.g. `nsenter --net=...`) and
+    *env* (SLURM_CONF) let tests and the bench point it at a private cluster."""
 
     def __init__(
-        self, prefix: Sequence[str] = (), env: dict[str, str] | None = None, timeout: float = 15.0
+        self,
+        prefix: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        timeout: float = 15.0,
+        clock: Callable[[], float] = time.time,
     ):
         self.prefix = list(prefix)
         self.env = env
         self.timeout = timeout
-        self._job_cache: dict[str, JobObs] = {}
+        self.clock = clock
+        self._commands: tuple[list[str], list[str]] | None = None
+        self._cache = JobCache()
+        self._nodes: tuple[str, dict[str, frozenset[str]], dict[str, str]] = ("", {}, {})
 
     def _run(self, *argv: str, check: bool = True):
         return proc.run(
@@ -311,39 +212,68 @@ class SlurmCli:
             hint="is slurmctld up and SLURM_CONF right?",
         )
 
+    def commands(self) -> tuple[list[str], list[str]]:
+        if self._commands is None:
+            ver = slurm_records.parse_version(self._run("scontrol", "--version").stdout)
+            self._commands = slurm_records.json_commands(ver)
+        return self._commands
+
     def snapshot(self) -> Snapshot:
-        now = time.time()
-        jobs_txt = self._run("scontrol", "show", "job", "-o").stdout
-        nodes_txt = self._run("scontrol", "show", "node", "-o").stdout
-        jobs = parse_jobs(jobs_txt, self._job_cache)
-        nodes = parse_nodes(nodes_txt)
-        reasons = parse_node_reasons(nodes_txt)
-        return Snapshot(jobs=jobs, nodes=nodes, taken_at=now, node_reasons=reasons)
+        now = self.clock()
+        jobs_argv, nodes_argv = self.commands()
+        jobs_txt = self._run(*jobs_argv).stdout
+        nodes_txt = self._run(*nodes_argv).stdout
+        jobs = parse_jobs(jobs_txt, " ".join(jobs_argv), self._cache)
+        if nodes_txt != self._nodes[0]:
+            nodes = parse_nodes(nodes_txt, " ".join(nodes_argv))
+            flags = {n: r.flags for n, r in nodes.items()}
+            reasons = {n: r.reason for n, r in nodes.items() if r.reason}
+            self._nodes = (nodes_txt, flags, reasons)
+        # unchanged node text: the same map object, which lets decide() skip ready jobs
+        _, flags, reasons = self._nodes
+        return Snapshot(
+            jobs=jobs,
+            nodes=flags,
+            taken_at=now,
+            node_reasons=reasons,
+            bytes_read=len(jobs_txt) + len(nodes_txt),
+        )
+
+    def _one(self, argv: list[str], what: str) -> list[str]:
+        """Ask for one job/node: `scontrol show job --json ID` (>= 23.02); 22.05's squeue/sinfo
+        get a filter too (`--jobs=`, `--nodes=`). The caller still picks the record by id."""
+        if argv[0] == "scontrol":
+            return [*argv, what]
+        return [*argv, f"--jobs={what}" if argv[0] == "squeue" else f"--nodes={what}"]
 
     def show_node(self, name: str) -> tuple[frozenset[str], str] | None:
         """(state flags, Reason) of one node now; None if slurmctld does not list it."""
-        cp = self._run("scontrol", "show", "node", "-o", name, check=False)
+        _, nodes_argv = self.commands()
+        argv = self._one(nodes_argv, name)
+        cp = self._run(*argv, check=False)
         if cp.returncode != 0:
             if "not found" in (cp.stdout or "").lower():
                 return None
-            raise CommandError(
-                ["scontrol", "show", "node", "-o", name],
-                cp.returncode,
-                cp.stdout or "",
-                hint="is slurmctld up and SLURM_CONF right?",
-            )
-        flags = parse_nodes(cp.stdout).get(name)
-        if flags is None:
-            return None
-        return flags, parse_node_reasons(cp.stdout).get(name, "")
+            raise CommandError(argv, cp.returncode, cp.stdout or "")
+        n = parse_nodes(cp.stdout, " ".join(argv)).get(name)
+        return None if n is None else (n.flags, n.reason)
+
+    def show_job(self, job_id: str) -> JobObs | None:
+        all_argv, _ = self.commands()
+        jobs_argv = self._one(all_argv, job_id)
+        cp = self._run(*jobs_argv, check=False)
+        if cp.returncode != 0 and all_argv[0] == "squeue":  # a filter 22.05 refuses: read all
+            jobs_argv = all_argv
+            cp = self._run(*jobs_argv, check=False)
+        if cp.returncode != 0:
+            raise CommandError(jobs_argv, cp.returncode, cp.stdout or "")
+        for j in parse_jobs(cp.stdout, " ".join(jobs_argv)):
+            if j.job_id == job_id or j.target == job_id:
+                return j
+        return None
 
     def drain_node(self, name: str, reason: str) -> None:
         self._run("scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
-
-    def show_job(self, job_id: str) -> JobObs | None:
-        cp = self._run("scontrol", "show", "job", "-o", job_id, check=False)
-        jobs = parse_jobs(cp.stdout) if cp.returncode == 0 else []
-        return jobs[0] if jobs else None
 
     def set_admin_comment(self, job_id: str, text: str) -> None:
         self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={text}")
@@ -358,9 +288,12 @@ class SlurmCli:
         self._run("scontrol", "requeuehold", job_id)
 
     def set_start_time(self, job_id: str, ts: float) -> None:
-        self._run("scontrol", "update", f"JobId={job_id}", f"StartTime={fmt_time(ts)}")
+        self._run(
+            "scontrol", "update", f"JobId={job_id}", f"StartTime={start_spec(ts, self.clock())}"
+        )
 
     def hold(self, job_id: str) -> None:
+        """An admin hold when run as root/SlurmUser: the job's owner cannot release it."""
         self._run("scontrol", "hold", job_id)
 
     def release(self, job_id: str) -> None:

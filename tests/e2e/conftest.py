@@ -47,7 +47,9 @@ def pinned_versions(fixture_mirror) -> Path:
     """A copy of images/versions.yaml pinned to the fixture files by `nodeforge versions lock`."""
     v = E2E_ROOT / "versions.yaml"
     shutil.copyfile(REPO / "images/versions.yaml", v)
-    nodeforge("versions", "lock", "--artifact-mirror", str(fixture_mirror), "--versions-file", str(v))
+    nodeforge(
+        "versions", "lock", "--artifact-mirror", str(fixture_mirror), "--versions-file", str(v)
+    )
     return v
 
 
@@ -71,6 +73,19 @@ def image_tree(built_image) -> Path:
     if tree.exists():
         shutil.rmtree(tree)
     tree.mkdir(parents=True)
-    subprocess.run(["tar", "-C", str(tree), "--numeric-owner", "--xattrs", "--xattrs-include=*",
-                    "-I", "zstd", "-xf", str(built_image / "rootfs.tar.zst")], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "-C",
+            str(tree),
+            "--numeric-owner",
+            "--xattrs",
+            "--xattrs-include=*",
+            "-I",
+            "zstd",
+            "-xf",
+            str(built_image / "rootfs.tar.zst"),
+        ],
+        check=True,
+    )
     return tree

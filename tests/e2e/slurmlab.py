@@ -34,7 +34,18 @@ from pathlib import Path
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
-REQUIRED_TOOLS = ("slurmctld", "slurmd", "scontrol", "squeue", "sbatch", "munged", "ip", "nsenter")
+REQUIRED_TOOLS = (
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "squeue",
+    "sbatch",
+    "sinfo",
+    "munged",
+    "ip",
+    "nsenter",
+    "setpriv",
+)
 CTLD_PORT = 7817
 SLURMD_PORT0 = 7818
 
@@ -61,6 +72,15 @@ case "$m" in
   hang) i=0; while [ $i -lt 300 ] && [ ! -e {lab}/prolog/release ]; do sleep 1; i=$((i+1)); done ;;
   fail) exit 1 ;;
 esac
+exit 0
+"""
+
+EPILOG = """#!/bin/sh
+# nodeforge gang e2e epilog: sleeps the seconds in {lab}/epilog/$SLURMD_NODENAME (a slow
+# epilog keeps a requeued job COMPLETING that long)
+s="$(cat {lab}/epilog/$SLURMD_NODENAME 2>/dev/null)"
+echo "$(date +%s) job=$SLURM_JOB_ID node=$SLURMD_NODENAME epilog=$s" >> {lab}/log/epilog.log
+[ -n "$s" ] && sleep "$s"
 exit 0
 """
 
@@ -130,7 +150,7 @@ class Lab:
     # ---- setup --------------------------------------------------------------------------
     def write_config(self) -> None:
         b = self.base
-        for d in ("etc", "munge", "state", "spool", "log", "prolog", "never", "run"):
+        for d in ("etc", "munge", "state", "spool", "log", "prolog", "epilog", "never", "run"):
             (b / d).mkdir(parents=True, exist_ok=True)
         os.chmod(b / "munge", 0o700)
         for n in self.node_names + self.cloud_names:
@@ -139,9 +159,10 @@ class Lab:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
         (b / "prolog.sh").write_text(PROLOG.format(lab=b))
+        (b / "epilog.sh").write_text(EPILOG.format(lab=b))
         (b / "resume.sh").write_text(RESUME.format(lab=b, conf=self.conf))
         (b / "suspend.sh").write_text(SUSPEND.format(lab=b))
-        for s in ("prolog.sh", "resume.sh", "suspend.sh"):
+        for s in ("prolog.sh", "epilog.sh", "resume.sh", "suspend.sh"):
             os.chmod(b / s, 0o755)
         lines = [
             "ClusterName=nfggang",
@@ -182,6 +203,7 @@ class Lab:
             "SlurmctldParameters=idle_on_node_suspend,cloud_dns",
             "PrologFlags=Alloc",
             f"Prolog={b}/prolog.sh",
+            f"Epilog={b}/epilog.sh",
             "BatchStartTimeout=20",
             f"ResumeProgram={b}/resume.sh",
             f"SuspendProgram={b}/suspend.sh",
@@ -275,6 +297,36 @@ class Lab:
         else:
             p.write_text(mode)
 
+    def set_epilog_sleep(self, node: str, seconds: int | None) -> None:
+        p = self.base / "epilog" / node
+        if seconds is None:
+            p.unlink(missing_ok=True)
+        else:
+            p.write_text(str(seconds))
+
+    def open_to_users(self) -> None:
+        """Let an unprivileged user (nobody) talk to munge and read the config: for tests of
+        what a job's owner can undo. The munge key stays 0600 root."""
+        os.chmod(self.base, 0o755)
+        os.chmod(self.base / "munge", 0o755)
+        os.chmod(self.base / "log", 0o1777)
+
+    def as_user(self, *argv: str, uid: int = 65534, timeout: float = 15):
+        """Run a Slurm client as *uid* (default nobody) inside the lab's namespace."""
+        return proc.run(
+            [
+                *self.prefix(),
+                "setpriv",
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                *argv,
+            ],
+            env=self.env,
+            check=False,
+            timeout=timeout,
+        )
+
     def release_prologs(self) -> None:
         (self.base / "prolog" / "release").touch()
 
@@ -348,6 +400,13 @@ class Lab:
                 k, v = tok.split("=", 1)
                 f.setdefault(k, v)
         return f
+
+    def job_json(self, job_id: int | str) -> dict:
+        """The job as the governor reads it (22.05: squeue --json), {} if not listed."""
+        import json
+
+        doc = json.loads(self.run("squeue", "--json", "--states=all").stdout)
+        return next((j for j in doc["jobs"] if str(j["job_id"]) == str(job_id)), {})
 
     def sbatch(self, *args: str, script: str = "#!/bin/sh\nsleep 30\n") -> int:
         path = self.base / f"job-{time.monotonic_ns()}.sh"

@@ -18,11 +18,32 @@ from tests.helpers import E2E_ROOT, REPO, build_image, ctrl_c_enabled
 
 pytestmark = pytest.mark.e2e
 
-BAKED_PACKAGES = ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "sackd", "munge",
-                  "mariadb-server", "docker.io", "enroot", "enroot+caps", "logrotate",
-                  "openssh-server", "python3-yaml", "python3-jinja2")
-DISABLED_AT_BAKE = ("munge", "slurmctld", "slurmd", "slurmdbd", "sackd", "mariadb", "docker",
-                    "containerd")
+BAKED_PACKAGES = (
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "slurm-client",
+    "sackd",
+    "munge",
+    "mariadb-server",
+    "docker.io",
+    "enroot",
+    "enroot+caps",
+    "logrotate",
+    "openssh-server",
+    "python3-yaml",
+    "python3-jinja2",
+)
+DISABLED_AT_BAKE = (
+    "munge",
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "sackd",
+    "mariadb",
+    "docker",
+    "containerd",
+)
 
 
 def test_build_outputs_and_manifest(built_image):
@@ -75,19 +96,28 @@ def test_services_disabled_at_bake_and_agent_enabled(image_tree):
 
 def test_plugstack_loads_exactly_one_pyxis(image_tree):
     lines = []
-    for f in [image_tree / "etc/slurm/plugstack.conf",
-              *sorted((image_tree / "etc/slurm/plugstack.conf.d").glob("*.conf"))]:
+    for f in [
+        image_tree / "etc/slurm/plugstack.conf",
+        *sorted((image_tree / "etc/slurm/plugstack.conf.d").glob("*.conf")),
+    ]:
         if f.is_file():
-            lines += [ln for ln in f.read_text().splitlines()
-                      if "spank_pyxis" in ln and not ln.lstrip().startswith("#")]
+            lines += [
+                ln
+                for ln in f.read_text().splitlines()
+                if "spank_pyxis" in ln and not ln.lstrip().startswith("#")
+            ]
     assert len(lines) == 1, lines
     so = image_tree / lines[0].split()[1].lstrip("/")
     assert so.read_bytes()[:4] == b"\x7fELF"
 
 
 def test_logrotate_config_is_valid(image_tree):
-    cp = subprocess.run(["chroot", str(image_tree), "logrotate", "-d", "/etc/logrotate.conf"],
-                        capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        ["chroot", str(image_tree), "logrotate", "-d", "/etc/logrotate.conf"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 0, cp.stderr
     assert "slurm" in cp.stdout + cp.stderr
 
@@ -97,15 +127,20 @@ def test_second_build_reuses_cached_base(built_image, fixture_mirror, pinned_ver
     summary, secs = build_image(out, fixture_mirror, pinned_versions)
     m = json.loads((out / "manifest.json").read_text())
     assert m["base"]["cached"] is True
-    assert m["base"]["key"] == json.loads((built_image / "manifest.json").read_text())["base"]["key"]
+    assert (
+        m["base"]["key"] == json.loads((built_image / "manifest.json").read_text())["base"]["key"]
+    )
     (E2E_ROOT / "warm-build.json").write_text(json.dumps({"seconds": secs, **summary}, indent=2))
     subprocess.run(["rm", "-rf", str(out)], check=True)
 
 
 def _leftovers(output: Path, cache: Path = Path("/var/cache/nodeforge")) -> list[str]:
     """Anything a failed build must not leave: outputs, work trees, mounts, sandboxes."""
-    found = [str(p) for p in output.parent.glob(output.name + "*")
-             if not p.name.endswith(".failed-build.log")]
+    found = [
+        str(p)
+        for p in output.parent.glob(output.name + "*")
+        if not p.name.endswith(".failed-build.log")
+    ]
     work = cache / "work"
     if work.exists():
         found += [str(p) for p in work.iterdir()]
@@ -123,10 +158,26 @@ def test_checksum_mismatch_fails_and_leaves_nothing(fixture_mirror, pinned_versi
     out = E2E_ROOT / "image-bad"
     # A fresh cache: the shared one already holds the verified pinned tarball and reuses it.
     cache = tmp_path / "cache"
-    cp = subprocess.run([sys.executable, "-m", "nodeforge", "build", "--artifact-mirror", str(bad),
-                         "--versions-file", str(pinned_versions), "--output", str(out),
-                         "--cache-dir", str(cache)],
-                        capture_output=True, text=True, timeout=600, cwd=REPO)
+    cp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nodeforge",
+            "build",
+            "--artifact-mirror",
+            str(bad),
+            "--versions-file",
+            str(pinned_versions),
+            "--output",
+            str(out),
+            "--cache-dir",
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert cp.returncode != 0
     assert "checksum mismatch for artifact pyxis_src" in cp.stderr
     assert "--artifact-mirror" in cp.stderr
@@ -135,11 +186,25 @@ def test_checksum_mismatch_fails_and_leaves_nothing(fixture_mirror, pinned_versi
 
 def test_interrupt_cleans_up_sandbox_and_mounts(built_image, fixture_mirror, pinned_versions):
     out = E2E_ROOT / "image-interrupted"
-    p = subprocess.Popen([sys.executable, "-m", "nodeforge", "build", "--artifact-mirror",
-                          str(fixture_mirror), "--versions-file", str(pinned_versions),
-                          "--output", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                         preexec_fn=ctrl_c_enabled)  # noqa: PLW1509 (no threads here)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nodeforge",
+            "build",
+            "--artifact-mirror",
+            str(fixture_mirror),
+            "--versions-file",
+            str(pinned_versions),
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        preexec_fn=ctrl_c_enabled,
+    )  # noqa: PLW1509 (no threads here)
     deadline = time.monotonic() + 600
     seen = []
     assert p.stderr is not None

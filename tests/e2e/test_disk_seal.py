@@ -25,7 +25,8 @@ def _tree(tmp_path, marker: bytes):
     t = tmp_path / "tree"
     (t / "var/lib/dpkg").mkdir(parents=True)
     (t / "var/lib/dpkg/status").write_text(
-        "Package: slurmd\nStatus: install ok installed\nVersion: 24.11.5-1\nArchitecture: amd64\n\n")
+        "Package: slurmd\nStatus: install ok installed\nVersion: 24.11.5-1\nArchitecture: amd64\n\n"
+    )
     (t / "boot").mkdir()
     (t / "boot/vmlinuz-6.12.1-amd64").write_bytes(b"kernel")
     (t / "boot/initrd.img-6.12.1-amd64").write_bytes(b"initrd")
@@ -56,16 +57,35 @@ def _partitioned_disk(tmp_path, marker: bytes):
     out.mkdir()
     raw = out / "disk.raw"
     subprocess.run(["truncate", "-s", "300M", str(raw)], check=True)
-    subprocess.run(["sfdisk", "--quiet", str(raw)], input="label: gpt\n,16MiB,U\n,,L\n",
-                   text=True, check=True, timeout=60)
-    parts = json.loads(subprocess.run(["sfdisk", "--json", str(raw)], capture_output=True,
-                                      text=True, check=True).stdout)["partitiontable"]["partitions"]
+    subprocess.run(
+        ["sfdisk", "--quiet", str(raw)],
+        input="label: gpt\n,16MiB,U\n,,L\n",
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    parts = json.loads(
+        subprocess.run(
+            ["sfdisk", "--json", str(raw)], capture_output=True, text=True, check=True
+        ).stdout
+    )["partitiontable"]["partitions"]
     esp, root = parts
     fs = out / "root.img"
     subprocess.run(["truncate", "-s", str(root["size"] * 512), str(fs)], check=True)
     subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(t), str(fs)], check=True, timeout=120)
-    subprocess.run(["dd", f"if={fs}", f"of={raw}", "bs=512", f"seek={root['start']}",
-                    "conv=notrunc,sparse", "status=none"], check=True, timeout=120)
+    subprocess.run(
+        [
+            "dd",
+            f"if={fs}",
+            f"of={raw}",
+            "bs=512",
+            f"seek={root['start']}",
+            "conv=notrunc,sparse",
+            "status=none",
+        ],
+        check=True,
+        timeout=120,
+    )
     with open(raw, "r+b") as f:
         f.seek(esp["start"] * 512)
         f.write(EFI_MARK)
@@ -78,8 +98,9 @@ def _partitioned_disk(tmp_path, marker: bytes):
 
 def _raw_bytes(qcow2, tmp_path) -> bytes:
     raw = tmp_path / f"{qcow2.name}.raw"
-    subprocess.run(["qemu-img", "convert", "-O", "raw", str(qcow2), str(raw)], check=True,
-                   timeout=120)
+    subprocess.run(
+        ["qemu-img", "convert", "-O", "raw", str(qcow2), str(raw)], check=True, timeout=120
+    )
     data = raw.read_bytes()
     raw.unlink()
     return data
@@ -107,8 +128,10 @@ def test_sealed_disk_has_no_identity_and_nothing_recoverable(tmp_path, root_requ
     # No loop device or mount is left behind.
     mounts = Path("/proc/mounts").read_text()
     assert str(disk.parent) not in mounts
-    assert str(disk.parent) not in subprocess.run(["losetup", "-a"], capture_output=True,
-                                                  text=True, check=True).stdout
+    assert (
+        str(disk.parent)
+        not in subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
+    )
 
 
 def test_deleting_without_discard_would_leave_the_key_readable(tmp_path, root_required):
@@ -136,8 +159,10 @@ def test_a_secret_left_on_the_disk_fails_the_seal(tmp_path, root_required):
     before = disk.read_bytes()
     from nodeforge.errors import NodeforgeError
 
-    with open(tmp_path / "seal.log", "w") as log, \
-            pytest.raises(NodeforgeError, match="(?s)refusing to publish.*/opt/token"):
+    with (
+        open(tmp_path / "seal.log", "w") as log,
+        pytest.raises(NodeforgeError, match="(?s)refusing to publish.*/opt/token"),
+    ):
         disk_seal.seal_disk(disk, qemu_image_manifest(), tmp_path, log)
     assert disk.read_bytes() == before, "a refused disk must not be rewritten"
     assert not (disk.parent / "seal-work").exists()
@@ -160,8 +185,13 @@ def test_cloud_image_disk_seals_its_root_partition_only(tmp_path, root_required)
     assert EFI_MARK in data, "the ESP was changed"
     raw = tmp_path / "check.raw"
     subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True)
-    table = json.loads(subprocess.run(["sfdisk", "--json", str(raw)], capture_output=True,
-                                      text=True, check=True).stdout)["partitiontable"]
+    table = json.loads(
+        subprocess.run(
+            ["sfdisk", "--json", str(raw)], capture_output=True, text=True, check=True
+        ).stdout
+    )["partitiontable"]
     assert [p["type"].upper() for p in table["partitions"]] == [
-        "C12A7328-F81F-11D2-BA4B-00A0C93EC93B", "0FC63DAF-8483-4772-8E79-3D69D8477DE4"]
+        "C12A7328-F81F-11D2-BA4B-00A0C93EC93B",
+        "0FC63DAF-8483-4772-8E79-3D69D8477DE4",
+    ]
     assert (boot / "vmlinuz").read_bytes() == b"kernel"

@@ -18,7 +18,7 @@ import pytest
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.events import decode_admin, read_events
 from nodeforge.gang.governor import Governor
-from nodeforge.gang.slurm import SlurmCli, parse_time
+from nodeforge.gang.slurm import SlurmCli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurmlab import Lab, check_tools
@@ -33,6 +33,7 @@ def lab():
     lab = Lab(nodes=4, cloud_nodes=1)
     try:
         lab.start()
+        lab.open_to_users()
         yield lab
     finally:
         lab.close()
@@ -48,6 +49,7 @@ def clean(lab):
     lab.run("scancel", "--partition=main", check=False)
     for n in lab.node_names:
         lab.set_prolog(n, None)
+        lab.set_epilog_sleep(n, None)
         if not (lab.base / "run" / f"slurmd-{n}.pid").exists() or not _alive(lab, n):
             lab.start_slurmd(n)
     Lab.wait(
@@ -151,6 +153,11 @@ def gov(clean, tmp_path):
         g.stop()
 
 
+def parse_time(value: str) -> float:
+    """scontrol's local `YYYY-MM-DDTHH:MM:SS` (what an operator reads) -> epoch."""
+    return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+
+
 def wait_for(pred, timeout, what):
     return Lab.wait(pred, timeout, what, interval=0.2)
 
@@ -220,8 +227,17 @@ def test_cli_run_once_and_status(lab, gov, tmp_path):
 
 def gang_status_json(cfgfile, env=None):
     """`nodeforge gang status --json` as the operator runs it."""
-    return proc_run_json(sys.executable, "-m", "nodeforge.cli", "gang", "status", "--json",
-                         "--config", str(cfgfile), env=env)
+    return proc_run_json(
+        sys.executable,
+        "-m",
+        "nodeforge.cli",
+        "gang",
+        "status",
+        "--json",
+        "--config",
+        str(cfgfile),
+        env=env,
+    )
 
 
 def proc_run_json(*argv, env=None):
@@ -311,7 +327,6 @@ def test_probe_never_signals_backoff_steps(lab, gov):
     assert int(info["Restarts"]) == 3
     # Slurm's EligibleTime is the governor's next eligible time (Slurm's own ~120 s requeue
     # hold-off on 22.05 is replaced by the backoff)
-    from nodeforge.gang.slurm import parse_time
 
     last = g.events(j, "requeue")[-1]
     assert abs(parse_time(info["EligibleTime"]) - last["next_eligible"]) <= 1.5
@@ -328,10 +343,10 @@ def test_retry_limit_requeuehold_then_release_resets(lab, gov):
     wait_for(lambda: g.events(j, "requeuehold"), 40, "deactivation (requeuehold)")
     wait_for(lambda: lab.job(j)["JobState"] == "PENDING", 10, "pending")
     info = lab.job(j)
-    assert info["Priority"] == "0" or info["Reason"] in (
-        "JobHeldAdmin",
-        "job_requeued_in_held_state",
-    ), info
+    # Slurm's state_reason (scontrol's Reason shows the requeue text instead)
+    wait_for(lambda: lab.job_json(j).get("state_reason") == "JobHeldAdmin", 10, "admin hold (JSON)")
+    info = lab.job(j)
+    assert info["Priority"] == "0", info
     assert decode_admin(info["AdminComment"])["phase"] == "deactivated"
     assert len(g.events(j, "requeue")) == 1
     time.sleep(1.5)
@@ -349,9 +364,13 @@ def test_block_admission_serializes(lab, gov):
         block_admission=True,
         requeuing={"backoff_base_seconds": 30, "backoff_max_seconds": 60},
     ).start()
-    a = lab.sbatch("-H", "-N2", "-w", "gn1,gn2")
+    # --begin: the governor's admin hold queues the job before the scheduler can start it
+    # (a begin time within `timeout` still blocks the queue: a short wait, not a stall)
+    a = lab.sbatch("--begin=now+2", "-N2", "-w", "gn1,gn2")
     time.sleep(0.3)
-    b = lab.sbatch("-H", "-N2", "-w", "gn3,gn4")
+    b = lab.sbatch("--begin=now+2", "-N2", "-w", "gn3,gn4")
+    wait_for(lambda: g.events(a, "hold") and g.events(b, "hold"), 10, "both queued (held)")
+    assert lab.job(b)["Reason"] == "JobHeldAdmin"
     wait_for(lambda: g.events(a, "release"), 10, "A released first")
     wait_for(lambda: lab.job(a)["JobState"] in ("CONFIGURING", "RUNNING"), 15, "A admitted")
     # B must stay held while A is admitted-but-not-ready, although gn3/gn4 are idle.
@@ -557,3 +576,115 @@ def test_never_booting_node_drained_after_two_gang_timeouts(lab, gov, tmp_path):
         5,
         "metrics: no node held drained",
     )
+
+
+# ---- issue 10 ------------------------------------------------------------------------------
+def test_forged_job_name_is_still_a_two_node_gang(lab, gov):
+    """A job named `train NumNodes=1` on 2 nodes, never ready: tracked and requeued."""
+    lab.set_prolog("gn4", "hang")
+    g = gov(timeout=3).start()
+    j = lab.sbatch("-J", "train NumNodes=1", "-N2", "-w", "gn3,gn4")
+    wait_for(lambda: g.events(j, "requeue"), 20, "requeue of the forged-name job")
+    assert g.rec(j).count == 1
+
+
+def test_forged_workdir_and_comment_add_no_phantom_job(lab, gov, tmp_path):
+    """A WorkDir (and Comment) holding a newline and `JobId=999 JobState=RUNNING NumNodes=2`
+    with a StartTime long past: no job 999 is tracked, nobody else's job is touched."""
+    forged = (
+        "x\nJobId=999 JobState=RUNNING NumNodes=2 StartTime=2020-01-01T00:00:00 NodeList=gn[1-2]"
+    )
+    wd = lab.base / forged
+    wd.mkdir()
+    wd.chmod(0o777)
+    other = lab.sbatch("-N1", "-w", "gn1", script="#!/bin/sh\nsleep 20\n")  # a 1-node job
+    g = gov(timeout=3).start()
+    j = lab.run(
+        "sbatch",
+        "--parsable",
+        "-N1",
+        "-w",
+        "gn2",
+        f"--chdir={wd}",
+        f"--comment={forged}",
+        f"--output={lab.base}/log/forged-%j.out",
+        "--wrap",
+        "sleep 20",
+    ).stdout.strip()
+    wait_for(lambda: lab.job(j)["JobState"] == "RUNNING", 15, "forged job running")
+    time.sleep(5)  # past the timeout of the forged "StartTime"
+    assert "999" not in g.gov.state.jobs
+    assert str(j) not in g.gov.state.jobs and str(other) not in g.gov.state.jobs  # 1-node jobs
+    assert not [e for e in g.events() if e.get("action") in ("requeue", "requeuehold", "hold")]
+    assert lab.job(other)["Restarts"] == "0"
+
+
+def test_deactivation_is_final_until_an_operator_releases(lab, gov):
+    """Owner's job deactivated: requeuehold with a slow epilog (COMPLETING is not a release),
+    then the admin hold, which the owner cannot release; the operator's release resets."""
+    lab.set_prolog("gn4", "hang")
+    lab.set_epilog_sleep("gn3", 4)
+    g = gov(timeout=3, requeuing={"backoff_limit_count": 0}).start()
+    j = lab.as_user(
+        "sbatch",
+        "--parsable",
+        "-N2",
+        "-w",
+        "gn3,gn4",
+        f"--output={lab.base}/log/u-%j.out",
+        "--wrap",
+        "sleep 60",
+    ).stdout.strip()
+    assert j.isdigit(), j
+    wait_for(lambda: g.events(j, "requeuehold"), 20, "deactivated")
+    lab.release_prologs()
+    seen = set()
+
+    def held_admin():
+        info = lab.job_json(j)
+        seen.add(str(info.get("job_state")))
+        return info.get("job_state") == "PENDING" and info.get("state_reason") == "JobHeldAdmin"
+
+    wait_for(held_admin, 30, "admin hold after requeuehold")
+    rec = g.rec(j)
+    assert rec.phase == "deactivated" and rec.count == 1, rec
+    assert not g.events(j, "annotate")  # COMPLETING (slow epilog) was no release
+    cp = lab.as_user("scontrol", "release", j)
+    assert cp.returncode != 0 and "denied" in (cp.stdout or "").lower(), cp.stdout
+    time.sleep(1.5)
+    assert lab.job_json(j)["state_reason"] == "JobHeldAdmin" and g.rec(j).count == 1
+    assert g.rec(j).hold_confirmed
+    lab.run("scontrol", "release", j)  # the operator
+    wait_for(lambda: g.rec(j).count == 0, 10, "counter reset by the operator's release")
+    assert g.events(j, "annotate")[-1]["reason"] == "Released"
+    assert len(g.events(j, "requeuehold")) == 1
+
+
+def test_drain_under_a_ready_job_is_not_lost_readiness(lab, gov):
+    g = gov(recovery_timeout=2).start()
+    j = lab.sbatch("-N2", "-w", "gn3,gn4", script="#!/bin/sh\nsleep 8\n")
+    wait_for(lambda: g.rec(j) and g.rec(j).phase == "ready", 20, "ready")
+    lab.run("scontrol", "update", "NodeName=gn4", "State=DRAIN", "Reason=maintenance")
+    wait_for(lambda: lab.job(j)["JobState"] == "COMPLETED", 30, "job completed")
+    notes = [e["reason"] for e in g.events(j, "note")]
+    assert "ReadinessLost" not in notes and not g.events(j, "requeue"), g.events(j)
+
+
+def test_block_admission_not_stalled_by_a_gang_waiting_for_its_dependency(lab, gov):
+    g = gov(timeout=30, block_admission=True).start()
+    blocker = lab.sbatch("-N1", "-w", "gn1", script="#!/bin/sh\nsleep 60\n")  # not a gang
+    c = lab.sbatch("--begin=now+2", f"--dependency=afterok:{blocker}", "-N2", "-w", "gn3,gn4")
+    time.sleep(0.3)
+    d = lab.sbatch("--begin=now+2", "-N2", "-w", "gn3,gn4", script="#!/bin/sh\nsleep 3\n")
+    wait_for(lambda: g.events(c, "release"), 15, "C (with the dependency) released first")
+    wait_for(lambda: g.events(d, "release"), 15, "D released although C cannot start")
+    wait_for(lambda: lab.job(d)["JobState"] in ("RUNNING", "COMPLETED"), 20, "D runs")
+    assert lab.job(c)["Reason"] == "Dependency"
+
+
+def test_array_tasks_are_tracked_as_arrayjob_task(lab, gov):
+    lab.set_prolog("gn4", "hang")
+    g = gov(timeout=3).start()
+    a = lab.sbatch("--array=1-2%1", "-N2", "-w", "gn3,gn4")
+    wait_for(lambda: g.events(f"{a}_1", "requeue"), 25, "task 1 requeued under its key")
+    assert f"{a}_1" in g.gov.state.jobs

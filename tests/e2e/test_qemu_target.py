@@ -30,8 +30,17 @@ from tests.helpers import E2E_ROOT, REPO, ctrl_c_enabled, debugfs_read, nodeforg
 pytestmark = pytest.mark.e2e
 
 SMOKE = REPO / "tests/fixtures/qemu-smoke.yml"
-QEMU_TOOLS = ("packer", "qemu-system-x86_64", "qemu-img", "mkfs.ext4", "debugfs", "fstrim",
-              "sfdisk", "mmdebstrap", "ssh-keygen")
+QEMU_TOOLS = (
+    "packer",
+    "qemu-system-x86_64",
+    "qemu-img",
+    "mkfs.ext4",
+    "debugfs",
+    "fstrim",
+    "sfdisk",
+    "mmdebstrap",
+    "ssh-keygen",
+)
 
 
 def _no_build_leftovers(out: Path, log: str) -> None:
@@ -56,9 +65,21 @@ def qemu_build(root_required, fixture_mirror, pinned_versions) -> Path:
     reuse = os.environ.get("NODEFORGE_E2E_QEMU_IMAGE")  # developer speed-up; CI builds
     if reuse:
         return Path(reuse)
-    cp = nodeforge("build", "--target", "qemu", "--playbook", str(SMOKE),
-                   "--artifact-mirror", str(fixture_mirror), "--versions-file",
-                   str(pinned_versions), "--output", str(out), "--json", timeout=3600)
+    cp = nodeforge(
+        "build",
+        "--target",
+        "qemu",
+        "--playbook",
+        str(SMOKE),
+        "--artifact-mirror",
+        str(fixture_mirror),
+        "--versions-file",
+        str(pinned_versions),
+        "--output",
+        str(out),
+        "--json",
+        timeout=3600,
+    )
     assert json.loads(cp.stdout)["output"] == str(out)
     return out
 
@@ -94,19 +115,34 @@ def test_disk_is_provisioned_and_sealed(qemu_build, tmp_path):
     assert inside["packages"] == m["packages"] and inside["target"] == "qemu"
     assert "openssh-server" in inside["packages"]
     # The filesystem fills the disk_size the build asked for (8G by default).
-    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(disk)],
-                                     capture_output=True, text=True, check=True).stdout)
+    info = json.loads(
+        subprocess.run(
+            ["qemu-img", "info", "--output=json", str(disk)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert info["virtual-size"] >= 8 << 30 and info["format"] == "qcow2"
 
 
 def test_box_holds_the_sealed_disk_and_boots_its_kernel(qemu_build, tmp_path):
     out = qemu_build
     # GNU tar, as Vagrant's bsdtar reads it (Python's tarfile misreads Packer's GNU headers).
-    names = set(subprocess.run(["tar", "-tzf", str(out / "nodeforge-libvirt.box")],
-                               capture_output=True, text=True, check=True).stdout.split())
+    names = set(
+        subprocess.run(
+            ["tar", "-tzf", str(out / "nodeforge-libvirt.box")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    )
     assert {"box.img", "metadata.json", "Vagrantfile", "vmlinuz", "initrd.img"} <= names
-    subprocess.run(["tar", "-xzf", str(out / "nodeforge-libvirt.box"), "-C", str(tmp_path)],
-                   check=True, timeout=600)
+    subprocess.run(
+        ["tar", "-xzf", str(out / "nodeforge-libvirt.box"), "-C", str(tmp_path)],
+        check=True,
+        timeout=600,
+    )
     meta = json.loads((tmp_path / "metadata.json").read_text())
     assert meta["provider"] == "libvirt" and meta["format"] == "qcow2"
     # The box is made after the host-side seal: the very same bytes as the published disk.
@@ -120,28 +156,55 @@ def test_box_adds_and_the_lab_validates_with_it(qemu_build, tmp_path):
     require_tools("vagrant")
     out = qemu_build
     env = {"VAGRANT_CHECKPOINT_DISABLE": "1", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    subprocess.run(["vagrant", "box", "add", "--name", "nodeforge/slurm",
-                    str(out / "nodeforge-libvirt.box")], env=env, check=True, timeout=600,
-                   capture_output=True)
-    listed = subprocess.run(["vagrant", "box", "list"], env=env, capture_output=True,
-                            text=True, timeout=120, check=True).stdout
+    subprocess.run(
+        ["vagrant", "box", "add", "--name", "nodeforge/slurm", str(out / "nodeforge-libvirt.box")],
+        env=env,
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    listed = subprocess.run(
+        ["vagrant", "box", "list"], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert "nodeforge/slurm" in listed and "libvirt" in listed
     (tmp_path / "lab").mkdir()
     (tmp_path / "lab/Vagrantfile").write_text((REPO / "Vagrantfile").read_text())
-    cp = subprocess.run(["vagrant", "validate", "--ignore-provider"], cwd=tmp_path / "lab",
-                        env=env, capture_output=True, text=True, timeout=300, check=False)
+    cp = subprocess.run(
+        ["vagrant", "validate", "--ignore-provider"],
+        cwd=tmp_path / "lab",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert "validated successfully" in cp.stdout, cp.stdout + cp.stderr
 
 
 def test_failed_provisioning_leaves_nothing_and_shows_the_console(
-        root_required, fixture_mirror, pinned_versions, tmp_path):
+    root_required, fixture_mirror, pinned_versions, tmp_path
+):
     require_tools(*QEMU_TOOLS)
     out = E2E_ROOT / "qemu-fail"
     vf = tmp_path / "fail.pkrvars.hcl"
     vf.write_text('ansible_vars = { nodeforge_smoke_fail = "true" }\n')
-    cp = nodeforge("build", "--target", "qemu", "--playbook", str(SMOKE), "--var-file", str(vf),
-                   "--artifact-mirror", str(fixture_mirror), "--versions-file",
-                   str(pinned_versions), "--output", str(out), check=False, timeout=3600)
+    cp = nodeforge(
+        "build",
+        "--target",
+        "qemu",
+        "--playbook",
+        str(SMOKE),
+        "--var-file",
+        str(vf),
+        "--artifact-mirror",
+        str(fixture_mirror),
+        "--versions-file",
+        str(pinned_versions),
+        "--output",
+        str(out),
+        check=False,
+        timeout=3600,
+    )
     assert cp.returncode != 0
     assert "build VM console (accelerator" in cp.stderr, cp.stderr[-3000:]
     assert "no console output" not in cp.stderr and "console log is empty" not in cp.stderr
@@ -152,16 +215,35 @@ def test_failed_provisioning_leaves_nothing_and_shows_the_console(
 
 
 def test_interrupt_during_provisioning_stops_the_vm_and_leaves_nothing(
-        root_required, fixture_mirror, pinned_versions):
+    root_required, fixture_mirror, pinned_versions
+):
     require_tools(*QEMU_TOOLS)
     out = E2E_ROOT / "qemu-interrupted"
     log = out.with_name(out.name + ".partial") / "build.log"
     p = subprocess.Popen(
-        [sys.executable, "-m", "nodeforge", "build", "--target", "qemu", "--playbook", str(SMOKE),
-         "--artifact-mirror", str(fixture_mirror), "--versions-file", str(pinned_versions),
-         "--output", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-        preexec_fn=ctrl_c_enabled)  # noqa: PLW1509 (no threads here)
+        [
+            sys.executable,
+            "-m",
+            "nodeforge",
+            "build",
+            "--target",
+            "qemu",
+            "--playbook",
+            str(SMOKE),
+            "--artifact-mirror",
+            str(fixture_mirror),
+            "--versions-file",
+            str(pinned_versions),
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=ctrl_c_enabled,
+    )  # noqa: PLW1509 (no threads here)
     try:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline and p.poll() is None:

@@ -41,16 +41,27 @@ MUNGE_B64 = "bm9kZWZvcmdlLXZtLXRpZXItbXVuZ2Uta2V5LTMyLWJ5dGVzLW9r"  # 38 bytes, 
 
 
 def node_yaml(role: str, name: str, ip: str) -> str:
-    return (f"role: {role}\ncluster_name: vmtier\nnode_name: {name}\nnode_address: {ip}\n"
-            "controller: {host: ctl, address: 10.77.0.10}\n"
-            f"munge_key: {MUNGE_B64}\nwait_timeout: 360\n")
+    return (
+        f"role: {role}\ncluster_name: vmtier\nnode_name: {name}\nnode_address: {ip}\n"
+        "controller: {host: ctl, address: 10.77.0.10}\n"
+        f"munge_key: {MUNGE_B64}\nwait_timeout: 360\n"
+    )
 
 
 def _cfg(image: Path, work: Path, name: str, role: str, ip: str, mac: str, **link) -> VMConfig:
-    return VMConfig(image_dir=image, workdir=work / name, name=name, node_yaml=node_yaml(role, name, ip),
-                    boot_timeout=BOOT_TIMEOUT, keep=True, link_ip=f"{ip}/24", link_mac=mac,
-                    compat_net=os.environ.get("NODEFORGE_VM_COMPAT_NET") == "1",
-                    compat_keygen=os.environ.get("NODEFORGE_VM_COMPAT_KEYGEN") == "1", **link)
+    return VMConfig(
+        image_dir=image,
+        workdir=work / name,
+        name=name,
+        node_yaml=node_yaml(role, name, ip),
+        boot_timeout=BOOT_TIMEOUT,
+        keep=True,
+        link_ip=f"{ip}/24",
+        link_mac=mac,
+        compat_net=os.environ.get("NODEFORGE_VM_COMPAT_NET") == "1",
+        compat_keygen=os.environ.get("NODEFORGE_VM_COMPAT_KEYGEN") == "1",
+        **link,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,30 +75,45 @@ def cluster(tmp_path_factory, vm_image):
     IMAGE = vm_image
     for f in ("disk.qcow2", "vmlinuz", "initrd.img", "manifest.json"):
         if not (IMAGE / f).is_file():
-            pytest.fail(f"VM image artifact missing: {IMAGE / f} (build it with `nodeforge build`, "
-                        "or point NODEFORGE_VM_IMAGE at a build output)", pytrace=False)
+            pytest.fail(
+                f"VM image artifact missing: {IMAGE / f} (build it with `nodeforge build`, "
+                "or point NODEFORGE_VM_IMAGE at a build output)",
+                pytrace=False,
+            )
     work = tmp_path_factory.mktemp("vm")
     port = free_port()
     disk_sum = _sha(IMAGE / "disk.qcow2")
-    ctl = VM(_cfg(IMAGE, work, "ctl", "controller", "10.77.0.10", "52:54:00:4e:46:10", link_listen=port))
-    c1 = VM(_cfg(IMAGE, work, "c1", "compute", "10.77.0.11", "52:54:00:4e:46:11", link_connect=port))
+    ctl = VM(
+        _cfg(IMAGE, work, "ctl", "controller", "10.77.0.10", "52:54:00:4e:46:10", link_listen=port)
+    )
+    c1 = VM(
+        _cfg(IMAGE, work, "c1", "compute", "10.77.0.11", "52:54:00:4e:46:11", link_connect=port)
+    )
     prev = signal.signal(signal.SIGTERM, _interrupt)  # so a killed run still stops qemu
     try:
         ctl.start()
         c1.start()
         for v in (ctl, c1):
             v.wait_ssh()
-            print(f"\nVM {v.cfg.name}: SSH login after {v.ready_after:.1f}s ({v.accel.accel}: {v.accel.reason})")
+            print(
+                f"\nVM {v.cfg.name}: SSH login after {v.ready_after:.1f}s ({v.accel.accel}: {v.accel.reason})"
+            )
         # The agent's outcome is judged by the suite (test_suite_over_ssh); docker and enroot
         # are proven even when the agent failed, so one bug does not hide the others.
         deadline = time.monotonic() + INIT_TIMEOUT
         for v in (ctl, c1):
             try:
-                state = v.wait_unit("nodeforge-init.service", timeout=max(10.0, deadline - time.monotonic()))
+                state = v.wait_unit(
+                    "nodeforge-init.service", timeout=max(10.0, deadline - time.monotonic())
+                )
             except BootTimeout as exc:
                 state = f"not finished: {str(exc).splitlines()[0]}"
-                print(v.ssh("systemctl list-jobs --no-pager; tail -n 5 /var/log/nodeforge/*.log",
-                            check=False).stdout)
+                print(
+                    v.ssh(
+                        "systemctl list-jobs --no-pager; tail -n 5 /var/log/nodeforge/*.log",
+                        check=False,
+                    ).stdout
+                )
             print(f"VM {v.cfg.name}: nodeforge-init.service {state} at {v.elapsed():.1f}s")
         yield {"ctl": ctl, "c1": c1}
     finally:
@@ -113,16 +139,37 @@ def _sha(p: Path) -> str:
 
 
 def _scp(v: VM, src: Path, dst: str) -> None:
-    proc.run(["scp", "-F", "/dev/null", "-i", str(v.key), "-P", str(v.port), "-o", "BatchMode=yes",
-              "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-              str(src), f"root@127.0.0.1:{dst}"], timeout=120)
+    proc.run(
+        [
+            "scp",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(v.key),
+            "-P",
+            str(v.port),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            str(src),
+            f"root@127.0.0.1:{dst}",
+        ],
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
 def busybox_rootfs(tmp_path_factory) -> Path:
     require_tools("busybox")
     bb = Path(shutil.which("busybox") or BUSYBOX)
-    out = proc.run(["file", "-L", str(bb)], check=False).stdout if shutil.which("file") else "static"
+    out = (
+        proc.run(["file", "-L", str(bb)], check=False).stdout if shutil.which("file") else "static"
+    )
     if "dynamically linked" in out:
         pytest.fail(f"{bb} is dynamically linked; install busybox-static", pytrace=False)
     d = tmp_path_factory.mktemp("bbroot")
@@ -173,7 +220,8 @@ def test_docker_cli_present(vm):
     cp = vm.ssh("command -v docker || echo MISSING", check=False)
     assert "MISSING" not in cp.stdout, (
         "the image has dockerd (docker.io) but no `docker` command: on Debian 13 the CLI is the "
-        "separate package docker-cli; the docker role must install it")
+        "separate package docker-cli; the docker role must install it"
+    )
 
 
 def test_docker_run_local_image(vm, busybox_rootfs):
@@ -190,8 +238,10 @@ def test_docker_run_local_image(vm, busybox_rootfs):
     assert '"StatusCode":0' in cp.stdout and "hello-from-docker" in cp.stdout, cp.stdout
     assert '"Type": "json-file"' in cp.stdout and "max-size" in cp.stdout, cp.stdout
     if "MISSING" not in vm.ssh("command -v docker || echo MISSING", check=False).stdout:
-        out = vm.ssh("docker run --rm --network none nodeforge/busybox:local /bin/echo hello-from-docker-cli",
-                     timeout=240).stdout
+        out = vm.ssh(
+            "docker run --rm --network none nodeforge/busybox:local /bin/echo hello-from-docker-cli",
+            timeout=240,
+        ).stdout
         assert "hello-from-docker-cli" in out, out
 
 
@@ -205,22 +255,30 @@ def test_enroot_local_image(vm, busybox_rootfs):
     """
     _scp(vm, busybox_rootfs, "/root/busybox-rootfs.tar")
     fixture = vm.ssh("grep -c 'FIXTURE' /usr/bin/enroot || true").stdout.strip() not in ("", "0")
-    vm.ssh("rm -rf /root/bbroot /root/bb.sqsh && mkdir -p /root/bbroot && tar -C /root/bbroot -xf /root/busybox-rootfs.tar")
-    vm.ssh("cd /root && enroot import -o /root/bb.sqsh dir:///root/bbroot && enroot create -n nfbb /root/bb.sqsh",
-           timeout=240)
+    vm.ssh(
+        "rm -rf /root/bbroot /root/bb.sqsh && mkdir -p /root/bbroot && tar -C /root/bbroot -xf /root/busybox-rootfs.tar"
+    )
+    vm.ssh(
+        "cd /root && enroot import -o /root/bb.sqsh dir:///root/bbroot && enroot create -n nfbb /root/bb.sqsh",
+        timeout=240,
+    )
     assert "nfbb" in vm.ssh("enroot list").stdout
     if fixture:
         cp = vm.ssh("enroot start nfbb ./bin/busybox echo hello-from-enroot")
         assert "hello-from-enroot" in cp.stdout
     else:
-        cp = vm.ssh("enroot start nfbb /bin/sh -c 'echo hello-from-enroot; test -x /bin/busybox && echo rootfs-is-slash'",
-                    timeout=240)
+        cp = vm.ssh(
+            "enroot start nfbb /bin/sh -c 'echo hello-from-enroot; test -x /bin/busybox && echo rootfs-is-slash'",
+            timeout=240,
+        )
         assert "hello-from-enroot" in cp.stdout and "rootfs-is-slash" in cp.stdout, cp.stdout
     vm.ssh("enroot remove -f nfbb")
 
 
 def test_link_between_vms(cluster):
-    cp = cluster["c1"].ssh("timeout 10 bash -c '</dev/tcp/10.77.0.10/22' && echo link-ok || ip -br a", check=False)
+    cp = cluster["c1"].ssh(
+        "timeout 10 bash -c '</dev/tcp/10.77.0.10/22' && echo link-ok || ip -br a", check=False
+    )
     assert "link-ok" in cp.stdout, cp.stdout
 
 

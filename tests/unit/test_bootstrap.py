@@ -438,10 +438,15 @@ def _slurm_events_after_docker(fm) -> list[str]:
     """Docker comes up before the node is created in Slurm (a compute that cannot run
     containers must never register); returns the Slurm-side events, in order."""
     docker = [e for e in fm.events if "containerd" in e or "docker" in e]
-    assert docker == ["enable containerd.service", "start containerd.service",
-                      "enable docker.service", "start docker.service"], docker
-    assert fm.events.index("start docker.service") < fm.events.index(next(
-        e for e in fm.events if e.startswith(("create c1", "drain c1"))))
+    assert docker == [
+        "enable containerd.service",
+        "start containerd.service",
+        "enable docker.service",
+        "start docker.service",
+    ], docker
+    assert fm.events.index("start docker.service") < fm.events.index(
+        next(e for e in fm.events if e.startswith(("create c1", "drain c1")))
+    )
     return [e for e in fm.events if not e.startswith("start munge") and e not in docker]
 
 
@@ -629,8 +634,17 @@ def test_compute_dropin_keeps_systemd_notify_on_24_11(tmp_path):
 
     ctx = Ctx()
     ctx.features = type("F", (), {"version_tuple": (24, 11, 5)})()
-    ctx.params = type("P", (), {"node_name": "", "features": (), "gres": (), "cpus": None,
-                                "real_memory": None,
-                                "controller": type("C", (), {"target": "ctl"})()})()
+    ctx.params = type(
+        "P",
+        (),
+        {
+            "node_name": "",
+            "features": (),
+            "gres": (),
+            "cpus": None,
+            "real_memory": None,
+            "controller": type("C", (), {"target": "ctl"})(),
+        },
+    )()
     argv = compute.slurmd_exec(ctx)
     assert argv[:3] == [compute.SLURMD, "--systemd", "-Z"]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
 
+import pytest
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.events import decode_admin, encode_admin
 from nodeforge.gang.policy import backoff_delay, decide, is_gang
@@ -89,7 +90,6 @@ def test_ready_before_timeout_no_action():
         ({"state": "CONFIGURING"}, None),
         ({"reason": "Prolog"}, None),
         ({}, {"a": OK, "b": frozenset({"ALLOCATED", "NOT_RESPONDING"})}),
-        ({}, {"a": OK, "b": frozenset({"MIXED", "DRAIN"})}),
         ({}, {"a": OK, "b": frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})}),
         ({}, {"a": OK}),  # node unknown (hidden cloud node)
     ],
@@ -138,11 +138,17 @@ def test_backoff_steps_and_limit_then_release_resets():
     st, a = _cycle_to_requeue(c, st, 3, t3, 2)
     assert (a.kind, a.count) == ("requeuehold", 3)
     assert st.jobs["1"].phase == "deactivated"
+    # Slurm shows the requeue-hold (the owner could release it): the admin hold closes it
     held = job(
         state="PENDING", nodes=(), restarts=3, held=True, reason="job_requeued_in_held_state"
     )
     st, acts = run(c, st, snap(held), t3 + 20)
-    assert acts == [] and st.jobs["1"].count == 3
+    assert [(x.kind, x.count) for x in acts] == [("hold", 3)] and st.jobs["1"].count == 3
+    admin = job(
+        state="PENDING", nodes=(), restarts=3, held=True, admin_held=True, reason="JobHeldAdmin"
+    )
+    st, acts = run(c, st, snap(admin), t3 + 21)
+    assert acts == [] and st.jobs["1"].hold_confirmed
     released = job(state="PENDING", nodes=(), restarts=3)
     st, acts = run(c, st, snap(released), t3 + 30)
     assert [(x.kind, x.reason, x.count) for x in acts] == [("annotate", "Released", 0)]
@@ -244,21 +250,84 @@ def test_slurm_own_requeue_is_noted():
     assert st.jobs["1"].count == 0
 
 
+def _queued(c, *jobs, now=T0):
+    """block_admission: the governor admin-holds the pending gangs; Slurm then shows them
+    held (JobHeldAdmin). A gang admitted-but-not-ready (99) keeps them queued in this cycle;
+    it is gone in the next."""
+    busy = job("99", state="CONFIGURING", nodes=("c", "d"))
+    st, acts = run(c, GovState(), snap(busy, *jobs), now)
+    assert not [x for x in acts if x.kind == "release"]
+    assert sorted(x.job_id for x in acts if x.kind == "hold") == sorted(
+        j.job_id for j in jobs if j.state == "PENDING"
+    )
+    return st
+
+
+def held_admin(j):
+    return replace(j, held=True, admin_held=True, reason="JobHeldAdmin", priority=0)
+
+
 def test_block_admission_releases_one_at_a_time_in_order():
     c = cfg(block_admission=True)
-    a = job("10", state="PENDING", nodes=(), held=True, submit=T0 - 50, reason="JobHeldUser")
-    b = job("11", state="PENDING", nodes=(), held=True, submit=T0 - 40, reason="JobHeldUser")
-    st, acts = run(c, GovState(), snap(a, b), T0)
+    a = job("10", state="PENDING", nodes=(), submit=T0 - 50)
+    b = job("11", state="PENDING", nodes=(), submit=T0 - 40)
+    st = _queued(c, a, b, now=T0 - 1)
+    st, acts = run(c, st, snap(held_admin(a), held_admin(b)), T0)
     assert [(x.kind, x.job_id) for x in acts] == [("release", "10")]
-    a2 = job("10", state="PENDING", nodes=())
+    a2 = a
+    b = held_admin(b)
     st, acts = run(c, st, snap(a2, b), T0 + 1)
     assert acts == []  # released but not yet started: still blocks
-    a3 = job("10", state="CONFIGURING", start=T0 + 2)
+    a3 = job("10", state="CONFIGURING", start=T0 + 2, submit=T0 - 50)
     st, acts = run(c, st, snap(a3, b), T0 + 3)
     assert acts == []  # admitted but not ready
-    a4 = job("10", start=T0 + 2)
+    a4 = job("10", start=T0 + 2, submit=T0 - 50)
     st, acts = run(c, st, snap(a4, b), T0 + 4)
     assert [(x.kind, x.job_id) for x in acts] == [("note", "10"), ("release", "11")]
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["BeginTime", "Dependency", "AssocGrpNodeLimit", "QOSMaxNodePerJobLimit", "PartitionNodeLimit"],
+)
+def test_released_gang_that_waits_for_itself_does_not_stall_the_queue(reason):
+    c = cfg(block_admission=True)
+    a = job("10", state="PENDING", nodes=(), submit=T0 - 50)
+    b = job("11", state="PENDING", nodes=(), submit=T0 - 40)
+    st = _queued(c, a, b, now=T0 - 1)
+    st, acts = run(c, st, snap(held_admin(a), held_admin(b)), T0)
+    assert [(x.kind, x.job_id) for x in acts] == [("release", "10")]
+    stuck = replace(a, reason=reason)
+    st, acts = run(c, st, snap(stuck, held_admin(b)), T0 + 1)
+    assert [(x.kind, x.job_id) for x in acts] == [("release", "11")]
+
+
+@pytest.mark.parametrize("reason", ["JobHeldUser", "JobHeldAdmin"])
+def test_block_admission_never_releases_a_hold_it_did_not_place(reason):
+    """sbatch -H, an operator's hold, Slurm's launch-failure hold: not ours to release."""
+    c = cfg(block_admission=True)
+    theirs = job(
+        "10",
+        state="PENDING",
+        nodes=(),
+        held=True,
+        reason=reason,
+        admin_held=reason == "JobHeldAdmin",
+    )
+    st, acts = run(c, GovState(), snap(theirs), T0)
+    assert acts == [] and st.jobs["10"].phase == "pending"
+    st, acts = run(c, st, snap(theirs), T0 + 100)
+    assert acts == []
+
+
+def test_block_admission_orders_by_slurm_priority_first():
+    c = cfg(block_admission=True)
+    lo = job("10", state="PENDING", nodes=(), submit=T0 - 50, priority=100)
+    hi = job("11", state="PENDING", nodes=(), submit=T0 - 40, priority=900)
+    st = _queued(c, lo, hi, now=T0 - 1)
+    # held: Slurm shows Priority=0 now; the governor remembers the priority from before
+    st, acts = run(c, st, snap(held_admin(lo), held_admin(hi)), T0)
+    assert [(x.kind, x.job_id) for x in acts] == [("release", "11")]
 
 
 def test_block_admission_holds_unheld_new_jobs_and_requeues_with_hold():
@@ -267,7 +336,7 @@ def test_block_admission_holds_unheld_new_jobs_and_requeues_with_hold():
     new = job("2", state="PENDING", nodes=())
     st, acts = run(c, GovState(), snap(busy, new), T0 + 1)
     assert ("hold", "2") in [(x.kind, x.job_id) for x in acts]
-    st, acts = run(c, st, snap(busy, job("2", state="PENDING", nodes=(), held=True)), T0 + 10)
+    st, acts = run(c, st, snap(busy, held_admin(job("2", state="PENDING", nodes=()))), T0 + 10)
     rq = [x for x in acts if x.kind == "requeue"]
     assert rq and rq[0].hold and rq[0].job_id == "1"
     assert ("release", "2") in [(x.kind, x.job_id) for x in acts]
@@ -276,12 +345,11 @@ def test_block_admission_holds_unheld_new_jobs_and_requeues_with_hold():
 def test_eviction_vs_creation_ordering():
     for ts, first in (("creation", "5"), ("eviction", "6")):
         c = cfg(block_admission=True, requeuing={"timestamp": ts})
-        st = GovState()
-        x = job("5", state="PENDING", nodes=(), held=True, submit=T0 - 90)
-        y = job("6", state="PENDING", nodes=(), held=True, submit=T0 - 10)
-        st, _ = run(c, st, snap(job("7", state="CONFIGURING"), x, y), T0)
+        x = job("5", state="PENDING", nodes=(), submit=T0 - 90)
+        y = job("6", state="PENDING", nodes=(), submit=T0 - 10)
+        st = _queued(c, job("7", state="CONFIGURING"), x, y, now=T0 - 1)
         st.jobs["5"].last_evicted_at = T0 - 1  # evicted recently
-        st, acts = run(c, st, snap(x, y), T0 + 1)
+        st, acts = run(c, st, snap(held_admin(x), held_admin(y)), T0 + 1)
         assert [a.job_id for a in acts if a.kind == "release"] == [first]
 
 
@@ -532,3 +600,185 @@ def test_decide_does_not_mutate_the_input_node_state():
     before = [s.job_id for s in st.nodes["b"].strikes]
     timeout_on(c, st, "2", T0 + 100)
     assert [s.job_id for s in st.nodes["b"].strikes] == before and st.nodes["b"].drain == ""
+
+
+# ---- issue 10: deactivation is final until an operator acts ---------------------------------
+def _deactivate(c):
+    st, a = _cycle_to_requeue(c, GovState(), 1, T0, 0)
+    assert (a.kind, a.count) == ("requeuehold", 1)
+    return st
+
+
+def test_completing_after_requeuehold_is_not_a_release():
+    c = cfg(requeuing={"backoff_limit_count": 0})
+    st = _deactivate(c)
+    # the epilog runs: Slurm shows COMPLETING (Restarts already counted up)
+    for state in ("COMPLETING", "SUSPENDED"):
+        st, acts = run(c, st, snap(job(state=state, restarts=1)), T0 + 11)
+        assert acts == [] and st.jobs["1"].phase == "deactivated" and st.jobs["1"].count == 1
+
+
+def test_failed_requeuehold_is_reissued_with_the_same_count():
+    c = cfg(requeuing={"backoff_limit_count": 0})
+    st = _deactivate(c)
+    # scontrol failed: the job still runs, Restarts unchanged
+    st, acts = run(c, st, snap(job(reason="Prolog")), T0 + 12)
+    assert [(x.kind, x.count, x.reissue) for x in acts] == [("requeuehold", 1, False)]
+    assert st.jobs["1"].count == 1 and st.jobs["1"].phase == "deactivated"
+
+
+def test_owner_release_before_admin_hold_is_closed_not_a_reset():
+    c = cfg(requeuing={"backoff_limit_count": 0})
+    st = _deactivate(c)
+    # requeue-held (the owner may release that), then released by the owner: not an operator
+    st, acts = run(c, st, snap(job(state="PENDING", nodes=(), restarts=1)), T0 + 12)
+    assert [(x.kind, x.reason, x.count) for x in acts] == [("hold", "Deactivated", 1)]
+    # it even started again before the hold landed: requeuehold again, not counted twice
+    st, acts = run(c, st, snap(job(restarts=1, start=T0 + 13)), T0 + 14)
+    assert [(x.kind, x.count, x.reissue) for x in acts] == [("requeuehold", 1, True)]
+    assert st.jobs["1"].count == 1
+
+
+def test_release_of_the_confirmed_admin_hold_resets_the_counter():
+    c = cfg(requeuing={"backoff_limit_count": 0})
+    st = _deactivate(c)
+    admin = job(
+        state="PENDING", nodes=(), restarts=1, held=True, admin_held=True, reason="JobHeldAdmin"
+    )
+    st, acts = run(c, st, snap(admin), T0 + 12)
+    assert acts == [] and st.jobs["1"].hold_confirmed
+    st, acts = run(c, st, snap(job(state="PENDING", nodes=(), restarts=1)), T0 + 13)
+    assert [(x.kind, x.reason, x.count) for x in acts] == [("annotate", "Released", 0)]
+
+
+# ---- issue 10: Kueue semantics -------------------------------------------------------------
+def test_clock_runs_from_first_admission_not_a_moved_start_time():
+    """Slurm resets StartTime when cloud nodes finish powering up: no second window."""
+    c = cfg()
+    booting = {"a": OK, "b": frozenset({"IDLE", "CLOUD", "POWERING_UP"})}
+    st, _ = run(c, GovState(), snap(job(start=T0), nodes=booting), T0 + 1)
+    moved = job(start=T0 + 8)  # StartTime moved after power-up; node b still not ready
+    st, acts = run(c, st, snap(moved, nodes=booting), T0 + 10)
+    assert [(a.kind, a.deadline) for a in acts] == [("requeue", T0 + 10)]
+
+
+@pytest.mark.parametrize("flags", [{"ALLOCATED", "DRAIN"}, {"MIXED", "REBOOT_REQUESTED"}])
+def test_drain_or_reboot_request_is_not_lost_readiness(flags):
+    c = cfg(recovery_timeout=5)
+    st, _ = run(c, GovState(), snap(job()), T0 + 1)
+    assert st.jobs["1"].phase == "ready"
+    st, acts = run(c, st, snap(job(), nodes={"a": OK, "b": frozenset(flags)}), T0 + 2)
+    assert acts == [] and st.jobs["1"].phase == "ready"
+
+
+def test_drain_does_not_block_first_readiness():
+    st, _ = run(
+        cfg(), GovState(), snap(job(), nodes={"a": OK, "b": frozenset({"MIXED", "DRAIN"})}), T0 + 1
+    )
+    assert st.jobs["1"].phase == "ready"
+
+
+@pytest.mark.parametrize("flag", ["DOWN", "NOT_RESPONDING", "FAIL"])
+def test_node_failure_is_lost_readiness(flag):
+    c = cfg(recovery_timeout=5)
+    st, _ = run(c, GovState(), snap(job()), T0 + 1)
+    st, acts = run(c, st, snap(job(), nodes={"a": OK, "b": frozenset({"ALLOCATED", flag})}), T0 + 2)
+    assert [(a.kind, a.reason) for a in acts] == [("note", "ReadinessLost")]
+
+
+def test_no_kill_job_on_fewer_nodes_does_not_recover():
+    c = cfg(recovery_timeout=5)
+    st, _ = run(c, GovState(), snap(job()), T0 + 1)
+    lost = job(nodes=("a",), num_nodes=1)  # --no-kill: b failed and left the allocation
+    st, acts = run(c, st, snap(lost), T0 + 2)
+    assert [(a.kind, a.reason) for a in acts] == [("note", "ReadinessLost")]
+    st, acts = run(c, st, snap(lost), T0 + 7)
+    assert [(a.kind, a.reason, a.cause) for a in acts] == [
+        ("requeue", "RecoveryTimeout", "WaitForRecovery")
+    ]
+
+
+# ---- issue 10: identity --------------------------------------------------------------------
+def test_reused_job_id_starts_fresh():
+    c = cfg()
+    st, _ = _cycle_to_requeue(c, GovState(), 1, T0, 0)
+    assert st.jobs["1"].count == 1
+    # slurmctld state cleared: id 1 is a new job (new SubmitTime, Restarts 0)
+    fresh = job(state="PENDING", nodes=(), submit=T0 + 500)
+    st, _ = run(c, st, snap(fresh), T0 + 501)
+    assert st.jobs["1"].count == 0 and st.jobs["1"].phase == "pending"
+
+
+def test_our_requeue_is_not_a_reused_id():
+    c = cfg()
+    st, _ = _cycle_to_requeue(c, GovState(), 1, T0, 0)
+    # Slurm resets SubmitTime on requeue, and Restarts goes up: the same job
+    back = job(state="PENDING", nodes=(), restarts=1, submit=T0 + 10)
+    st, _ = run(c, st, snap(back), T0 + 11)
+    assert st.jobs["1"].count == 1 and st.jobs["1"].phase == "backoff"
+
+
+def test_released_gang_with_a_begin_time_soon_still_blocks():
+    """`--begin=now+2` is a short wait (within timeout), not a stall: the queue waits."""
+    c = cfg(block_admission=True)
+    a = job("10", state="PENDING", nodes=(), submit=T0 - 50)
+    b = job("11", state="PENDING", nodes=(), submit=T0 - 40)
+    st = _queued(c, a, b, now=T0 - 1)
+    st, acts = run(c, st, snap(held_admin(a), held_admin(b)), T0)
+    soon = replace(a, reason="BeginTime", eligible_time=T0 + 2)
+    st, acts = run(c, st, snap(soon, held_admin(b)), T0 + 1)
+    assert acts == []
+    later = replace(a, reason="BeginTime", eligible_time=T0 + 3600)
+    st, acts = run(c, st, snap(later, held_admin(b)), T0 + 2)
+    assert [(x.kind, x.job_id) for x in acts] == [("release", "11")]
+
+
+def test_block_admission_hold_and_release_in_one_cycle_when_nothing_blocks():
+    """A new gang with nothing ahead of it is held and released in the same cycle: queueing
+    costs no extra interval per admission."""
+    c = cfg(block_admission=True)
+    _, acts = run(c, GovState(), snap(job("10", state="PENDING", nodes=())), T0)
+    assert [(x.kind, x.job_id) for x in acts] == [("hold", "10"), ("release", "10")]
+
+
+def test_unchanged_observation_is_skipped_but_clocks_still_run():
+    """The reader hands out the same JobObs object for an unchanged job: a quiet record is
+    kept as is, but an admitted job's deadline still fires without any change in Slurm."""
+    c = cfg()
+    nodes = {"a": OK, "b": frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})}
+    admitted, pending = job("1"), job("2", state="PENDING", nodes=())
+    s = snap(admitted, pending, nodes=nodes)
+    st, _ = run(c, GovState(), s, T0 + 1)
+    rec2 = st.jobs["2"]
+    st2, acts = run(c, st, s, T0 + 10)
+    assert st2.jobs["2"] is rec2  # quiet: not copied
+    assert [(a.kind, a.job_id) for a in acts] == [("requeue", "1")]  # the clock ran
+
+
+def test_release_of_a_quiet_waiting_record_does_not_mutate_the_input_state():
+    c = cfg(block_admission=True)
+    w = held_admin(job("10", state="PENDING", nodes=(), submit=T0 - 50))
+    busy = job("99", state="CONFIGURING", nodes=("c", "d"))
+    st, _ = run(c, GovState(), snap(busy, w), T0)
+    st.jobs["10"].hold_ours = True  # as if held by us earlier
+    st.jobs["10"].phase = "waiting_admission"
+    s = snap(w)  # busy gone; w unchanged (same object)
+    st.seen_jobs["10"] = w
+    before = dict(st.jobs["10"].__dict__)
+    st2, acts = run(c, st, s, T0 + 1)
+    assert [(a.kind, a.job_id) for a in acts] == [("release", "10")]
+    assert st.jobs["10"].__dict__ == before and st2.jobs["10"].released_by_us
+
+
+def test_admin_hold_that_does_not_take_is_retried_slowly_not_every_cycle():
+    c = cfg(requeuing={"backoff_limit_count": 0})
+    st = _deactivate(c)
+    user_held = job(state="PENDING", nodes=(), restarts=1, held=True, reason="JobHeldUser")
+    kinds = []
+    for t in range(12, 12 + 61):
+        st, acts = run(c, st, snap(user_held), T0 + t)
+        kinds += [a.kind for a in acts]
+    assert kinds.count("hold") == 3  # at +12, +42, +72: every 30 s, not 61 times
+    # not held at all (the owner released it): the admin hold is asked for at once
+    st, acts = run(c, st, snap(job(state="PENDING", nodes=(), restarts=1)), T0 + 73)
+    assert [a.kind for a in acts] == ["hold"]

@@ -25,7 +25,7 @@ def test_var_file_parse_error_has_line(tmp_path):
 
 def test_var_file_unknown_and_internal_and_type(tmp_path):
     f = tmp_path / "v.pkrvars.hcl"
-    f.write_text("regoin = \"x\"\n")
+    f.write_text('regoin = "x"\n')
     with pytest.raises(NodeforgeError, match="unknown variable 'regoin'.*region"):
         varfile.load(f, "amazon-ebs")
     f.write_text("ssh_port = 22\n")
@@ -35,8 +35,10 @@ def test_var_file_unknown_and_internal_and_type(tmp_path):
     with pytest.raises(NodeforgeError, match="'root_volume_size' must be of type number"):
         varfile.load(f, "amazon-ebs")
     f.write_text('ansible_vars = { docker_source = "upstream" }\nroot_volume_size = 50\n')
-    assert varfile.load(f, "amazon-ebs") == {"ansible_vars": {"docker_source": "upstream"},
-                                              "root_volume_size": 50}
+    assert varfile.load(f, "amazon-ebs") == {
+        "ansible_vars": {"docker_source": "upstream"},
+        "root_volume_size": 50,
+    }
 
 
 def test_unreadable_var_file(tmp_path):
@@ -46,14 +48,25 @@ def test_unreadable_var_file(tmp_path):
 
 def _tree(tmp_path) -> Path:
     t = tmp_path / "tree"
-    for d in ("etc/ssh", "etc/munge", "var/lib/dpkg/info", "root/.ssh", "tmp", "var/tmp",
-              "usr/share/doc/x", "etc/slurm", "usr/share/nodeforge/templates"):
+    for d in (
+        "etc/ssh",
+        "etc/munge",
+        "var/lib/dpkg/info",
+        "root/.ssh",
+        "tmp",
+        "var/tmp",
+        "usr/share/doc/x",
+        "etc/slurm",
+        "usr/share/nodeforge/templates",
+    ):
         (t / d).mkdir(parents=True)
     (t / "etc/machine-id").write_text("")
     (t / "var/lib/dpkg/info/x.list").write_text("/usr/share/doc/x/example.key\n")
     # A package-owned example key is public (it is in the Debian archive): not a finding.
     (t / "usr/share/doc/x/example.key").write_text(make_keypair(tmp_path, "example")[1])
-    (t / "usr/share/nodeforge/templates/slurmdbd.conf.j2").write_text("StoragePass={{ storage_pass }}\n")
+    (t / "usr/share/nodeforge/templates/slurmdbd.conf.j2").write_text(
+        "StoragePass={{ storage_pass }}\n"
+    )
     return t
 
 
@@ -72,8 +85,16 @@ def test_scan_finds_every_kind_of_secret(tmp_path):
     (t / "etc/slurm/slurmdbd.conf").write_text("StorageUser=slurm\nStoragePass=hunter2\n")
     (t / "tmp/leftover").write_text("x")
     kinds = {f.kind for f in scan.scan(t)}
-    assert kinds == {"ssh-host-key", "munge-key", "machine-id", "authorized-keys", "shell-history",
-                     "private-key", "db-credential", "temp-files"}
+    assert kinds == {
+        "ssh-host-key",
+        "munge-key",
+        "machine-id",
+        "authorized-keys",
+        "shell-history",
+        "private-key",
+        "db-credential",
+        "temp-files",
+    }
 
 
 def test_seal_finalize_removes_build_identity(tmp_path):
@@ -101,9 +122,14 @@ def test_seal_finalize_removes_build_identity(tmp_path):
 def test_manifest_schema_rejects_incomplete():
     assert "missing 'packages'" in manifest.check({"schema": 1}, outer=False)
     good = {
-        "schema": 1, "name": "n", "target": "local", "created": "x", "arch": "amd64",
+        "schema": 1,
+        "name": "n",
+        "target": "local",
+        "created": "x",
+        "arch": "amd64",
         "base": {"name": "debian13", "suite": "trixie", "mirror": "m", "key": "k"},
-        "components": {"slurmctld": "24.11"}, "packages": {"slurmctld": "24.11"},
+        "components": {"slurmctld": "24.11"},
+        "packages": {"slurmctld": "24.11"},
         "inputs": {"pyxis_src": {"sha256": "a" * 64, "pinned": False}},
         "tools": {"nodeforge": "0.1", "packer": "1.6.6", "ansible-core": "2.19"},
         "phases": {p: 1.0 for p in manifest.REQUIRED_PHASES_IMAGE["local"]},
@@ -114,8 +140,13 @@ def test_manifest_schema_rejects_incomplete():
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "nodeforge", *args], capture_output=True,
-                          text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "nodeforge", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_cli_unknown_target():
@@ -160,8 +191,9 @@ def test_aws_credentials_detection(tmp_path):
 
     assert not aws_credentials_present({"HOME": str(tmp_path)})
     assert aws_credentials_present({"HOME": str(tmp_path), "AWS_PROFILE": "ci"})
-    assert aws_credentials_present({"HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "a",
-                                    "AWS_SECRET_ACCESS_KEY": "b"})
+    assert aws_credentials_present(
+        {"HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"}
+    )
     (tmp_path / ".aws").mkdir()
     (tmp_path / ".aws/credentials").write_text("[default]\n")
     assert aws_credentials_present({"HOME": str(tmp_path)})

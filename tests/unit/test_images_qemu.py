@@ -13,14 +13,24 @@ from tests.helpers import qemu_image_manifest
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("value,mib", [("8G", 8192), ("8192M", 8192), ("10240", 10240),
-                                       ("1.5G", 1536), ("1T", 1048576), ("4g", 4096)])
+@pytest.mark.parametrize(
+    "value,mib",
+    [
+        ("8G", 8192),
+        ("8192M", 8192),
+        ("10240", 10240),
+        ("1.5G", 1536),
+        ("1T", 1048576),
+        ("4g", 4096),
+    ],
+)
 def test_disk_size_follows_packer_syntax(value, mib):
     assert remote.disk_size_mib(value) == mib
 
 
-@pytest.mark.parametrize("value,msg", [("eight", "not a size"), ("512M", "under 1 GiB"),
-                                       ("", "not a size")])
+@pytest.mark.parametrize(
+    "value,msg", [("eight", "not a size"), ("512M", "under 1 GiB"), ("", "not a size")]
+)
 def test_bad_disk_size_names_the_variable(value, msg):
     with pytest.raises(NodeforgeError, match=f"disk_size.*{msg}"):
         remote.disk_size_mib(value)
@@ -69,7 +79,8 @@ def _tree(tmp_path):
     (t / "var/lib/dpkg/status").write_text(
         "Package: slurmctld\nStatus: install ok installed\nVersion: 24.11.5-1\n"
         "Architecture: amd64\n\n"
-        "Package: gone\nStatus: deinstall ok config-files\nVersion: 1\nArchitecture: amd64\n\n")
+        "Package: gone\nStatus: deinstall ok config-files\nVersion: 1\nArchitecture: amd64\n\n"
+    )
     (t / "boot").mkdir()
     (t / "boot/vmlinuz-6.12.1-amd64").write_bytes(b"kernel")
     (t / "boot/initrd.img-6.12.1-amd64").write_bytes(b"initrd")
@@ -113,8 +124,12 @@ def test_seal_tree_refuses_a_secret_it_cannot_remove(tmp_path):
     (t / "opt/deploy_key").write_text(priv)
     out = tmp_path / "out"
     out.mkdir()
-    with open(tmp_path / "log", "w") as f, \
-            pytest.raises(NodeforgeError, match="(?s)refusing to publish.*/opt/deploy_key: private-key"):
+    with (
+        open(tmp_path / "log", "w") as f,
+        pytest.raises(
+            NodeforgeError, match="(?s)refusing to publish.*/opt/deploy_key: private-key"
+        ),
+    ):
         disk_seal.seal_tree(t, qemu_image_manifest(), out, f, started=0.0)
     assert not (t / "etc/nodeforge/image.json").exists()
 
@@ -137,11 +152,16 @@ def test_manifest_phases_depend_on_the_target():
 def test_cloud_image_needs_its_checksum():
     with pytest.raises(NodeforgeError, match="base_disk_checksum is required.*sha256:<hex>"):
         remote.check_qemu_vars({"base_disk": "https://example.invalid/debian-13.qcow2"})
-    remote.check_qemu_vars({"base_disk": "https://example.invalid/debian-13.qcow2",
-                            "base_disk_checksum": "sha512:" + "0" * 128})
+    remote.check_qemu_vars(
+        {
+            "base_disk": "https://example.invalid/debian-13.qcow2",
+            "base_disk_checksum": "sha512:" + "0" * 128,
+        }
+    )
     with pytest.raises(NodeforgeError, match="kernel/initrd are set by nodeforge"):
-        remote.check_qemu_vars({"base_disk": "x.qcow2", "base_disk_checksum": "sha256:00",
-                                "kernel": "/boot/vmlinuz"})
+        remote.check_qemu_vars(
+            {"base_disk": "x.qcow2", "base_disk_checksum": "sha256:00", "kernel": "/boot/vmlinuz"}
+        )
     with pytest.raises(NodeforgeError, match="disk_size"):
         remote.check_qemu_vars({"disk_size": "huge"})
 
@@ -172,10 +192,18 @@ def test_qemu_template_validates_with_direct_kernel_boot(tmp_path):
         (tmp_path / n).write_bytes(b"")
     from nodeforge import proc
 
-    values = {"ansible_playbook": proc.require_tool("ansible-playbook"),
-              "playbook_file": playbook, "ansible_config": cfg, "extra_vars_file": tmp_path / "ev.json",
-              "base_disk": tmp_path / "base.qcow2", "kernel": tmp_path / "vmlinuz",
-              "initrd": tmp_path / "initrd.img", "ssh_private_key_file": tmp_path / "k",
-              "seal_command": "exit 1", "kernel_out": tmp_path / "vmlinuz",
-              "initrd_out": tmp_path / "initrd.img", "box_vagrantfile": remote.BOX_VAGRANTFILE}
+    values = {
+        "ansible_playbook": proc.require_tool("ansible-playbook"),
+        "playbook_file": playbook,
+        "ansible_config": cfg,
+        "extra_vars_file": tmp_path / "ev.json",
+        "base_disk": tmp_path / "base.qcow2",
+        "kernel": tmp_path / "vmlinuz",
+        "initrd": tmp_path / "initrd.img",
+        "ssh_private_key_file": tmp_path / "k",
+        "seal_command": "exit 1",
+        "kernel_out": tmp_path / "vmlinuz",
+        "initrd_out": tmp_path / "initrd.img",
+        "box_vagrantfile": remote.BOX_VAGRANTFILE,
+    }
     assert "valid" in packer.validate(f, values, [])

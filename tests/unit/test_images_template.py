@@ -48,7 +48,9 @@ def test_local_target_uses_null_builder_and_direct_ansible():
 def test_amazon_ebs_is_encrypted_gp3_with_official_owners_and_unique_name():
     text = template.render("amazon-ebs")
     assert "136693071363" in text and "099720109477" in text
-    assert 'volume_type           = "gp3"' in text or 'volume_type = "gp3"' in text.replace("  ", " ")
+    assert 'volume_type           = "gp3"' in text or 'volume_type = "gp3"' in text.replace(
+        "  ", " "
+    )
     assert "encrypted" in text and "encrypt_boot" in text
     assert "local.build_stamp" in text and "timestamp()" in text
 
@@ -59,7 +61,7 @@ def test_amazon_ebs_imdsv2_on_old_and_new_packer():
     # Packer 1.6 cannot express IMDS options: the AMI is switched to IMDSv2 after the build.
     assert "metadata_options" not in old and "--imds-support v2.0" in old
     assert 'http_tokens                 = "required"' in new or 'http_tokens = "required"' in new
-    assert 'imds_support' in new
+    assert "imds_support" in new
 
 
 def test_qemu_builds_qcow2_and_libvirt_box():

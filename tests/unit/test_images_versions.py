@@ -20,7 +20,9 @@ def test_real_versions_file_loads_and_has_default_components():
     assert v.default_base == "debian13"
     assert v.base(None).suite == "trixie" and v.base("debian12").suite == "bookworm"
     arts = {a.name: a for a in v.for_arch("amd64")}
-    assert arts["enroot_deb"].version == "4.1.2" and arts["enroot_caps_deb"].file.startswith("enroot+caps_")
+    assert arts["enroot_deb"].version == "4.1.2" and arts["enroot_caps_deb"].file.startswith(
+        "enroot+caps_"
+    )
     assert arts["pyxis_src"].version == "0.24.0"
     for a in v.all_artifacts():
         # Never an invented checksum: either null (unpinned) or a well-formed sha256.
@@ -85,7 +87,9 @@ def test_checksum_mismatch_names_artifact_and_fix(tmp_path):
     versions.lock(v, mirror=str(m))
     v2 = versions.load(f)
     (m / "enroot_4.1.2-1_amd64.deb").write_bytes(b"tampered")
-    with pytest.raises(NodeforgeError, match=r"checksum mismatch for artifact enroot_deb.*--artifact-mirror"):
+    with pytest.raises(
+        NodeforgeError, match=r"checksum mismatch for artifact enroot_deb.*--artifact-mirror"
+    ):
         versions.fetch(v2.for_arch("amd64"), tmp_path / "dl", mirror=str(m))
     assert not (tmp_path / "dl" / "enroot_4.1.2-1_amd64.deb").exists()
 
@@ -126,8 +130,12 @@ def test_http_mirror(tmp_path):
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
-        got = versions.fetch(arts, tmp_path / "dl", mirror=f"http://127.0.0.1:{srv.server_port}/",
-                             allow_unpinned=True)
+        got = versions.fetch(
+            arts,
+            tmp_path / "dl",
+            mirror=f"http://127.0.0.1:{srv.server_port}/",
+            allow_unpinned=True,
+        )
     finally:
         srv.shutdown()
     assert set(got) == {a.name for a in arts}

@@ -12,14 +12,14 @@ from tests.helpers import process_running
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-CALLER = r'''
+CALLER = r"""
 import sys
 sys.path.insert(0, REPO)
 from nodeforge import proc
 with open(LOG, "w", buffering=1) as f:
     proc.stream(["sh", "-c", "echo child $$; sleep 300 & echo grandchild $!; wait"], logfile=f,
                 stamp=False, timeout=600)
-'''
+"""
 
 
 def test_streamed_command_and_its_group_die_with_a_sigkilled_caller(tmp_path):

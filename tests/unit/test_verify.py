@@ -15,7 +15,14 @@ pytestmark = pytest.mark.unit
 
 def test_ssh_spec_full():
     s = parse_host_spec("ssh://admin@10.0.0.5:2222?key=/k/id&name=ctl")
-    assert (s.scheme, s.user, s.host, s.port, s.key, s.label) == ("ssh", "admin", "10.0.0.5", 2222, "/k/id", "ctl")
+    assert (s.scheme, s.user, s.host, s.port, s.key, s.label) == (
+        "ssh",
+        "admin",
+        "10.0.0.5",
+        2222,
+        "/k/id",
+        "ctl",
+    )
 
 
 def test_ssh_spec_defaults_and_global_key():
@@ -24,16 +31,19 @@ def test_ssh_spec_defaults_and_global_key():
     assert parse_host_spec("ssh://[::1]:2200").host == "::1"
 
 
-@pytest.mark.parametrize("bad,msg", [
-    ("node1", "expected SCHEME://"),
-    ("docker://x", "unknown scheme"),
-    ("ssh://", "missing host"),
-    ("ssh://h:99999", "port must be a number"),
-    ("nsenter://abc", "takes a PID"),
-    ("nsenter://0", "takes a PID"),
-    ("nspawn://", "nspawn://CLUSTER"),
-    ("vm://", "vm://IMAGE_DIR"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ("node1", "expected SCHEME://"),
+        ("docker://x", "unknown scheme"),
+        ("ssh://", "missing host"),
+        ("ssh://h:99999", "port must be a number"),
+        ("nsenter://abc", "takes a PID"),
+        ("nsenter://0", "takes a PID"),
+        ("nspawn://", "nspawn://CLUSTER"),
+        ("vm://", "vm://IMAGE_DIR"),
+    ],
+)
 def test_bad_specs_name_the_problem(bad, msg):
     with pytest.raises(HostSpecError, match=msg) as ei:
         parse_host_spec(bad)
@@ -51,7 +61,12 @@ def test_nsenter_and_nspawn_specs():
 
 def test_vm_spec_options():
     s = parse_host_spec("vm:///srv/out?role=compute&compat_net=1")
-    assert (s.image_dir, s.option("role"), s.option("compat_net"), s.label) == ("/srv/out", "compute", "1", "vm:compute")
+    assert (s.image_dir, s.option("role"), s.option("compat_net"), s.label) == (
+        "/srv/out",
+        "compute",
+        "1",
+        "vm:compute",
+    )
 
 
 def test_many_specs_comma_and_repeat_and_duplicates():
@@ -76,11 +91,20 @@ def test_nsenter_command_enters_all_namespaces():
 
 
 def test_failure_names_host_role_check_and_output():
-    r = CheckResult("ctl", "controller", "test_controller.py::test_slurmdbd_conf_secret", "failed", 0.1,
-                    "/etc/slurm/slurmdbd.conf: 644 root (want 600 slurm)\n$ stat …\nexit 0")
+    r = CheckResult(
+        "ctl",
+        "controller",
+        "test_controller.py::test_slurmdbd_conf_secret",
+        "failed",
+        0.1,
+        "/etc/slurm/slurmdbd.conf: 644 root (want 600 slurm)\n$ stat …\nexit 0",
+    )
     text = verify.format_failure(r)
     first = text.splitlines()[0]
-    assert first == "FAIL  host=ctl  role=controller  check=test_controller.py::test_slurmdbd_conf_secret"
+    assert (
+        first
+        == "FAIL  host=ctl  role=controller  check=test_controller.py::test_slurmdbd_conf_secret"
+    )
     assert "    /etc/slurm/slurmdbd.conf: 644 root (want 600 slurm)" in text
 
 
@@ -91,8 +115,11 @@ def test_long_output_is_cut_in_the_middle():
 
 
 def test_report_summary_per_host():
-    rs = [CheckResult("a", "compute", "x", "passed"), CheckResult("a", "compute", "y", "failed", 0, "boom"),
-          CheckResult("b", "login", "x", "skipped", 0, "not this host's role")]
+    rs = [
+        CheckResult("a", "compute", "x", "passed"),
+        CheckResult("a", "compute", "y", "failed", 0, "boom"),
+        CheckResult("b", "login", "x", "skipped", 0, "not this host's role"),
+    ]
     rep = verify.format_report(rs, {"a": 12.5})
     assert "FAIL  host=a  role=compute  check=y" in rep and "boom" in rep
     assert "verify: FAILED: 2 of 3" in rep
@@ -102,36 +129,48 @@ def test_report_summary_per_host():
 
 def test_run_suite_collects_host_role_and_assertion_output(tmp_path):
     """The real pytest plumbing, on a synthetic suite (no host needed)."""
-    (tmp_path / "conftest.py").write_text(textwrap.dedent('''
+    (tmp_path / "conftest.py").write_text(
+        textwrap.dedent("""
         import json, pytest
         def pytest_addoption(parser):
             parser.addoption("--nf-hosts-json", default="[]")
         @pytest.fixture(autouse=True)
         def _tag(request):
             request.node.user_properties += [("nf_host", "fake1"), ("nf_role", "compute")]
-    '''))
-    (tmp_path / "test_x.py").write_text(textwrap.dedent('''
+    """)
+    )
+    (tmp_path / "test_x.py").write_text(
+        textwrap.dedent("""
         import pytest
         def test_ok(): pass
         def test_bad():
             assert False, "slurmd is active on a login\\n$ systemctl is-active slurmd\\nactive"
         def test_skip(): pytest.skip("not this host's role")
-    '''))
+    """)
+    )
     rc, results = verify.run_suite([], suite_dir=tmp_path)
     by = {r.check.split("::")[-1]: r for r in results}
     assert rc == 1 and set(by) == {"test_ok", "test_bad", "test_skip"}
     bad = by["test_bad"]
     assert (bad.host, bad.role, bad.outcome) == ("fake1", "compute", "failed")
-    assert "slurmd is active on a login" in bad.message and "$ systemctl is-active slurmd" in bad.message
+    assert (
+        "slurmd is active on a login" in bad.message
+        and "$ systemctl is-active slurmd" in bad.message
+    )
     assert by["test_skip"].outcome == "skipped" and "role" in by["test_skip"].message
 
 
 def test_verify_cli_imports_stdlib_only():
     import subprocess
     import sys
-    code = ("import sys, nodeforge.lab.verify_cli as m; "
-            "bad=[n for n in ('pytest','testinfra','paramiko','yaml') if n in sys.modules]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+    code = (
+        "import sys, nodeforge.lab.verify_cli as m; "
+        "bad=[n for n in ('pytest','testinfra','paramiko','yaml') if n in sys.modules]; print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 

@@ -45,14 +45,21 @@ def _fake_runner(console_text: str | None, hang: bool, calls: list):
             Path(log).write_text(console_text)
         if hang:
             raise CommandError(list(argv), -1, "", hint=f"timed out after {timeout}s")
+
     return run
 
 
 def test_probe_uses_kvm_when_guest_boots(tmp_path, monkeypatch):
     monkeypatch.delenv("NODEFORGE_VM_ACCEL", raising=False)
     calls: list = []
-    d = vmmod.probe_accel(tmp_path / "vmlinuz", None, tmp_path, runner=_fake_runner(GOOD, False, calls),
-                          kvm_check=lambda: True, use_cache=False)
+    d = vmmod.probe_accel(
+        tmp_path / "vmlinuz",
+        None,
+        tmp_path,
+        runner=_fake_runner(GOOD, False, calls),
+        kvm_check=lambda: True,
+        use_cache=False,
+    )
     assert d.accel == "kvm"
     argv = calls[0]
     assert "-no-reboot" in argv and any("accel=kvm" in a for a in argv)
@@ -75,8 +82,14 @@ def test_probe_falls_back_on_hang_and_caches(tmp_path, monkeypatch):
 def test_probe_no_kvm_device_never_runs_qemu(tmp_path, monkeypatch):
     monkeypatch.delenv("NODEFORGE_VM_ACCEL", raising=False)
     calls: list = []
-    d = vmmod.probe_accel(tmp_path / "k", None, tmp_path, runner=_fake_runner(GOOD, False, calls),
-                          kvm_check=lambda: False, use_cache=False)
+    d = vmmod.probe_accel(
+        tmp_path / "k",
+        None,
+        tmp_path,
+        runner=_fake_runner(GOOD, False, calls),
+        kvm_check=lambda: False,
+        use_cache=False,
+    )
     assert d.accel == "tcg" and not calls
 
 
@@ -88,21 +101,32 @@ def test_probe_forced(tmp_path, monkeypatch):
 
 def test_console_tail_strips_escapes(tmp_path):
     p = tmp_path / "c.log"
-    p.write_bytes(b"\x1b[0;32m  OK  \x1b[0m] Started x\r\n" + b"".join(b"line %d\n" % i for i in range(100)))
+    p.write_bytes(
+        b"\x1b[0;32m  OK  \x1b[0m] Started x\r\n" + b"".join(b"line %d\n" % i for i in range(100))
+    )
     t = vmmod.console_tail(p, 5)
     assert t.splitlines() == [f"line {i}" for i in range(95, 100)]
     assert "no console" in vmmod.console_tail(tmp_path / "missing")
 
 
 def test_kernel_append_injects_key_params_and_limits(tmp_path):
-    cfg = vmmod.VMConfig(image_dir=tmp_path, workdir=tmp_path / "w", node_yaml="role: compute\ncluster_name: t\n",
-                         compat_net=True, compat_keygen=True, cmdline_params={"features": ["gpu", "nvme"]})
+    cfg = vmmod.VMConfig(
+        image_dir=tmp_path,
+        workdir=tmp_path / "w",
+        node_yaml="role: compute\ncluster_name: t\n",
+        compat_net=True,
+        compat_keygen=True,
+        cmdline_params={"features": ["gpu", "nvme"]},
+    )
     v = vmmod.VM(cfg)
     text = v.kernel_append("ssh-ed25519 AAAA test")
     words = text.split()
     assert words[:3] == ["root=/dev/vda", "rw", "console=ttyS0"]
-    cred = {w.split(":", 1)[0].split("=", 1)[1]: base64.b64decode(w.split(":", 1)[1])
-            for w in words if w.startswith("systemd.set_credential_binary=")}
+    cred = {
+        w.split(":", 1)[0].split("=", 1)[1]: base64.b64decode(w.split(":", 1)[1])
+        for w in words
+        if w.startswith("systemd.set_credential_binary=")
+    }
     assert cred["ssh.authorized_keys.root"] == b"ssh-ed25519 AAAA test\n"
     line = cred["tmpfiles.extra"].decode().strip()
     kind, path, mode, *_, b64 = line.split()
@@ -122,7 +146,9 @@ def test_cmdline_params_reject_mappings_and_spaces():
     with pytest.raises(NodeforgeError, match="whitespace"):
         vmmod.cmdline_from_params({"cluster_name": "a b"})
     assert vmmod.cmdline_from_params({"role": "compute", "accounting": False}) == [
-        "nodeforge.role=compute", "nodeforge.accounting=false"]
+        "nodeforge.role=compute",
+        "nodeforge.accounting=false",
+    ]
 
 
 def fake_runner(argv, **kw):
@@ -136,10 +162,11 @@ def fake_runner(argv, **kw):
         k.with_suffix(".pub").write_text("ssh-ed25519 AAAA fake\n")
         return None
     from nodeforge import proc
+
     return proc.run(argv, **kw)
 
 
-FAKE_QEMU = r'''#!PYTHON
+FAKE_QEMU = r"""#!PYTHON
 # Fake qemu: prints a few console lines to -serial file:, daemonizes like qemu and hangs.
 import os, sys, time
 a = sys.argv
@@ -156,7 +183,7 @@ with open(console, "w") as f:
     f.write("vm login: \n")
 os.close(0); os.close(1); os.close(2)
 time.sleep(600)
-'''
+"""
 
 
 def _fake_image_and_qemu(tmp_path: Path) -> tuple[Path, Path]:
@@ -175,7 +202,14 @@ def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
 
     monkeypatch.setattr(vmmod.proc, "require_tool", lambda t: t)
-    cfg = vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w", accel="tcg", boot_timeout=3, qemu=str(fake), keep=True)
+    cfg = vmmod.VMConfig(
+        image_dir=img,
+        workdir=tmp_path / "w",
+        accel="tcg",
+        boot_timeout=3,
+        qemu=str(fake),
+        keep=True,
+    )
     v = vmmod.VM(cfg, runner=fake_runner)
     t = time.monotonic()
     with pytest.raises(vmmod.BootTimeout) as ei, v:
@@ -188,7 +222,7 @@ def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
     assert v.pid is None and not v.overlay.exists(), "qemu and the overlay must be cleaned up"
 
 
-HARNESS = r'''
+HARNESS = r"""
 import sys
 from pathlib import Path
 sys.path.insert(0, REPO)
@@ -201,7 +235,7 @@ v.start()
 print(v.pid, flush=True)
 import time
 time.sleep(600)
-'''
+"""
 
 
 def test_sigkilled_harness_leaves_no_vm(tmp_path):
@@ -209,9 +243,12 @@ def test_sigkilled_harness_leaves_no_vm(tmp_path):
     import subprocess
 
     img, fake = _fake_image_and_qemu(tmp_path)
-    script = (HARNESS.replace("REPO", repr(str(Path(__file__).resolve().parents[2])))
-              .replace("IMG", repr(str(img))).replace("WORK", repr(str(tmp_path / "w")))
-              .replace("QEMU", repr(str(fake))))
+    script = (
+        HARNESS.replace("REPO", repr(str(Path(__file__).resolve().parents[2])))
+        .replace("IMG", repr(str(img)))
+        .replace("WORK", repr(str(tmp_path / "w")))
+        .replace("QEMU", repr(str(fake)))
+    )
     h = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         pid = int(h.stdout.readline())

@@ -1,0 +1,411 @@
+"""Slurm's jobs and nodes as typed records, read from Slurm's JSON output: the one reader
+for the gang governor (controller) and the node agent.
+
+Why JSON and not `scontrol show -o` / `squeue -o`: those print user-written text (job name,
+Comment, WorkDir, StdOut paths) unescaped inside the record, so a job named
+`train NumNodes=1` or a WorkDir holding a newline and `JobId=999 JobState=RUNNING` shifts or
+adds fields. Slurm's JSON serializer escapes every string, so nothing a user writes can
+leave its own value. Commands (both checked on a real slurmctld, see tests/e2e):
+
+- jobs: `scontrol show job --json` on Slurm >= 23.02; `squeue --json` on 22.05 (openapi
+  v0.0.38; 22.05's scontrol has no --json),
+- nodes: `scontrol show node --json` on >= 23.02; `sinfo --json` on 22.05.
+
+The two schema generations differ in shape, not meaning (22.05: `job_state: "RUNNING"`,
+`priority: 7`; 24.11: `job_state: ["RUNNING"]`, `priority: {"set": true, "number": 7}`);
+`_num`/`_states` read both. Every fixed-grammar field is checked with a full-match grammar and
+numbers are bounded: a record that does not fit is an error naming the job and the field,
+never a guess. Times are epoch seconds as Slurm sends them (no local-time parsing, so the
+repeated DST hour cannot shift a deadline). A job id (or node name) listed twice is an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from nodeforge.errors import NodeforgeError
+
+_INT_MAX = 2**63 - 1
+_STATE_WORD = re.compile(r"[A-Z][A-Z_]*")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_HOSTLIST = re.compile(r"[A-Za-z0-9._\-\[\],]*")
+_PARTITION = re.compile(r"[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*|")
+_QOS = re.compile(r"[A-Za-z0-9._-]*")
+_REASON = re.compile(r"[A-Za-z0-9_.:/() ,+-]*")  # Slurm's enum names; scontrol-set texts
+MAX_HOSTLIST_NODES = 100_000  # a range like n[1-999999999] is refused, not expanded
+
+# Base job states (scontrol's JobState); a 24.11 record lists them with flags.
+JOB_BASE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "SUSPENDED",
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+    }
+)
+FINISHED = frozenset(JOB_BASE_STATES - {"PENDING", "RUNNING", "SUSPENDED"}) | {
+    "SPECIAL_EXIT",
+    "REVOKED",
+}
+# Flags that scontrol shows *instead of* the base state (job_state_string's order).
+_SHOWN_FLAGS = ("COMPLETING", "CONFIGURING", "RESIZING", "REQUEUED", "STAGE_OUT", "SIGNALING")
+
+
+class SlurmDataError(NodeforgeError):
+    """Slurm's output does not have the shape this reader checks for."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job_id: int  # Slurm's own id of this job (an array task has one too)
+    state: str  # what scontrol shows as JobState: a base state or COMPLETING/CONFIGURING/...
+    base_state: str  # PENDING, RUNNING, COMPLETED, ...
+    state_flags: frozenset[str]
+    reason: str  # state_reason (Slurm's enum name, e.g. JobHeldAdmin, BeginTime)
+    num_nodes: int
+    nodes: tuple[str, ...]
+    partition: str = ""
+    qos: str = ""
+    start_time: int | None = None  # epoch seconds; None = not set
+    submit_time: int | None = None
+    eligible_time: int | None = None
+    priority: int | None = None
+    restarts: int = 0
+    requeue: bool = True
+    batch: bool = True  # any BatchFlag >= 1
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    het_job_id: int | None = None
+    het_job_offset: int | None = None
+    user_id: int | None = None
+    # Free text: written by users (name, comment) or admins (admin_comment). Kept as data,
+    # never used to find another field.
+    name: str = ""
+    comment: str = ""
+    admin_comment: str = ""
+    state_description: str = ""
+
+    @property
+    def key(self) -> str:
+        """Identity as operators write it: `ArrayJobId_TaskId` for array tasks, else JobId."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    name: str
+    flags: frozenset[str]  # base state and flags, upper case: {"IDLE", "DRAIN", "CLOUD"}
+    reason: str = ""
+
+
+def _fail(what: str, field: str, value: object) -> SlurmDataError:
+    return SlurmDataError(
+        f"Slurm JSON: {what}: field {field!r} has an unexpected value {value!r:.120} "
+        "(is this a Slurm version the reader knows? 22.05 and >= 23.02 are)"
+    )
+
+
+def _num(v: object, what: str, field: str, *, zero_is_unset: bool = False) -> int | None:
+    """22.05 sends a plain number; >= 23.02 `{"set": bool, "infinite": bool, "number": n}`."""
+    if isinstance(v, dict):
+        if not v.get("set", True) or v.get("infinite", False):
+            return None
+        v = v.get("number")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _fail(what, field, v)
+    if isinstance(v, float):
+        if not math.isfinite(v) or v != int(v):
+            raise _fail(what, field, v)
+        v = int(v)
+    if not 0 <= v <= _INT_MAX:
+        raise _fail(what, field, v)
+    if zero_is_unset and v == 0:
+        return None
+    return v
+
+
+def _str(v: object, what: str, field: str, grammar: re.Pattern | None = None) -> str:
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise _fail(what, field, v)
+    if grammar is not None and not grammar.fullmatch(v):
+        raise _fail(what, field, v)
+    return v
+
+
+def _free_text(v: object, what: str, field: str) -> str:
+    """User/admin text: any string (it is data); NUL and other odd types are refused."""
+    if v is None:
+        return ""
+    if not isinstance(v, str) or "\x00" in v:
+        raise _fail(what, field, v)
+    return v
+
+
+def _bool(v: object, what: str, field: str, default: bool) -> bool:
+    if v is None:
+        return default
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255:
+        return v >= 1  # BatchFlag=2 after Slurm's own launch-failure requeue is still batch
+    raise _fail(what, field, v)
+
+
+def _states(v: object, what: str, field: str) -> tuple[str, frozenset[str]]:
+    """-> (base state or '', flags). 22.05: one word; >= 23.02: a list of words."""
+    words = [v] if isinstance(v, str) else v
+    if not isinstance(words, list) or not words:
+        raise _fail(what, field, v)
+    out = []
+    for w in words:
+        if w == "?":
+            continue  # a flag bit Slurm's own table lacks
+        if not isinstance(w, str) or not _STATE_WORD.fullmatch(w.upper()):
+            raise _fail(what, field, v)
+        out.append(w.upper())
+    if not out:
+        raise _fail(what, field, v)
+    base = next((w for w in out if w in JOB_BASE_STATES), "")
+    return base, frozenset(w for w in out if w != base)
+
+
+@functools.lru_cache(maxsize=16384)
+def expand_hostlist(expr: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist (`gn[1-3,5],gc1`) without calling scontrol; checked."""
+    if not expr or expr in ("(null)", "None"):
+        return ()
+    if not _HOSTLIST.fullmatch(expr):
+        raise SlurmDataError(f"Slurm hostlist {expr!r:.120}: unexpected characters")
+    parts, depth, cur = [], 0, ""
+    for ch in expr:
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        if depth not in (0, 1):
+            raise SlurmDataError(f"Slurm hostlist {expr!r:.120}: unbalanced brackets")
+        cur += ch
+    parts.append(cur)
+    names: list[str] = []
+    for p in parts:
+        m = re.fullmatch(r"([^\[\]]*)\[([0-9,\-]+)\]([^\[\]]*)", p)
+        if not m:
+            if not _NODE_NAME.fullmatch(p):
+                raise SlurmDataError(f"Slurm hostlist {expr!r:.120}: bad name {p!r}")
+            names.append(p)
+            continue
+        pre, body, post = m.groups()
+        for rng in body.split(","):
+            a, _, b = rng.partition("-")
+            if not a.isdigit() or (b and not b.isdigit()):
+                raise SlurmDataError(f"Slurm hostlist {expr!r:.120}: bad range {rng!r}")
+            lo, hi = int(a), int(b) if b else int(a)
+            if hi < lo or hi - lo + len(names) >= MAX_HOSTLIST_NODES:
+                raise SlurmDataError(f"Slurm hostlist {expr!r:.120}: range {rng!r} too large")
+            names.extend(f"{pre}{i:0{len(a)}d}{post}" for i in range(lo, hi + 1))
+    return tuple(names)
+
+
+def job_from_json(d: object) -> JobRecord:
+    if not isinstance(d, dict):
+        raise SlurmDataError(f"Slurm JSON: a job entry is not an object: {d!r:.80}")
+    jid = _num(d.get("job_id"), "job", "job_id")
+    if jid is None or jid == 0:
+        raise _fail("job", "job_id", d.get("job_id"))
+    what = f"job {jid}"
+    base, flags = _states(d.get("job_state"), what, "job_state")
+    # scontrol shows a flag (COMPLETING, CONFIGURING, REQUEUE_HOLD, ...) instead of the base
+    # state; 22.05's JSON sends only that one word, >= 23.02 the base state and all flags.
+    # Any well-formed state word is accepted: a transition state this reader does not know
+    # (REQUEUE_HOLD right after requeuehold, RESV_DEL_HOLD, ...) must not blind the
+    # governor to every other job; it decides nothing on a state it does not know.
+    shown = next((f for f in _SHOWN_FLAGS if f in flags), base) or min(flags)
+    if not base and shown == "CONFIGURING":
+        base = "RUNNING"
+    nodelist = _str(d.get("nodes"), what, "nodes", _HOSTLIST)
+    array_job = _num(d.get("array_job_id"), what, "array_job_id", zero_is_unset=True)
+    array_task = _num(d.get("array_task_id"), what, "array_task_id")
+    het_job = _num(d.get("het_job_id"), what, "het_job_id", zero_is_unset=True)
+    return JobRecord(
+        job_id=jid,
+        state=shown,
+        base_state=base,
+        state_flags=flags,
+        reason=_str(d.get("state_reason"), what, "state_reason", _REASON) or "None",
+        num_nodes=_num(d.get("node_count"), what, "node_count") or 0,
+        nodes=expand_hostlist(nodelist),
+        partition=_str(d.get("partition"), what, "partition", _PARTITION),
+        qos=_str(d.get("qos"), what, "qos", _QOS),
+        start_time=_num(d.get("start_time"), what, "start_time", zero_is_unset=True),
+        submit_time=_num(d.get("submit_time"), what, "submit_time", zero_is_unset=True),
+        eligible_time=_num(d.get("eligible_time"), what, "eligible_time", zero_is_unset=True),
+        priority=_num(d.get("priority"), what, "priority"),
+        restarts=_num(d.get("restart_cnt"), what, "restart_cnt") or 0,
+        requeue=_bool(d.get("requeue"), what, "requeue", True),
+        batch=_bool(d.get("batch_flag"), what, "batch_flag", True),
+        array_job_id=array_job,
+        array_task_id=array_task if array_job is not None else None,
+        het_job_id=het_job,
+        het_job_offset=_num(d.get("het_job_offset"), what, "het_job_offset")
+        if het_job is not None
+        else None,
+        user_id=_num(d.get("user_id"), what, "user_id"),
+        name=_free_text(d.get("name"), what, "name"),
+        comment=_free_text(d.get("comment"), what, "comment"),
+        admin_comment=_free_text(d.get("admin_comment"), what, "admin_comment"),
+        state_description=_free_text(d.get("state_description"), what, "state_description"),
+    )
+
+
+def _load(text: str, key: str, source: str) -> list:
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise SlurmDataError(f"{source}: not JSON ({exc}); truncated output?") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
+        raise SlurmDataError(f"{source}: no {key!r} list in the JSON document")
+    errs = doc.get("errors") or []
+    if errs:
+        raise SlurmDataError(f"{source}: slurmctld reported errors: {errs!r:.300}")
+    return doc[key]
+
+
+def parse_jobs(
+    text: str, source: str = "squeue --json", cache: dict[str, JobRecord] | None = None
+) -> list[JobRecord]:
+    """Jobs of one JSON document. A job id listed twice is an error (never a guess).
+
+    With *cache* (block text -> JobRecord, kept by the caller between calls and replaced by
+    this call's blocks), a job whose JSON block did not change costs one dict lookup instead
+    of a JSON parse: see `_job_blocks` for why splitting the text is safe."""
+    blocks = _job_blocks(text) if cache is not None else None
+    if blocks is None:
+        out = [job_from_json(d) for d in _load(text, "jobs", source)]
+    else:
+        head, chunks = blocks
+        _load(head, "jobs", source)  # meta and errors (the jobs list emptied)
+        seen: dict[str, JobRecord] = {}
+        out = []
+        for chunk in chunks:
+            key = _stable(chunk)
+            j = cache.get(key) if cache is not None else None
+            if j is None:
+                try:
+                    j = job_from_json(json.loads("{" + chunk + "}"))
+                except ValueError as exc:
+                    raise SlurmDataError(f"{source}: a job block is not JSON ({exc})") from exc
+            seen[key] = j
+            out.append(j)
+        cache.clear()
+        cache.update(seen)
+    ids: set[int] = set()
+    for j in out:
+        if j.job_id in ids:
+            raise SlurmDataError(f"{source}: job {j.job_id} is listed twice")
+        ids.add(j.job_id)
+    return out
+
+
+_JOBS_OPEN = '\n  "jobs": [\n'
+_JOB_SEP = "\n    },\n    {\n"
+_VOLATILE = '\n      "last_sched_evaluation": '  # changes every scheduler pass; not read
+
+
+def _job_blocks(text: str) -> tuple[str, list[str]] | None:
+    """Split a pretty-printed document (22.05's squeue --json) into the text of each job.
+
+    Safe against job text: a JSON serializer escapes newlines inside strings, so a line that
+    is exactly `    },` or `    {` (indent 4: the jobs list's items; a job's own nested
+    values are indented deeper) can only be structure, never part of a name, comment or path.
+    Every block is still parsed as JSON on its own. Any other layout -> None (full parse)."""
+    i = text.find(_JOBS_OPEN)
+    if i < 0:
+        return None
+    body_start = i + len(_JOBS_OPEN)
+    end = text.find("\n  ]", body_start)
+    if end < 0 or text.find(_JOBS_OPEN, body_start) >= 0:
+        return None
+    body = text[body_start:end]
+    head = text[: i + 1] + '  "jobs": []' + text[end + 4 :]
+    if not body.strip():
+        return head, []
+    if not (body.startswith("    {\n") and body.endswith("\n    }")):
+        return None
+    return head, body[6:-6].split(_JOB_SEP)
+
+
+def _stable(chunk: str) -> str:
+    """The block without fields that change on every scheduler pass and are not read."""
+    i = chunk.find(_VOLATILE)
+    if i < 0:
+        return chunk
+    j = chunk.find("\n", i + 1)
+    return chunk[:i] + (chunk[j:] if j >= 0 else "")
+
+
+def node_from_json(d: object) -> NodeRecord:
+    if not isinstance(d, dict):
+        raise SlurmDataError(f"Slurm JSON: a node entry is not an object: {d!r:.80}")
+    name = _str(d.get("name"), "node", "name", _NODE_NAME)
+    if not name:
+        raise _fail("node", "name", d.get("name"))
+    what = f"node {name}"
+    state = d.get("state")
+    words = [state] if isinstance(state, str) else state
+    extra = d.get("state_flags") or []  # 22.05 only
+    if not isinstance(words, list) or not isinstance(extra, list):
+        raise _fail(what, "state", state)
+    flags = set()
+    for w in [*words, *extra]:
+        if w == "?":
+            continue  # Slurm's word for a flag bit its own table lacks (node_state_flag_string)
+        if not isinstance(w, str) or not _STATE_WORD.fullmatch(w.upper()):
+            raise _fail(what, "state", w)
+        flags.add(w.upper())
+    reason = _free_text(d.get("reason"), what, "reason")
+    return NodeRecord(name=name, flags=frozenset(flags), reason=reason)
+
+
+def parse_nodes(text: str, source: str = "scontrol show node --json") -> dict[str, NodeRecord]:
+    out: dict[str, NodeRecord] = {}
+    for d in _load(text, "nodes", source):
+        n = node_from_json(d)
+        if n.name in out:
+            raise SlurmDataError(f"{source}: node {n.name} is listed twice")
+        out[n.name] = n
+    return out
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """`slurm 22.05.8` / `slurm-wlm 24.11.1` (scontrol --version) -> (22, 5)."""
+    m = re.fullmatch(r"\s*slurm(?:-wlm)?\s+(\d{2})\.(\d{2})(?:\.\d+)?(?:-\S+)?\s*", text)
+    if not m:
+        raise SlurmDataError(f"scontrol --version: unexpected output {text!r:.80}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def json_commands(version: tuple[int, int]) -> tuple[list[str], list[str]]:
+    """(jobs argv, nodes argv) that print JSON on this Slurm version."""
+    if version >= (23, 2):
+        return ["scontrol", "show", "job", "--json"], ["scontrol", "show", "node", "--json"]
+    return ["squeue", "--json", "--states=all"], ["sinfo", "--json"]
