@@ -1,19 +1,33 @@
 """Compute role step: configless, dynamic `slurmd -Z`, registered DRAINED (readiness gate).
 
-1. A minimal client slurm.conf (/run/nodeforge) and a bounded wait for slurmctld (`scontrol ping`).
+1. A minimal client slurm.conf (/run/nodeforge) and a bounded wait for slurmctld (`scontrol ping`);
+   `slurmd -C` (the hardware spec) runs at the same time, in a thread.
 2. The gate holds the node: created in slurmctld with this node's full spec (`slurmd -C` +
-   NodeAddr + Feature + Gres) as FUTURE, then drained "nodeforge: initializing".
+   NodeAddr + Feature + Gres) as FUTURE. Only when something must run before the node takes
+   jobs (hooks) is it also drained "nodeforge: initializing"; without hooks the FUTURE node is
+   already in its final state (registration makes it IDLE), which saves the drain, the RESUME
+   and the ping that every RESUME costs (see readiness.py).
 3. A drop-in for slurmd.service overrides ExecStart (keeps `--systemd`; the unit is Type=notify):
    `slurmd --systemd -Z --conf-server <ctl>:6817 --conf "Feature=… Gres=…" [-N node]`.
-4. slurmd started; once it has registered, the reason becomes "nodeforge: running hooks".
-The agent's `ready` step resumes the node after the hooks succeed.
+4. slurmd started; once it has registered, a drained node's reason becomes
+   "nodeforge: running hooks".
+The agent's `ready` step resumes a drained node after the hooks succeed and waits until
+slurmctld shows it ready (readiness.NodeState.ready).
 """
 
 from __future__ import annotations
 
-from ..readiness import INITIALIZING, RUNNING_HOOKS, Gate
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from nodeforge.errors import NodeforgeError
+
+from ..readiness import HELD_CREATED_FINAL, INITIALIZING, RUNNING_HOOKS, Gate
 from ..slurm import client_conf, conf_server, dropin, hardware_spec, node_conf
 from . import RoleContext
+
+T = TypeVar("T")
 
 SLURMD = "/usr/sbin/slurmd"
 
@@ -35,9 +49,11 @@ def slurmd_exec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> list[
     return [*argv, "$SLURMD_OPTIONS"]
 
 
-def node_spec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> dict[str, str]:
+def node_spec(
+    ctx: RoleContext, extra_features: tuple[str, ...] = (), hw: dict[str, str] | None = None
+) -> dict[str, str]:
     spec = {"NodeAddr": ctx.address, "NodeHostname": ctx.node}
-    spec.update(hardware_spec(ctx.host, ctx.params))
+    spec.update(hardware_spec(ctx.host, ctx.params) if hw is None else hw)
     feats = list(dict.fromkeys([*ctx.params.features, *extra_features]))
     if feats:
         spec["Feature"] = ",".join(feats)
@@ -58,17 +74,48 @@ def wait_controller(ctx: RoleContext, g: Gate) -> float:
     )
 
 
+def in_background(fn: Callable[[], T], name: str) -> Callable[[], T]:
+    """Start *fn* in a thread; the returned callable waits for it and returns (or raises) its
+    result. Every caller joins it, also on failure, so nothing outlives the step."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller by result()
+            box["error"] = exc
+
+    t = threading.Thread(target=target, name=name, daemon=True)
+    t.start()
+
+    def result() -> T:
+        t.join()
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["value"]  # type: ignore[return-value]
+
+    return result
+
+
 def start_slurmd(
     ctx: RoleContext,
     g: Gate,
     hold_reason: str,
     after_reason: str,
     extra_features: tuple[str, ...] = (),
+    *,
+    drain: bool = True,
 ) -> dict:
     h, p = ctx.host, ctx.params
     detail: dict[str, object] = {}
-    detail["controller_wait_s"] = round(wait_controller(ctx, g), 2)
-    detail["slurm_node"] = g.hold(node_spec(ctx, extra_features), hold_reason)
+    # `slurmd -C` (~0.1 s of CPU) while slurmctld is asked whether it is up.
+    hw = in_background(lambda: hardware_spec(h, p), "slurmd-C")
+    try:
+        detail["controller_wait_s"] = round(wait_controller(ctx, g), 2)
+    finally:
+        spec = hw()
+    held = g.hold(node_spec(ctx, extra_features, spec), hold_reason, drain=drain)
+    detail["slurm_node"] = held
     if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features)):
         h.systemctl("daemon-reload")
     if h.is_active("slurmd.service"):
@@ -77,21 +124,32 @@ def start_slurmd(
         h.start("slurmd.service", timeout=p.wait_timeout)
 
     def registered() -> bool:
-        info = g.show()
-        return info is not None and "FUTURE" not in info.get("State", "FUTURE")
+        return g.state().base not in ("", "FUTURE")
 
     detail["register_wait_s"] = round(
         h.wait_until(
             f"node {ctx.node} registered with slurmctld",
             registered,
             timeout=p.wait_timeout,
+            interval=g.poll,
             hint="see `journalctl -u slurmd`",
         ),
         2,
     )
-    # Registration clears the Reason text (the DRAIN flag stays): say what is happening.
-    g.drain(after_reason)
+    if held != HELD_CREATED_FINAL:
+        # Registration clears the Reason text (the DRAIN flag stays): say what is happening.
+        g.drain(after_reason)
     return detail
+
+
+def has_hooks(ctx: RoleContext) -> bool:
+    """Whether anything runs between registration and ready (then the node is drained)."""
+    from .. import hooks as hooks_mod  # imported here: a node without hooks never needs it
+
+    try:
+        return bool(hooks_mod.discover(ctx.paths, ctx.params))
+    except NodeforgeError:
+        return True  # the hooks step reports the error; until then the node stays drained
 
 
 DOCKER_UNITS = ("containerd.service", "docker.service")
@@ -110,7 +168,8 @@ def start_docker(ctx: RoleContext) -> str:
 def run(ctx: RoleContext) -> dict:
     # Docker first: a compute that cannot run containers must not register at all.
     docker = start_docker(ctx)
-    detail = start_slurmd(ctx, gate(ctx), INITIALIZING, RUNNING_HOOKS)
+    drain = has_hooks(ctx)
+    detail = start_slurmd(ctx, gate(ctx), INITIALIZING, RUNNING_HOOKS, drain=drain)
     detail["docker"] = docker
     return detail
 

@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodeforge.bootstrap.readiness import from_sinfo
 from tests.conftest import require_tools
 from tests.helpers import E2E_ROOT, REPO, nodeforge
 
 pytestmark = pytest.mark.e2e
 CLUSTER = "e2e"
+CLUSTER_UP: dict = {}  # what the fixture saw right after `cluster up` returned
 
 
 def cx(node: str, *cmd: str, check: bool = True, timeout: float = 120) -> str:
@@ -77,19 +79,72 @@ def add_node(tmp_path: Path, hooks: list[dict], scripts: dict[str, str], *, wait
     return new.pop()
 
 
+def pinned_srun(nodes: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """`srun -N<all> -w <nodes> --immediate=10 hostname` on the controller, timed."""
+    t0 = time.monotonic()
+    cp = subprocess.run(
+        [sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER, "ctl", "--",
+         "srun", f"-N{len(nodes)}", "-w", ",".join(nodes), "--immediate=10", "hostname"],
+        capture_output=True, text=True, timeout=60, cwd=REPO)
+    return cp, time.monotonic() - t0
+
+
+def assert_started_at_once(cp: subprocess.CompletedProcess, secs: float, nodes: list[str]):
+    out = cp.stdout + cp.stderr
+    # The honest-ready promise: a job pinned to nodes reported ready is not refused
+    # ("Required node not available": the node was idle*, NOT_RESPONDING) and not queued.
+    assert "Required node not available" not in out, out
+    assert "queued and waiting" not in out, out
+    assert cp.returncode == 0, out
+    assert sorted(cp.stdout.split()) == sorted(nodes), out
+    assert secs < 30, f"srun took {secs:.1f}s: {out}"
+
+
 @pytest.fixture(scope="module")
 def cluster(built_image):
     require_tools("systemd-nspawn", "ip", "nsenter")
     nodeforge("cluster", "down", "--name", CLUSTER, check=False)
     t0 = time.monotonic()
-    nodeforge("cluster", "up", "--name", CLUSTER, "--image", str(built_image), "--computes", "2",
-              "--join-interval", "2", "--timeout", "400")
+    up = nodeforge("cluster", "up", "--name", CLUSTER, "--image", str(built_image), "--computes",
+                   "2", "--join-interval", "2", "--timeout", "400")
+    # At once, before anything else: the job that `cluster up`'s "ready" promises can start.
+    srun = pinned_srun(["c001", "c002"])
     (E2E_ROOT / "cluster-up.json").write_text(json.dumps(
-        {"seconds": time.monotonic() - t0, "nodes": status()}, indent=2))
+        {"seconds": time.monotonic() - t0, "nodes": status(), "progress": up.stderr,
+         "srun_seconds": srun[1], "srun_output": srun[0].stdout + srun[0].stderr}, indent=2))
+    CLUSTER_UP["up"], CLUSTER_UP["srun"] = up, srun
     yield CLUSTER
     nodeforge("cluster", "down", "--name", CLUSTER)
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"nfc-{CLUSTER}" not in left
+
+
+def test_nodes_reported_ready_take_a_pinned_job_at_once(cluster):
+    """`cluster up` said ready: `srun -N2 -w c001,c002 --immediate=10` sent at that moment
+    starts at once on both (issue 12: it was refused "Required node not available")."""
+    cp, secs = CLUSTER_UP["srun"]
+    assert_started_at_once(cp, secs, ["c001", "c002"])
+    # progress per node on stderr: started, then ready with the time and the Slurm state
+    progress = CLUSTER_UP["up"].stderr
+    for n in ("ctl", "c001", "c002"):
+        assert f"{n}: started" in progress and f"{n}: ready after" in progress, progress
+    st = status()
+    assert all(st[n]["slurm_ready"] for n in ("c001", "c002")), st
+
+
+def test_cluster_add_ready_means_a_pinned_job_starts(cluster):
+    """The same promise for live joins: `cluster add 2` returns, the job goes at once."""
+    before = set(status())
+    cp = nodeforge("cluster", "add", "2", "--name", CLUSTER, "--json", "--timeout", "300")
+    new = sorted(set(n["name"] for n in json.loads(cp.stdout)["nodes"]) - before)
+    assert len(new) == 2, cp.stdout
+    run, secs = pinned_srun(new)
+    assert_started_at_once(run, secs, new)
+    for n in new:
+        assert f"{n}: ready after" in cp.stderr, cp.stderr
+        subprocess.run([sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER,
+                        "ctl", "--", "scontrol", "update", f"NodeName={n}", "State=DRAIN",
+                        "Reason=e2e: done with it"], cwd=REPO, capture_output=True, timeout=60)
 
 
 def test_two_node_job_runs_and_is_accounted(cluster):
@@ -131,9 +186,9 @@ def test_live_join_is_schedulable_only_after_its_hook(cluster, tmp_path):
                                CLUSTER, name, "--", "test", "-e", "/var/lib/e2e-hook-ran"],
                               cwd=REPO, capture_output=True, timeout=30).returncode == 0
         if not done:
-            assert st.rstrip("*") not in ("idle", "mixed", "allocated"), \
+            assert from_sinfo(st).base not in ("IDLE", "MIXED", "ALLOCATED"), \
                 f"{name} schedulable ({st}) before its hook finished"
-        return done and st.rstrip("*") in ("idle", "mixed", "allocated", "completing")
+        return done and from_sinfo(st).ready
 
     wait_for(f"{name} hook and resume", ran, timeout=180, every=0.5)
     wait_for("pinned job to complete", lambda: "COMPLETED" in cx(
@@ -193,7 +248,7 @@ def test_node_init_again_changes_nothing(cluster):
     assert snapshot() == before
     st = json.loads(cx("c001", "nodeforge", "node", "status", "--json"))
     assert st["status"] == "ready"
-    assert node_state("c001")[0].rstrip("*") in ("idle", "mixed", "allocated")
+    assert from_sinfo(node_state("c001")[0]).ready, node_state("c001")
 
 
 def test_accounting_survives_slurmdbd_and_mariadb_restart(cluster):
