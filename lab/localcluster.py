@@ -420,15 +420,22 @@ class LocalCluster:
                 log.warning("could not delete Slurm node %s: %s", name, exc)
 
     def _refresh_hosts(self, cluster: Cluster, skip: str) -> None:
-        """Tell running nodes about a newcomer (Slurm resolves node names via /etc/hosts)."""
+        """Tell running nodes about a newcomer (Slurm resolves node names via /etc/hosts).
+
+        Written from the host into each node's overlay (its root filesystem), atomically: no
+        process per node, so the 32nd join does not cost 31 nsenter calls.
+        """
         text = _hosts_text(cluster)
         for n in cluster.nodes:
             if n.name == skip or not _alive(n.pid):
                 continue
+            etc = n.merged / "etc"
+            if etc.is_symlink() or not etc.is_dir():
+                log.warning("not updating /etc/hosts on %s: %s is not a directory", n.name, etc)
+                continue
             try:
-                node_exec(n, ["sh", "-c", "cat > /etc/hosts.nf && mv /etc/hosts.nf /etc/hosts"],
-                          input=text, timeout=20)
-            except NodeforgeError as exc:
+                write_atomic(etc / "hosts", text, 0o644)
+            except OSError as exc:
                 log.warning("could not update /etc/hosts on %s: %s", n.name, exc)
 
     # -- observation --------------------------------------------------------------------

@@ -849,3 +849,45 @@ def test_only_known_harmless_flags_keep_a_node_ready():
     ):
         st = rd.from_flags(["IDLE", *flags])
         assert st.ready == (st.flags <= rd.HARMLESS_FLAGS), flags
+
+
+# -- cluster up/add observe nodes with the same definition (lab/localcluster.py) ----------------
+def test_cluster_reads_node_states_from_json_and_sinfo():
+    from nodeforge.lab.localcluster import parse_nodes_json, parse_nodes_sinfo
+
+    body = json.dumps({"nodes": [
+        {"name": "c001", "state": ["IDLE", "DYNAMIC_NORM"], "reason": ""},
+        {"name": "c002", "state": ["IDLE", "DYNAMIC_NORM", "NOT_RESPONDING"], "reason": ""},
+        {"name": "c003", "state": ["IDLE", "DRAIN"], "reason": "nodeforge: hook x failed"},
+    ]})
+    got = parse_nodes_json(body)
+    assert [(n, v.state.ready, v.shown) for n, v in got.items()] == [
+        ("c001", True, "idle"), ("c002", False, "idle*"), ("c003", False, "idle+drain")]
+    assert got["c003"].state.drained and got["c003"].reason == "nodeforge: hook x failed"
+    got = parse_nodes_sinfo("c001|idle|none\nc002|idle*|none\nc003|drain|nodeforge: x|y\n")
+    assert {n: v.state.ready for n, v in got.items()} == {"c001": True, "c002": False,
+                                                          "c003": False}
+    assert got["c003"].reason == "nodeforge: x|y" and got["c001"].reason == ""
+    with pytest.raises(ValueError):
+        parse_nodes_json('{"nodes": [{"name": "c001", "state": ["IDLE"]}')  # truncated
+
+
+def test_cluster_hosts_refresh_writes_overlays_and_refuses_symlinked_etc(tmp_path, monkeypatch):
+    from nodeforge.lab import localcluster as lcm
+
+    monkeypatch.setattr(lcm, "_alive", lambda pid: True)
+    nodes = []
+    for i, name in enumerate(("ctl", "c001", "c002")):
+        d = tmp_path / name
+        (d / "merged/etc").mkdir(parents=True)
+        nodes.append(lcm.Node(name, "compute", i + 2, f"10.213.0.{i + 2}", f"ns{i}", str(d), 1))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "c002/merged/etc").rmdir()
+    (tmp_path / "c002/merged/etc").symlink_to(outside)  # a node pointing its /etc elsewhere
+    cluster = lcm.Cluster("t", "img", "lower", "nfc-t", 0.0, nodes)
+    lcm.LocalCluster("t")._refresh_hosts(cluster, skip="ctl")
+    hosts = (tmp_path / "c001/merged/etc/hosts").read_text()
+    assert "10.213.0.2\tctl" in hosts and "10.213.0.4\tc002" in hosts
+    assert not (tmp_path / "ctl/merged/etc/hosts").exists()  # the newcomer writes its own
+    assert list(outside.iterdir()) == []
