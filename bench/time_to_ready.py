@@ -699,7 +699,9 @@ def main() -> int:
                     help="bound per floor/baked node and for the controller (default: %(default)ss)")
     ap.add_argument("--lifecycle-timeout", type=float, default=900.0,
                     help="bound per lifecycle node (default: %(default)ss)")
-    ap.add_argument("--poll", type=float, default=0.25, help="sinfo poll interval (s)")
+    ap.add_argument("--lifecycle-repeat", type=int, default=None, metavar="K",
+                    help="run the lifecycle variant only in the first K rounds (default: all)")
+    ap.add_argument("--poll", type=float, default=0.25, help="controller poll interval (s)")
     ap.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -722,6 +724,7 @@ def main() -> int:
     t_run = time.time()
     report: dict = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "argv": sys.argv[1:], "load_at_start": os.getloadavg(),
         "image": str(image), "image_created": manifest.get("created"),
         "image_rootfs_sha256": manifest["artifacts"]["rootfs.tar.zst"]["sha256"],
         "host": {"cpus": os.cpu_count(), "user": pwd.getpwuid(os.getuid()).pw_name},
@@ -737,6 +740,8 @@ def main() -> int:
         k = 0
         for r in range(args.repeat):
             order = variants[r % len(variants):] + variants[:r % len(variants)]
+            if args.lifecycle_repeat is not None and r >= args.lifecycle_repeat:
+                order = [v for v in order if v != "lifecycle"]  # minutes each; ratio is ~50x
             for v in order:
                 k += 1
                 results.append(trial(lc, v, f"c{k:03d}", args, lifecycle))
