@@ -176,7 +176,7 @@ class Gate:
     node: str
     client_conf: Path
     timeout: float = 30.0  # per scontrol call
-    poll: float = 0.1  # between two looks at the node's state (each one scontrol call)
+    poll: float = 0.05  # between two looks at the node's state (each one scontrol call, ~10 ms)
 
     def _scontrol(self, *args: str, check: bool = True):
         return self.host.run(

@@ -678,6 +678,17 @@ def test_compute_without_hooks_is_created_in_its_final_state(tmp_path):
     creates = [c for c in fm.calls if c[:2] == ["scontrol", "create"]]
     assert len(creates) == 1 and creates[0][-1] == "State=FUTURE"
     assert not any(c[:2] == ["scontrol", "update"] for c in fm.calls)
+    # the drop-in's reload ran (in the background) and was joined before slurmd started
+    assert fm.calls.index(["systemctl", "daemon-reload"]) < fm.calls.index(
+        ["systemctl", "start", "slurmd.service"])
+
+
+def test_failed_daemon_reload_keeps_slurmd_stopped(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    fm.fail_on["systemctl daemon-reload"] = 1
+    with pytest.raises(StepFailed, match="daemon-reload"):
+        agent.init()
+    assert "slurmd.service" not in fm.active
 
 
 def test_ready_waits_for_slurmctld_to_see_the_node_responding(tmp_path):
