@@ -97,6 +97,22 @@ def in_background(fn: Callable[[], T], name: str) -> Callable[[], T]:
     return result
 
 
+def reload_if_needed(h, unit: str) -> bool:
+    """`systemctl daemon-reload` only when systemd says the unit needs it (NeedDaemonReload).
+
+    A unit that is inactive and unreferenced (slurmd on a first boot: not enabled) is loaded
+    from disk, new drop-ins included, by the next systemctl call; a reload re-runs every
+    generator and took 0.25-0.28 s on 2 loaded cores against ~0.03 s for the question
+    (measured). Anything but a clear "no" reloads.
+    """
+    cp = h.run(["systemctl", "show", "-p", "NeedDaemonReload", "--value", unit], check=False,
+               timeout=30)
+    if cp.returncode == 0 and (cp.stdout or "").strip() == "no":
+        return False
+    h.systemctl("daemon-reload")
+    return True
+
+
 def start_slurmd(
     ctx: RoleContext,
     g: Gate,
@@ -109,11 +125,10 @@ def start_slurmd(
     h, p = ctx.host, ctx.params
     detail: dict[str, object] = {}
     # Concurrent with asking slurmctld whether it is up and creating the node: `slurmd -C`,
-    # and systemd's reload for the slurmd drop-in (it depends on params only; a reload
-    # re-runs the generators: ~0.17 s on 2 loaded cores, measured).
+    # and making systemd see the slurmd drop-in (it depends on params only).
     jobs = []
     if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features)):
-        jobs.append(in_background(lambda: h.systemctl("daemon-reload"), "daemon-reload"))
+        jobs.append(in_background(lambda: reload_if_needed(h, "slurmd.service"), "reload"))
     hw = in_background(lambda: hardware_spec(h, p), "slurmd-C")
     jobs.append(hw)
     try:

@@ -63,6 +63,7 @@ class FakeMachine:
         # Slurm 24.11.5 (measured): RESUME sets NOT_RESPONDING until slurmctld's next ping of
         # the node answers; modelled as "answered after this many looks at the node".
         self.ping_after_shows = 2
+        self.force_reload = False  # NeedDaemonReload=yes whatever the unit's state
         self.slurmd_c_started = threading.Event()
         self.ping_waits_for_slurmd_c = False  # set for computes (the only role that runs it)
         self.ping_saw_slurmd_c: list[bool] = []
@@ -84,6 +85,9 @@ class FakeMachine:
     def _answer(self, a, env):
         j = " ".join(a)
         if a[0] == "systemctl":
+            if a[1:4] == ["show", "-p", "NeedDaemonReload"]:
+                # systemd: an inactive, unreferenced unit is loaded fresh from disk
+                return 0, ("yes" if self.force_reload or a[-1] in self.active else "no") + "\n"
             if a[1] in ("start", "restart"):
                 self.active.add(a[2])
                 self.events.append(f"start {a[2]}")
@@ -678,13 +682,27 @@ def test_compute_without_hooks_is_created_in_its_final_state(tmp_path):
     creates = [c for c in fm.calls if c[:2] == ["scontrol", "create"]]
     assert len(creates) == 1 and creates[0][-1] == "State=FUTURE"
     assert not any(c[:2] == ["scontrol", "update"] for c in fm.calls)
-    # the drop-in's reload ran (in the background) and was joined before slurmd started
-    assert fm.calls.index(["systemctl", "daemon-reload"]) < fm.calls.index(
-        ["systemctl", "start", "slurmd.service"])
+    # first boot: slurmd is inactive, systemd reads the new drop-in without a daemon-reload
+    ask = ["systemctl", "show", "-p", "NeedDaemonReload", "--value", "slurmd.service"]
+    assert fm.calls.index(ask) < fm.calls.index(["systemctl", "start", "slurmd.service"])
+    assert ["systemctl", "daemon-reload"] not in fm.calls
+
+
+def test_changed_dropin_of_a_running_slurmd_is_reloaded_before_restart(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    paths.state_file.unlink()  # start over on purpose, with other features
+    paths.node_yaml.write_text(json.dumps({**COMPUTE, "features": ["gpu"]}))
+    agent.init()
+    calls = [" ".join(c) for c in fm.calls]
+    assert calls.index("systemctl daemon-reload") < calls.index("systemctl restart slurmd.service")
+    dropin = (paths.systemd_etc / "slurmd.service.d" / "nodeforge.conf").read_text()
+    assert '--conf "Feature=gpu Gres=gpu:1"' in dropin
 
 
 def test_failed_daemon_reload_keeps_slurmd_stopped(tmp_path):
     agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    fm.force_reload = True
     fm.fail_on["systemctl daemon-reload"] = 1
     with pytest.raises(StepFailed, match="daemon-reload"):
         agent.init()
