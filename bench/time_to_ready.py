@@ -209,6 +209,18 @@ def agent_from_checkout(node: Node) -> None:
               "/" + str(site.relative_to(m))], timeout=120)
 
 
+def without_keygen_order(node: Node) -> None:
+    """--agent-not-after-keygen (experiment): nodeforge-init.service without
+    `After=nodeforge-ssh-keygen.service`, in the node's overlay only."""
+    m = node.merged
+    src = m / "etc/systemd/system/nodeforge-init.service"
+    text = src.read_text()
+    if "nodeforge-ssh-keygen.service" not in text:
+        raise NodeforgeError(f"{src} has no ordering on nodeforge-ssh-keygen.service")
+    src.unlink()  # the overlay copy: the image's lower layer is untouched
+    src.write_text(text.replace(" nodeforge-ssh-keygen.service", ""))
+
+
 def floor_prepare(cluster: Cluster):
     key = (cluster.dir / "munge.key").read_bytes()
     ctl = cluster.controller
@@ -575,7 +587,9 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
         if variant == "floor":
             node = lc.start_node(name, prepare=floor_prepare(cluster))
         elif variant == "baked":
-            node = lc.start_node(name, prepare=agent_from_checkout if args.agent_from_checkout
+            steps = [f for f, on in ((agent_from_checkout, args.agent_from_checkout),
+                                     (without_keygen_order, args.agent_not_after_keygen)) if on]
+            node = lc.start_node(name, prepare=(lambda n: [f(n) for f in steps]) if steps
                                  else None)
         else:
             assert lifecycle is not None
@@ -724,6 +738,9 @@ def main() -> int:
     ap.add_argument("--agent-from-checkout", action="store_true",
                     help="baked nodes run this checkout's agent (copied into their overlay and "
                          "compiled before boot) instead of the image's")
+    ap.add_argument("--agent-not-after-keygen", action="store_true",
+                    help="experiment: baked nodes' nodeforge-init.service not ordered after "
+                         "nodeforge-ssh-keygen.service (overlay only)")
     ap.add_argument("--lifecycle-repeat", type=int, default=None, metavar="K",
                     help="run the lifecycle variant only in the first K rounds (default: all)")
     ap.add_argument("--poll", type=float, default=0.25, help="controller poll interval (s)")
