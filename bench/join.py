@@ -79,7 +79,11 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
                                       f"< --min-free-mib {args.min_free_mib}")
                     log(stopped_adding)
                     continue
-                (name,) = lc.add(1, wait=False)  # `nodeforge cluster add 1 --no-wait`
+                if args.agent_from_checkout:  # the same path as `cluster add` (_start)
+                    name = f"c{len(started) + 1:03d}"
+                    lc.start_node(name, prepare=ttr.agent_from_checkout)
+                else:
+                    (name,) = lc.add(1, wait=False)  # `nodeforge cluster add 1 --no-wait`
                 started[name] = Cluster.load(lc.name).node(name).started
                 load_at_start[name] = round(os.getloadavg()[0], 2)
                 next_add = now + interval
@@ -172,6 +176,8 @@ def main() -> int:
     ap.add_argument("--min-free-mib", type=int, default=3072,
                     help="add no node while the host has less memory available "
                          "(default: %(default)s MiB)")
+    ap.add_argument("--agent-from-checkout", action="store_true",
+                    help="nodes run this checkout's agent (see time_to_ready.py)")
     ap.add_argument("--poll", type=float, default=0.25, help="controller poll interval (s)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/nodeforge-bench"),
                     help="where join.json is written (default: %(default)s)")
@@ -188,7 +194,7 @@ def main() -> int:
     lc = LocalCluster(args.name, progress=lambda m: None)
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "image": str(image),
               "image_created": manifest.get("created"), "cpus": os.cpu_count(),
-              "poll_s": args.poll, "rounds": []}
+              "poll_s": args.poll, "argv": sys.argv[1:], "rounds": []}
     for iv in intervals:
         report["rounds"].append(round_(lc, image, args.computes, iv, args))
     args.workdir.mkdir(parents=True, exist_ok=True)
