@@ -144,10 +144,12 @@ def start_slurmd(
     for job in jobs:
         job()  # e.g. daemon-reload failed: raised here, before slurmd starts
     detail["slurm_node"] = held
-    if h.is_active("slurmd.service"):
-        h.systemctl("restart", "slurmd.service", timeout=p.wait_timeout)
-    else:
-        h.start("slurmd.service", timeout=p.wait_timeout)
+    # `restart` starts a stopped unit too: one systemctl call instead of is-active + start.
+    h.run(
+        ["systemctl", "restart", "slurmd.service"],
+        timeout=p.wait_timeout,
+        hint="see `journalctl -u slurmd.service` and `systemctl status slurmd.service`",
+    )
     if held == HELD_CREATED_FINAL:
         # Nothing to do between registration and ready: the ready step's wait (the node
         # seen ready in slurmctld) covers registration too, with one poll loop, not two.

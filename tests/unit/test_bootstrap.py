@@ -586,14 +586,14 @@ def test_status_text_and_json(tmp_path, capsys):
 
 def test_state_survives_crash_mid_step(tmp_path):
     agent, fm, paths, _ = make(tmp_path, COMPUTE)
-    fm.fail_on["systemctl start slurmd.service"] = 1
+    fm.fail_on["systemctl restart slurmd.service"] = 1
     with pytest.raises(StepFailed):
         agent.init()
     st = State.load(paths.state_file)
     assert st.steps["role"].status == "failed" and "slurmd.service" in st.steps["role"].error
     # the node was announced drained, and its reason now names the failed step
     assert fm.nodes["c1"]["Reason"].startswith("nodeforge: role step failed: command failed")
-    del fm.fail_on["systemctl start slurmd.service"]
+    del fm.fail_on["systemctl restart slurmd.service"]
     st = agent.init()
     assert st.status == "ready" and st.steps["role"].runs == 2 and st.steps["identity"].runs == 1
 
@@ -684,7 +684,9 @@ def test_compute_without_hooks_is_created_in_its_final_state(tmp_path):
     assert not any(c[:2] == ["scontrol", "update"] for c in fm.calls)
     # first boot: slurmd is inactive, systemd reads the new drop-in without a daemon-reload
     ask = ["systemctl", "show", "-p", "NeedDaemonReload", "--value", "slurmd.service"]
-    assert fm.calls.index(ask) < fm.calls.index(["systemctl", "start", "slurmd.service"])
+    assert fm.calls.index(ask) < fm.calls.index(["systemctl", "restart", "slurmd.service"])
+    assert not any(c[:2] == ["systemctl", "is-active"] and c[-1] == "slurmd.service"
+                   for c in fm.calls)  # restart starts a stopped unit: one call
     assert ["systemctl", "daemon-reload"] not in fm.calls
 
 
@@ -693,6 +695,7 @@ def test_changed_dropin_of_a_running_slurmd_is_reloaded_before_restart(tmp_path)
     agent.init()
     paths.state_file.unlink()  # start over on purpose, with other features
     paths.node_yaml.write_text(json.dumps({**COMPUTE, "features": ["gpu"]}))
+    fm.calls.clear()
     agent.init()
     calls = [" ".join(c) for c in fm.calls]
     assert calls.index("systemctl daemon-reload") < calls.index("systemctl restart slurmd.service")
