@@ -133,7 +133,13 @@ def start_slurmd(
     jobs.append(hw)
     try:
         detail["controller_wait_s"] = round(wait_controller(ctx, g), 2)
-        held = g.hold(node_spec(ctx, extra_features, hw()), hold_reason, drain=drain)
+        t0 = h.monotonic()
+        spec = hw()
+        t1 = h.monotonic()
+        held = g.hold(node_spec(ctx, extra_features, spec), hold_reason, drain=drain)
+        # state.json: where the role step's time goes (bench/README.md, node section)
+        detail["hw_spec_extra_s"] = round(t1 - t0, 3)  # slurmd -C beyond the ping
+        detail["slurm_create_s"] = round(h.monotonic() - t1, 3)
     except BaseException:
         for job in jobs:
             try:
@@ -141,15 +147,19 @@ def start_slurmd(
             except BaseException:  # noqa: S110 - already failing with a better error
                 pass
         raise
+    t3 = h.monotonic()
     for job in jobs:
         job()  # e.g. daemon-reload failed: raised here, before slurmd starts
+    detail["reload_extra_s"] = round(h.monotonic() - t3, 3)  # systemd check/reload beyond that
     detail["slurm_node"] = held
     # `restart` starts a stopped unit too: one systemctl call instead of is-active + start.
+    t2 = h.monotonic()
     h.run(
         ["systemctl", "restart", "slurmd.service"],
         timeout=p.wait_timeout,
         hint="see `journalctl -u slurmd.service` and `systemctl status slurmd.service`",
     )
+    detail["slurmd_start_s"] = round(h.monotonic() - t2, 3)  # Type=notify: slurmd's own start
     if held == HELD_CREATED_FINAL:
         # Nothing to do between registration and ready: the ready step's wait (the node
         # seen ready in slurmctld) covers registration too, with one poll loop, not two.
