@@ -13,8 +13,10 @@ node already in the cluster): flat (slope ~0) means a join does not get slower a
 cluster grows.
 
 Bounded: every wait has a timeout, and no node is added while the host has less than
---min-free-mib of memory available (the round then stops adding, and says how many fit).
-The cluster is always taken down.
+--min-free-mib of memory available; a node that exits during boot (the host's limits: with
+the default fs.inotify.max_user_instances=128 about 22 booted systemd instances fit) also
+stops the adding. The round then says how many fit and why, and reports the nodes that
+joined. The cluster is always taken down.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ def mem_available_mib() -> int:
     raise NodeforgeError("/proc/meminfo has no MemAvailable")
 
 
+def inotify_limit() -> str:
+    try:
+        return Path("/proc/sys/fs/inotify/max_user_instances").read_text().strip()
+    except OSError:
+        return "?"
+
+
 def slope(xs: list[float], ys: list[float]) -> float | None:
     """Least-squares slope of ys over xs (None with fewer than 3 points)."""
     if len(xs) < 3:
@@ -66,6 +75,7 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
         started: dict[str, float] = {}
         ready: dict[str, float] = {}
         load_at_start: dict[str, float] = {}
+        exited: dict[str, str] = {}
         stopped_adding = ""
         t_first = time.time()
         next_add = time.monotonic()
@@ -98,9 +108,18 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
                     ready[name] = t
                     log(f"  {name} ready after {t - t_start:.2f}s "
                         f"({len(ready)}/{len(started)} ready, load {os.getloadavg()[0]:.1f})")
-            for name in started:
+            for name in list(started):
                 if name not in ready and not ttr._alive(cluster.node(name).pid):
-                    raise NodeforgeError(f"node {name} exited; see its console.log")
+                    # The host's capacity (seen: fs.inotify.max_user_instances, 128 by default,
+                    # ~6 per booted systemd): stop adding, keep the nodes that joined.
+                    tail = ttr.console_tail(cluster.node(name), 8)
+                    exited[name] = tail
+                    del started[name]
+                    stopped_adding = stopped_adding or (
+                        f"stopped at {len(started)} nodes: {name} exited during boot "
+                        f"(fs.inotify.max_user_instances={inotify_limit()}); console: "
+                        f"{tail[-600:]}")
+                    log(stopped_adding)
             if time.monotonic() > deadline:
                 late = ", ".join(f"{x} ({states[x].state if x in states else 'unregistered'})"
                                  for x in sorted(set(started) - set(ready)))
@@ -130,6 +149,7 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
             "ok": True,
             "computes": len(nodes),
             "stopped_adding": stopped_adding or None,
+            "exited": exited,
             "nodes": nodes,
             "all_seconds": round(max(ready.values()) - t_first, 2),
             "last_start_to_all_ready_s": round(max(ready.values()) - max(started.values()), 2),
