@@ -2,13 +2,15 @@
 
 Verified on Slurm 22.05.8 (see docs/agent.md, "Readiness gate"):
 
-1. Before slurmd starts, the node is created in slurmctld already drained:
-   `scontrol create NodeName=X NodeAddr=… CPUs=… RealMemory=… Feature=… Gres=… State=FUTURE`
-   then `scontrol update NodeName=X State=DRAIN Reason="nodeforge: initializing"`.
+1. Before slurmd starts, the node is created in slurmctld:
+   `scontrol create NodeName=X NodeAddr=… CPUs=… RealMemory=… Feature=… Gres=… State=FUTURE`,
+   and, when hooks are to run (or for a 22.05 login node), drained:
+   `scontrol update NodeName=X State=DRAIN Reason="nodeforge: initializing"`. A node without
+   hooks is not drained: FUTURE is its final state until slurmd registers it (IDLE).
    The full hardware spec must be given at create time: when `slurmd -Z` registers a node that
    already exists, slurmctld keeps the existing definition and ignores slurmd's --conf.
-   On a reboot the node already exists (create fails or is a no-op), and the drain is applied
-   to it before slurmd starts again.
+   On a reboot the node already exists (never created again: see Gate.hold), and the drain is
+   applied to it before slurmd starts again.
 2. slurmd -Z registers: the node becomes IDLE+DRAIN (registration clears the Reason text, so
    the agent sets it again: "nodeforge: running hooks"). A job pending for it stays pending.
 3. Hooks succeed: `State=RESUME`, only if the drain reason is still ours ("nodeforge:"), so an
