@@ -52,7 +52,6 @@ if str(REPO) not in sys.path:
 
 
 import yaml
-
 from nodeforge.lab.localcluster import (
     Cluster,
     LocalCluster,
@@ -62,6 +61,7 @@ from nodeforge.lab.localcluster import (
     ensure_lower,
     node_exec,
 )
+
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 

@@ -22,11 +22,11 @@ from nodeforge.errors import NodeforgeError
 
 from . import identity, munge
 from .host import Host, write_atomic
+from .node_roles import RoleContext
 from .params import Params
 from .params_sources import Loaded, SourceConfig, load_params
 from .paths import Paths
 from .readiness import Gate
-from .node_roles import RoleContext
 from .slurm import SlurmFeatures, read_features
 from .state import State, now, uptime
 

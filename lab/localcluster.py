@@ -24,15 +24,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
-
-from nodeforge import proc
-from nodeforge.errors import NodeforgeError
-
 from nodeforge.bootstrap import readiness
 from nodeforge.bootstrap.host import write_atomic
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.readiness import NodeState
 from nodeforge.bootstrap.slurm import read_features
+
+from nodeforge import proc
+from nodeforge.errors import NodeforgeError
+
 from .netns import Fabric
 
 log = logging.getLogger("nodeforge.cluster")

@@ -82,7 +82,7 @@ def in_background(fn: Callable[[], T], name: str) -> Callable[[], T]:
     def target() -> None:
         try:
             box["value"] = fn()
-        except BaseException as exc:  # handed to the caller by result()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             box["error"] = exc
 
     t = threading.Thread(target=target, name=name, daemon=True)
@@ -144,7 +144,7 @@ def start_slurmd(
         for job in jobs:
             try:
                 job()  # joined, so nothing outlives the step; the first error is the one raised
-            except BaseException:  # noqa: S110 - already failing with a better error
+            except BaseException:  # noqa: BLE001, S110 - already failing with a better error
                 pass
         raise
     t3 = h.monotonic()

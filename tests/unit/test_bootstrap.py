@@ -8,19 +8,21 @@ idempotence, resume after a reboot and the readiness gate.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-
+from nodeforge.bootstrap import readiness as rd
 from nodeforge.bootstrap.agent import Agent, StepFailed
 from nodeforge.bootstrap.host import Host
 from nodeforge.bootstrap.params_sources import SourceConfig
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.state import State
 from nodeforge.bootstrap.status import as_json, as_text
+
 from nodeforge.errors import CommandError
 
 pytestmark = pytest.mark.unit
@@ -766,9 +768,6 @@ def test_existing_node_is_never_created_again(tmp_path):
 
 
 # -- the one definition of "ready" (readiness.NodeState) ----------------------------------------
-import itertools  # noqa: E402
-
-from nodeforge.bootstrap import readiness as rd  # noqa: E402
 
 
 @pytest.mark.parametrize(
