@@ -9,30 +9,37 @@ enabled), so the readiness gate is applied again before slurmd comes back after 
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import socket
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from nodeforge.errors import NodeforgeError
 
-from . import hooks as hooks_mod
 from . import identity, munge
 from .host import Host, write_atomic
+from .node_roles import RoleContext
 from .params import Params
 from .params_sources import Loaded, SourceConfig, load_params
 from .paths import Paths
 from .readiness import Gate
-from .node_roles import RoleContext, compute, controller, login
 from .slurm import SlurmFeatures, read_features
 from .state import State, now, uptime
 
 log = logging.getLogger("nodeforge.agent")
 
-ROLE_MODULES = {"controller": controller, "compute": compute, "login": login}
+# Only this node's role module is imported (start-up time: see bench/README.md, node section).
+ROLE_MODULES = ("controller", "compute", "login")
+
+
+def role_module(role: str) -> ModuleType:
+    if role not in ROLE_MODULES:
+        raise NodeforgeError(f"role: {role!r} is not one of {', '.join(ROLE_MODULES)}")
+    return importlib.import_module(f"{__package__}.node_roles.{role}")
 
 
 class StepFailed(NodeforgeError):
@@ -128,6 +135,8 @@ class Agent:
             self._fail(name, str(exc))
             raise StepFailed(f"step {name} failed: {exc}") from exc
         except Exception as exc:
+            import traceback  # only on a crash
+
             log.error("step %s crashed:\n%s", name, traceback.format_exc())
             self._fail(name, f"{type(exc).__name__}: {exc}")
             raise
@@ -233,14 +242,16 @@ class Agent:
         )
 
     def _role(self) -> dict:
-        detail = ROLE_MODULES[self.params.role].run(self._ctx())
+        detail = role_module(self.params.role).run(self._ctx())
         detail["role"] = self.params.role
         return detail
 
     def _role_ok(self) -> bool:
-        return ROLE_MODULES[self.params.role].verify(self._ctx())
+        return role_module(self.params.role).verify(self._ctx())
 
     def _hooks(self) -> dict:
+        from . import hooks as hooks_mod  # urllib & co.: only when the hooks step runs
+
         p = self.params
         try:
             hooks = hooks_mod.discover(self.paths, p)
@@ -250,7 +261,7 @@ class Agent:
         controller_name = p.controller.target if p.role != "controller" else self.node
         results: list[dict[str, Any]] = []
 
-        def record(res: hooks_mod.HookResult) -> None:
+        def record(res: Any) -> None:  # hooks_mod.HookResult
             results.append(
                 {
                     "name": res.name,
@@ -288,7 +299,8 @@ class Agent:
     def _ready(self) -> dict:
         p = self.params
         if p.role == "compute":
-            return {"slurm": compute.gate(self._ctx()).release()}
-        if p.role == "login" and not login.uses_sackd(self._ctx()):
+            gate = role_module("compute").gate(self._ctx())
+            return gate.release(timeout=p.wait_timeout)
+        if p.role == "login" and not role_module("login").uses_sackd(self._ctx()):
             return {"slurm": "kept drained (login node)"}
         return {}

@@ -2,13 +2,15 @@
 
 Verified on Slurm 22.05.8 (see docs/agent.md, "Readiness gate"):
 
-1. Before slurmd starts, the node is created in slurmctld already drained:
-   `scontrol create NodeName=X NodeAddr=… CPUs=… RealMemory=… Feature=… Gres=… State=FUTURE`
-   then `scontrol update NodeName=X State=DRAIN Reason="nodeforge: initializing"`.
+1. Before slurmd starts, the node is created in slurmctld:
+   `scontrol create NodeName=X NodeAddr=… CPUs=… RealMemory=… Feature=… Gres=… State=FUTURE`,
+   and, when hooks are to run (or for a 22.05 login node), drained:
+   `scontrol update NodeName=X State=DRAIN Reason="nodeforge: initializing"`. A node without
+   hooks is not drained: FUTURE is its final state until slurmd registers it (IDLE).
    The full hardware spec must be given at create time: when `slurmd -Z` registers a node that
    already exists, slurmctld keeps the existing definition and ignores slurmd's --conf.
-   On a reboot the node already exists (create fails or is a no-op), and the drain is applied
-   to it before slurmd starts again.
+   On a reboot the node already exists (never created again: see Gate.hold), and the drain is
+   applied to it before slurmd starts again.
 2. slurmd -Z registers: the node becomes IDLE+DRAIN (registration clears the Reason text, so
    the agent sets it again: "nodeforge: running hooks"). A job pending for it stays pending.
 3. Hooks succeed: `State=RESUME`, only if the drain reason is still ours ("nodeforge:"), so an
@@ -18,11 +20,21 @@ Verified on Slurm 22.05.8 (see docs/agent.md, "Readiness gate"):
 
 Root with the cluster's munge key is a Slurm administrator, so the node can do this itself; the
 client config is a minimal slurm.conf in /run/nodeforge (configless nodes have none yet).
+
+"Ready" has ONE definition, here (`NodeState.ready`), used by the agent's gate, `cluster up/add`
+(lab/localcluster.py) and both node benches: a job pinned to the node would start now, i.e. the
+base state is IDLE or MIXED and no flag says otherwise (not NOT_RESPONDING `*`, POWERED_DOWN `~`,
+POWERING_UP `#`, POWER_DOWN `!`, POWERING_DOWN `%`, DRAIN, ...). Measured on 24.11.5: RESUME (and
+UNDRAIN) of a registered node sets NOT_RESPONDING until slurmctld's next ping of it answers
+(0.3-0.7 s later), and `srun -w` is refused "Required node not available" meanwhile; so the gate
+waits for that answer, and a node that needs no hooks is never drained (no RESUME at all).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +48,128 @@ log = logging.getLogger("nodeforge.readiness")
 PREFIX = "nodeforge:"
 INITIALIZING = "nodeforge: initializing"
 RUNNING_HOOKS = "nodeforge: running hooks"
+# What Gate.hold did (recorded in state.json as the role step's `slurm_node`).
+HELD_EXISTING = "existing"
+HELD_CREATED = "created"
+HELD_CREATED_FINAL = "created (final state)"
+
+# sinfo's state suffixes (man sinfo, NODE STATE CODES) and the flag each one stands for.
+SUFFIX_FLAGS = {
+    "*": "NOT_RESPONDING",
+    "~": "POWERED_DOWN",
+    "#": "POWERING_UP",
+    "!": "POWER_DOWN",
+    "%": "POWERING_DOWN",
+    "$": "MAINTENANCE",
+    "@": "REBOOT_REQUESTED",
+    "^": "REBOOT_ISSUED",
+    "-": "PLANNED",
+}
+# sinfo's compact (%t) and long (%T) base names for the states a ready node can be in.
+_BASE_NAMES = {"idle": "IDLE", "mix": "MIXED", "mixed": "MIXED"}
+READY_BASES = frozenset({"IDLE", "MIXED"})
+# Flags that do not keep a job off the node; any other flag (or an unknown one) does.
+HARMLESS_FLAGS = frozenset({"DYNAMIC_NORM", "DYNAMIC_FUTURE", "CLOUD"})
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node's Slurm state: base state and flags, from sinfo, scontrol or JSON."""
+
+    base: str  # IDLE, MIXED, ALLOCATED, DOWN, FUTURE, ... ("" = not known to slurmctld)
+    flags: frozenset[str] = frozenset()
+
+    @property
+    def ready(self) -> bool:
+        """A job pinned to this node would start now (the one definition of "ready")."""
+        return self.base in READY_BASES and self.flags <= HARMLESS_FLAGS
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or self.base in ("DRAIN", "DRAINED", "DRAINING", "DRNG")
+
+    def why_not(self) -> str:
+        if not self.base:
+            return "not registered"
+        if self.base not in READY_BASES:
+            return f"state {self.base}"
+        return "flags " + "+".join(sorted(self.flags - HARMLESS_FLAGS))
+
+    def __str__(self) -> str:
+        return "+".join([self.base or "UNKNOWN", *sorted(self.flags)])
+
+    def short(self) -> str:
+        """sinfo-like: `idle`, `idle*`, `idle+drain` (harmless flags left out)."""
+        marks = {v: k for k, v in SUFFIX_FLAGS.items()}
+        rest = sorted(self.flags - HARMLESS_FLAGS - set(marks))
+        suffix = "".join(marks[f] for f in sorted(self.flags & set(marks)))
+        return (self.base or "unknown").lower() + "".join(f"+{f.lower()}" for f in rest) + suffix
+
+
+def from_flags(words: Iterable[str]) -> NodeState:
+    """`IDLE+DRAIN+NOT_RESPONDING` split on '+', or a JSON `state` list (Slurm >= 23.02)."""
+    items = [w.strip().upper() for w in words if w and w.strip()]
+    if not items:
+        return NodeState("")
+    base, flags = items[0], set(items[1:])
+    while base and base[-1] in SUFFIX_FLAGS:  # scontrol never prints these; sinfo does
+        flags.add(SUFFIX_FLAGS[base[-1]])
+        base = base[:-1]
+    return NodeState(base, frozenset(flags))
+
+
+def from_scontrol(state: str) -> NodeState:
+    """`State=` of `scontrol show node -o`: `IDLE+DRAIN+DYNAMIC_NORM+NOT_RESPONDING`."""
+    return from_flags(state.split("+"))
+
+
+def from_sinfo(state: str) -> NodeState:
+    """sinfo's %t or %T: `idle`, `idle*`, `mix-`, `drain`, `drained*`, `down~`, ...
+
+    The base name of anything but idle/mixed is kept upper-cased (DRAIN, ALLOC, ...): all
+    that matters is that it is not a ready base.
+    """
+    s = state.strip().lower()
+    flags = set()
+    while s and s[-1] in SUFFIX_FLAGS:
+        flags.add(SUFFIX_FLAGS[s[-1]])
+        s = s[:-1]
+    if not s:
+        return NodeState("")
+    return NodeState(_BASE_NAMES.get(s, s.upper()), frozenset(flags))
+
+
+def from_json(text: str) -> dict[str, NodeState]:
+    """`scontrol show node --json` (Slurm >= 23.02): {node: NodeState}, the flags as a list.
+
+    Raises ValueError on a body that is not that shape (truncated, wrong types, duplicates).
+    """
+    doc = json.loads(text)  # json.JSONDecodeError is a ValueError
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    if not isinstance(nodes, list):
+        raise ValueError("no 'nodes' list")  # noqa: TRY004 - callers catch ValueError (bad body)
+    out: dict[str, NodeState] = {}
+    for n in nodes:
+        name = n.get("name") if isinstance(n, dict) else None
+        state = n.get("state") if isinstance(n, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError("a node without a name")
+        if not isinstance(state, list) or not all(isinstance(x, str) for x in state):
+            raise ValueError(f"node {name}: 'state' is not a list of strings")
+        if name in out:
+            raise ValueError(f"node {name} listed twice")
+        out[name] = from_flags(state)
+    return out
+
+
+def from_sinfo_table(text: str) -> dict[str, NodeState]:
+    """`sinfo -h -N -o %N|%t` lines (any Slurm, 22.05 included): {node: NodeState}."""
+    out: dict[str, NodeState] = {}
+    for line in text.splitlines():
+        name, sep, state = line.partition("|")
+        if sep and name.strip():
+            out[name.strip()] = from_sinfo(state.split("|", 1)[0])
+    return out
 
 
 @dataclass
@@ -44,6 +178,7 @@ class Gate:
     node: str
     client_conf: Path
     timeout: float = 30.0  # per scontrol call
+    poll: float = 0.05  # between two looks at the node's state (each one scontrol call, ~10 ms)
 
     def _scontrol(self, *args: str, check: bool = True):
         return self.host.run(
@@ -66,47 +201,89 @@ class Gate:
             return None
         return parse_node(cp.stdout)
 
-    def hold(self, spec: dict[str, str], reason: str = INITIALIZING) -> str:
-        """Make sure the node exists in slurmctld and is drained, BEFORE slurmd starts."""
-        created = "existing"
-        if self.show() is None:
-            words = [
-                f"NodeName={self.node}",
-                *(f"{k}={v}" for k, v in spec.items() if v),
-                "State=FUTURE",
-            ]
-            cp = self._scontrol("create", *words, check=False)
-            if cp.returncode != 0 and "already exists" not in (cp.stdout or ""):
-                raise NodeforgeError(
-                    f"scontrol create {' '.join(words)} failed (exit {cp.returncode}): "
-                    f"{(cp.stdout or '').strip()}; check MaxNodeCount on the controller and that "
-                    "this node's munge key is the cluster's"
-                )
-            created = "created"
-        self.drain(reason)
-        return created
+    def state(self) -> NodeState:
+        info = self.show()
+        return from_scontrol(info.get("State", "")) if info is not None else NodeState("")
+
+    def hold(self, spec: dict[str, str], reason: str = INITIALIZING, *, drain: bool = True) -> str:
+        """Make sure the node exists in slurmctld BEFORE slurmd starts, drained when *drain*.
+
+        A new node is created as FUTURE (Slurm 24.11 refuses any other state at create: "Only
+        State=FUTURE and State=CLOUD allowed"); slurmd's registration makes it IDLE. So a node
+        with nothing to run before it may take jobs (*drain* False) is created in its final
+        state with one call; otherwise it is drained before slurmd starts. An existing node (a
+        reboot) is always drained. Never `create` a node that exists: on 24.11.5 the failed
+        create DELETES the existing node (measured), hence the `show` first.
+        """
+        if self.show() is not None:
+            self.drain(reason)
+            return HELD_EXISTING
+        words = [
+            f"NodeName={self.node}",
+            *(f"{k}={v}" for k, v in spec.items() if v),
+            "State=FUTURE",
+        ]
+        cp = self._scontrol("create", *words, check=False)
+        if cp.returncode != 0:
+            raise NodeforgeError(
+                f"scontrol create {' '.join(words)} failed (exit {cp.returncode}): "
+                f"{(cp.stdout or '').strip()}; check MaxNodeCount on the controller and that "
+                "this node's munge key is the cluster's"
+            )
+        if drain:
+            self.drain(reason)
+            return HELD_CREATED
+        return HELD_CREATED_FINAL
 
     def drain(self, reason: str) -> None:
         self._scontrol("update", f"NodeName={self.node}", "State=DRAIN", f"Reason={reason}")
 
-    def release(self) -> str:
-        """Resume the node if the drain is ours; return what was done."""
+    def release(self, timeout: float) -> dict:
+        """Resume the node if the drain is ours, then wait (bounded) until it is ready.
+
+        Returns what was done and the seconds waited for slurmctld to see the node ready.
+        """
         info = self.show()
         if info is None:
             raise NodeforgeError(
                 f"node {self.node} is not known to slurmctld; cannot mark it ready"
             )
-        state = info.get("State", "")
+        st = from_scontrol(info.get("State", ""))
         reason = info.get("Reason", "")
-        if "DRAIN" not in state:
-            return "not drained"
-        if reason and reason != "none" and not reason.startswith(PREFIX):
+        if "DRAIN" not in st.flags:
+            done = "not drained"
+        elif reason and reason != "none" and not reason.startswith(PREFIX):
             log.warning(
                 "node %s drained by someone else (%s); leaving it drained", self.node, reason
             )
-            return f"left drained (reason not ours: {reason})"
-        self._scontrol("update", f"NodeName={self.node}", "State=RESUME")
-        return "resumed"
+            return {"slurm": f"left drained (reason not ours: {reason})"}
+        else:
+            self._scontrol("update", f"NodeName={self.node}", "State=RESUME")
+            done, st = "resumed", NodeState("")
+        return {"slurm": done, "ready_wait_s": round(self.wait_ready(timeout, st), 2)}
+
+    def wait_ready(self, timeout: float, first: NodeState | None = None) -> float:
+        """Wait until slurmctld shows the node ready (see NodeState.ready); bounded."""
+        last = [first] if first is not None and first.base else []
+
+        def ready() -> bool:
+            if last and last[-1].ready:
+                return True
+            last.append(self.state())
+            return last[-1].ready
+
+        try:
+            return self.host.wait_until(
+                f"node {self.node} ready in slurmctld (IDLE or MIXED, no flag such as "
+                "NOT_RESPONDING)",
+                ready,
+                timeout=timeout,
+                interval=self.poll,
+                hint="see `journalctl -u slurmd` here and slurmctld.log on the controller",
+            )
+        except NodeforgeError as exc:
+            seen = last[-1] if last else "unknown"
+            raise NodeforgeError(f"{exc} Last state seen: {seen}.") from exc
 
     def fail(self, reason: str) -> None:
         """Best effort: record *reason* as the drain reason (the node stays drained)."""

@@ -25,34 +25,37 @@ def register(sub: argparse._SubParsersAction) -> None:
             sp.add_argument("--timeout", type=float, default=300.0,
                             help="bound for nodes to become ready (default: %(default)ss)")
             sp.add_argument("--no-wait", action="store_true", help="return once nodes are started")
-            sp.add_argument("--json", action="store_true")
+            sp.add_argument("--json", action="store_true",
+                            help="print the final status as JSON (progress lines go to stderr)")
 
     s = cs.add_parser("up", help="start a controller and N computes")
     s.add_argument("--image", type=Path, default=Path("output/local"),
                    help="output directory of `nodeforge build` (default: %(default)s)")
-    s.add_argument("--computes", type=int, default=2)
+    s.add_argument("--computes", type=int, default=2,
+                   help="compute nodes to start after the controller (default: %(default)s)")
     common(s)
     s.set_defaults(func=cmd_up)
 
     s = cs.add_parser("add", help="join K more computes to a running cluster")
-    s.add_argument("count", type=int)
-    s.add_argument("--role", default="compute", choices=("compute", "login"))
+    s.add_argument("count", type=int, help="how many nodes to join")
+    s.add_argument("--role", default="compute", choices=("compute", "login"),
+                   help="role of the new nodes (default: %(default)s)")
     common(s)
     s.set_defaults(func=cmd_add)
 
     s = cs.add_parser("status", help="role, Slurm state, reason and time-to-ready of each node")
-    s.add_argument("--name", default="nf")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.set_defaults(func=cmd_status)
 
     s = cs.add_parser("down", help="remove every node, namespace, bridge and mount")
-    s.add_argument("--name", default="nf")
+    s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
     s.set_defaults(func=cmd_down)
 
     s = cs.add_parser("exec", help="run a command inside a node")
-    s.add_argument("--name", default="nf")
-    s.add_argument("node")
-    s.add_argument("argv", nargs=argparse.REMAINDER)
+    s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
+    s.add_argument("node", help="node name (ctl, c001, ...)")
+    s.add_argument("argv", nargs=argparse.REMAINDER, help="the command (after --)")
     s.set_defaults(func=cmd_exec)
 
 
@@ -86,17 +89,25 @@ def _print_status(st: dict, as_json: bool) -> None:
         return
     print(f"cluster {st['cluster']}  image {st['image']}")
     print(f"{'NODE':<10} {'ROLE':<11} {'ADDRESS':<13} {'AGENT':<9} {'SLURM':<14} {'READY_S':>8}  REASON")
+    # READY_S: nspawn start -> first seen ready (IDLE/MIXED with no flag such as `*`)
     for n in st["nodes"]:
         ttr = f"{n['time_to_ready_s']:.1f}" if n["time_to_ready_s"] is not None else "-"
         print(f"{n['name']:<10} {n['role']:<11} {n['address']:<13} {n['agent']:<9} "
               f"{n['slurm_state']:<14} {ttr:>8}  {n['reason']}")
 
 
+def _progress(msg: str) -> None:
+    """One line per node event (started, ready) on stderr; stdout stays the table/JSON."""
+    import time
+
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def cmd_up(args) -> int:
     from .localcluster import LocalCluster
 
     params, copies = _inputs(args)
-    lc = LocalCluster(args.name)
+    lc = LocalCluster(args.name, progress=_progress)
     lc.up(args.image, args.computes, join_interval=args.join_interval, params=params,
           copies=copies, wait=not args.no_wait, timeout=args.timeout)
     _print_status(lc.status(), args.json)
@@ -107,7 +118,7 @@ def cmd_add(args) -> int:
     from .localcluster import LocalCluster
 
     params, copies = _inputs(args)
-    lc = LocalCluster(args.name)
+    lc = LocalCluster(args.name, progress=_progress)
     lc.add(args.count, join_interval=args.join_interval, params=params, copies=copies,
            wait=not args.no_wait, timeout=args.timeout, role=args.role)
     _print_status(lc.status(), args.json)

@@ -8,18 +8,21 @@ idempotence, resume after a reboot and the readiness gate.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
-
+from nodeforge.bootstrap import readiness as rd
 from nodeforge.bootstrap.agent import Agent, StepFailed
 from nodeforge.bootstrap.host import Host
 from nodeforge.bootstrap.params_sources import SourceConfig
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.state import State
 from nodeforge.bootstrap.status import as_json, as_text
+
 from nodeforge.errors import CommandError
 
 pytestmark = pytest.mark.unit
@@ -59,6 +62,13 @@ class FakeMachine:
         self.dbd_polls_before_answer = 2
         self.fail_on: dict[str, int] = {}  # argv prefix (joined) -> exit code
         self.events: list[str] = []
+        # Slurm 24.11.5 (measured): RESUME sets NOT_RESPONDING until slurmctld's next ping of
+        # the node answers; modelled as "answered after this many looks at the node".
+        self.ping_after_shows = 2
+        self.force_reload = False  # NeedDaemonReload=yes whatever the unit's state
+        self.slurmd_c_started = threading.Event()
+        self.ping_waits_for_slurmd_c = False  # set for computes (the only role that runs it)
+        self.ping_saw_slurmd_c: list[bool] = []
 
     # -- what the agent calls --
     def run(self, argv, check=True, timeout=None, env=None, input=None, redact=(), hint="", **kw):
@@ -77,6 +87,9 @@ class FakeMachine:
     def _answer(self, a, env):
         j = " ".join(a)
         if a[0] == "systemctl":
+            if a[1:4] == ["show", "-p", "NeedDaemonReload"]:
+                # systemd: an inactive, unreferenced unit is loaded fresh from disk
+                return 0, ("yes" if self.force_reload or a[-1] in self.active else "no") + "\n"
             if a[1] in ("start", "restart"):
                 self.active.add(a[2])
                 self.events.append(f"start {a[2]}")
@@ -125,6 +138,7 @@ class FakeMachine:
                 self.events.append(f"cluster {a[4]} registered")
                 return 0, ""
         if a[0] == "slurmd" and a[1] == "-C":
+            self.slurmd_c_started.set()
             return (
                 0,
                 "NodeName=x CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=7900\nUpTime=0-00:01:00\n",
@@ -138,18 +152,34 @@ class FakeMachine:
         if not up:
             return 1, "Slurmctld(primary) at ctl is DOWN"
         if a == ["ping"]:
+            # The agent runs `slurmd -C` while it asks: proven by waiting here for it to start
+            # (a serial agent would call slurmd -C only after this returns).
+            if self.ping_waits_for_slurmd_c:
+                self.ping_saw_slurmd_c.append(self.slurmd_c_started.wait(5))
             return 0, "Slurmctld(primary) at ctl is UP"
         if a[:4] == ["--future", "-o", "show", "node"]:
             n = self.nodes.get(a[4])
             if n is None:
                 return 1, f"Node {a[4]} not found"
-            words = " ".join(f"{k}={v}" for k, v in n.items() if k != "Reason")
-            return 0, f"NodeName={a[4]} {words} Reason={n.get('Reason', 'none')} [root@now]\n"
+            if "_pings" in n:
+                if n["_pings"] <= 0:
+                    n["State"] = n["State"].replace("+NOT_RESPONDING", "")
+                    del n["_pings"]
+                    self.events.append(f"ping answered {a[4]}")
+                else:
+                    n["_pings"] -= 1
+            words = " ".join(f"{k}={v}" for k, v in n.items() if k != "Reason" and k[0] != "_")
+            # 24.11 omits Reason= when there is none (registration clears it)
+            reason = f" Reason={n['Reason']} [root@now]" if n.get("Reason") else ""
+            return 0, f"NodeName={a[4]} {words}{reason}\n"
         if a[0] == "create":
             kv = dict(w.split("=", 1) for w in a[1:])
             name = kv.pop("NodeName")
             if name in self.nodes:
-                return 1, "Node already exists"
+                # Slurm 24.11.5 (measured): a failed create of an existing node deletes it.
+                del self.nodes[name]
+                self.events.append(f"create of existing {name} DELETED it")
+                return 1, "Node already exists in the node table"
             self.nodes[name] = {**kv, "State": "FUTURE"}
             self.events.append(f"create {name} FUTURE")
             return 0, ""
@@ -162,7 +192,8 @@ class FakeMachine:
                 n["Reason"] = kv["Reason"]
                 self.events.append(f"drain {kv['NodeName']}: {kv['Reason']}")
             elif kv["State"] == "RESUME":
-                n["State"] = n["State"].split("+")[0]
+                n["State"] = n["State"].split("+")[0] + "+NOT_RESPONDING"
+                n["_pings"] = self.ping_after_shows
                 n.pop("Reason", None)
                 self.events.append(f"resume {kv['NodeName']}")
             return 0, ""
@@ -188,6 +219,7 @@ class FakeMachine:
 def make(tmp_path, node_yaml: dict, hostname="node1", slurm_version="22.05.8", sackd=False):
     paths = Paths.under(tmp_path)
     fm = FakeMachine(tmp_path, hostname)
+    fm.ping_waits_for_slurmd_c = node_yaml.get("role") == "compute"
     paths.node_yaml.parent.mkdir(parents=True, exist_ok=True)
     paths.node_yaml.write_text(json.dumps(node_yaml))
     paths.node_yaml.chmod(0o600)  # it carries the munge key: the agent refuses a readable one
@@ -362,7 +394,10 @@ def test_compute_gate_order_and_resume(tmp_path):
         "slurmd registered c1",
         "drain c1: nodeforge: running hooks",
         "resume c1",
+        "ping answered c1",  # the agent is ready only once slurmctld sees the node responding
     ], ev
+    assert state.steps["ready"].detail["slurm"] == "resumed"
+    assert fm.ping_saw_slurmd_c == [True]  # `slurmd -C` ran while the controller was asked
     assert hook_seen.read_text().split() == ["c1", "10.9.0.2"]
     node = fm.nodes["c1"]
     assert node["State"] == "IDLE"
@@ -463,6 +498,7 @@ def test_compute_reboot_redrains_before_slurmd(tmp_path):
         "slurmd registered c1",
         "drain c1: nodeforge: running hooks",
         "resume c1",
+        "ping answered c1",
     ], ev
     assert st.steps["hooks"].status == "skipped" and st.steps["hooks"].runs == 1
 
@@ -558,14 +594,14 @@ def test_status_text_and_json(tmp_path, capsys):
 
 def test_state_survives_crash_mid_step(tmp_path):
     agent, fm, paths, _ = make(tmp_path, COMPUTE)
-    fm.fail_on["systemctl start slurmd.service"] = 1
+    fm.fail_on["systemctl restart slurmd.service"] = 1
     with pytest.raises(StepFailed):
         agent.init()
     st = State.load(paths.state_file)
     assert st.steps["role"].status == "failed" and "slurmd.service" in st.steps["role"].error
     # the node was announced drained, and its reason now names the failed step
     assert fm.nodes["c1"]["Reason"].startswith("nodeforge: role step failed: command failed")
-    del fm.fail_on["systemctl start slurmd.service"]
+    del fm.fail_on["systemctl restart slurmd.service"]
     st = agent.init()
     assert st.status == "ready" and st.steps["role"].runs == 2 and st.steps["identity"].runs == 1
 
@@ -648,3 +684,256 @@ def test_compute_dropin_keeps_systemd_notify_on_24_11(tmp_path):
     )()
     argv = compute.slurmd_exec(ctx)
     assert argv[:3] == [compute.SLURMD, "--systemd", "-Z"]
+
+
+# -- honest readiness -------------------------------------------------------------------------
+def test_compute_without_hooks_is_created_in_its_final_state(tmp_path):
+    """No hooks: one `scontrol create` (FUTURE), no drain, no RESUME, so no forced ping."""
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    st = agent.init()
+    ev = _slurm_events_after_docker(fm)
+    assert ev == ["create c1 FUTURE", "start slurmd.service", "slurmd registered c1"], ev
+    assert fm.nodes["c1"]["State"] == "IDLE" and "Reason" not in fm.nodes["c1"]
+    assert st.steps["role"].detail["slurm_node"] == "created (final state)"
+    assert st.steps["ready"].detail["slurm"] == "not drained"
+    creates = [c for c in fm.calls if c[:2] == ["scontrol", "create"]]
+    assert len(creates) == 1 and creates[0][-1] == "State=FUTURE"
+    assert not any(c[:2] == ["scontrol", "update"] for c in fm.calls)
+    # first boot: slurmd is inactive, systemd reads the new drop-in without a daemon-reload
+    ask = ["systemctl", "show", "-p", "NeedDaemonReload", "--value", "slurmd.service"]
+    assert fm.calls.index(ask) < fm.calls.index(["systemctl", "restart", "slurmd.service"])
+    assert not any(c[:2] == ["systemctl", "is-active"] and c[-1] == "slurmd.service"
+                   for c in fm.calls)  # restart starts a stopped unit: one call
+    assert ["systemctl", "daemon-reload"] not in fm.calls
+
+
+def test_changed_dropin_of_a_running_slurmd_is_reloaded_before_restart(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    paths.state_file.unlink()  # start over on purpose, with other features
+    paths.node_yaml.write_text(json.dumps({**COMPUTE, "features": ["gpu"]}))
+    fm.calls.clear()
+    agent.init()
+    calls = [" ".join(c) for c in fm.calls]
+    assert calls.index("systemctl daemon-reload") < calls.index("systemctl restart slurmd.service")
+    dropin = (paths.systemd_etc / "slurmd.service.d" / "nodeforge.conf").read_text()
+    assert '--conf "Feature=gpu Gres=gpu:1"' in dropin
+
+
+def test_failed_daemon_reload_keeps_slurmd_stopped(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    fm.force_reload = True
+    fm.fail_on["systemctl daemon-reload"] = 1
+    with pytest.raises(StepFailed, match="daemon-reload"):
+        agent.init()
+    assert "slurmd.service" not in fm.active
+
+
+def test_ready_waits_for_slurmctld_to_see_the_node_responding(tmp_path):
+    """After RESUME the node is IDLE+NOT_RESPONDING (idle*) until slurmctld's ping answers:
+    `srun -w` is refused meanwhile, so the agent is not ready before that."""
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    fm.ping_after_shows = 4
+    paths.on_init_d.mkdir(parents=True)
+    (paths.on_init_d / "10-ok").write_text("#!/bin/sh\nexit 0\n")
+    (paths.on_init_d / "10-ok").chmod(0o755)
+    states: list[str] = []
+    real_save = agent._save
+
+    def save():
+        states.append(fm.nodes.get("c1", {}).get("State", ""))
+        real_save()
+
+    agent._save = save
+    st = agent.init()
+    assert st.status == "ready" and fm.nodes["c1"]["State"] == "IDLE"
+    assert fm.events[-1] == "ping answered c1"
+    # the save that says "ready" saw the node responding (without the wait: IDLE+NOT_RESPONDING)
+    assert states[-1] == "IDLE"
+    assert st.steps["ready"].detail["slurm"] == "resumed"
+
+
+def test_ready_wait_is_bounded_and_names_the_last_state(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, {**COMPUTE, "wait_timeout": 10})
+    fm.ping_after_shows = 10**6  # the node never answers slurmctld's ping
+    paths.on_init_d.mkdir(parents=True)
+    (paths.on_init_d / "10-ok").write_text("#!/bin/sh\nexit 0\n")
+    (paths.on_init_d / "10-ok").chmod(0o755)
+    clock = iter(range(10**6))
+    agent.host.monotonic = lambda: float(next(clock))
+    with pytest.raises(StepFailed, match=r"ready in slurmctld .* did not happen within 10s") as ei:
+        agent.init()
+    assert "Last state seen: IDLE+NOT_RESPONDING" in str(ei.value)
+    st = State.load(paths.state_file)
+    assert st.status == "failed" and st.steps["ready"].status == "failed"
+    n = fm.nodes["c1"]
+    assert "DRAIN" in n["State"] and n["Reason"].startswith("nodeforge: ready step failed")
+
+
+def test_existing_node_is_never_created_again(tmp_path):
+    """Slurm 24.11.5 deletes an existing node when `scontrol create` of it fails: the gate
+    looks first, on every boot."""
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    fm.reboot()
+    agent.init()
+    assert not any(e.startswith("create of existing") for e in fm.events)
+    assert sum(c[:2] == ["scontrol", "create"] for c in fm.calls) == 1
+    assert fm.nodes["c1"]["State"] == "IDLE"
+
+
+# -- the one definition of "ready" (readiness.NodeState) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, ready",
+    [
+        ("idle", True),
+        ("mix", True),
+        ("mixed", True),
+        ("IDLE", True),
+        ("idle*", False),  # NOT_RESPONDING: the case the old bench counted as ready
+        ("idle~", False),
+        ("idle#", False),
+        ("idle!", False),
+        ("idle%", False),
+        ("idle$", False),
+        ("idle@", False),
+        ("mix-", False),
+        ("alloc", False),
+        ("drain", False),
+        ("drained", False),
+        ("drng", False),
+        ("down*", False),
+        ("futr", False),
+        ("", False),
+        ("*", False),
+    ],
+)
+def test_sinfo_state_ready(text, ready):
+    assert rd.from_sinfo(text).ready is ready
+
+
+@pytest.mark.parametrize(
+    "state, ready",
+    [
+        ("IDLE+DYNAMIC_NORM", True),
+        ("MIXED", True),
+        ("IDLE+CLOUD", True),
+        ("IDLE+DYNAMIC_NORM+NOT_RESPONDING", False),
+        ("IDLE+DRAIN+DYNAMIC_NORM", False),
+        ("IDLE+CLOUD+POWERING_UP", False),
+        ("IDLE+CLOUD+POWERED_DOWN", False),
+        ("FUTURE+DYNAMIC_NORM", False),
+        ("DOWN+NOT_RESPONDING", False),
+        ("ALLOCATED", False),
+        ("IDLE+SOMETHING_NEW", False),  # an unknown flag is not assumed harmless
+        ("", False),
+    ],
+)
+def test_scontrol_state_ready(state, ready):
+    assert rd.from_scontrol(state).ready is ready
+
+
+def test_json_state_list_as_slurm_24_11_prints_it():
+    body = json.dumps(
+        {
+            "nodes": [
+                {"name": "c001", "state": ["IDLE", "DYNAMIC_NORM"]},
+                {"name": "c002", "state": ["IDLE", "DYNAMIC_NORM", "NOT_RESPONDING"]},
+                {"name": "c003", "state": ["IDLE", "DRAIN", "DYNAMIC_NORM"]},
+            ],
+            "meta": {},
+        }
+    )
+    got = rd.from_json(body)
+    assert {k: v.ready for k, v in got.items()} == {"c001": True, "c002": False, "c003": False}
+    assert got["c002"].why_not() == "flags NOT_RESPONDING"
+    assert str(got["c003"]) == "IDLE+DRAIN+DYNAMIC_NORM"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"nodes": [{"name": "c1", "state": ["IDLE"]}',  # truncated
+        '{"nodes": {"c1": {}}}',
+        '{"nodes": [{"name": "c1", "state": "IDLE"}]}',
+        '{"nodes": [{"name": "c1", "state": ["IDLE", 3]}]}',
+        '{"nodes": [{"state": ["IDLE"]}]}',
+        '{"nodes": [{"name": "c1", "state": ["IDLE"]}, {"name": "c1", "state": ["DOWN"]}]}',
+        "[]",
+        "NaN",
+    ],
+)
+def test_json_state_rejects_bad_bodies(body):
+    with pytest.raises(ValueError):
+        rd.from_json(body)
+
+
+def test_sinfo_table_keeps_names_and_flags():
+    got = rd.from_sinfo_table("c001|idle|none\nc002|idle*|none\n\ngarbage\nc003|drain|x y\n")
+    assert {k: (v.ready, str(v)) for k, v in got.items()} == {
+        "c001": (True, "IDLE"),
+        "c002": (False, "IDLE+NOT_RESPONDING"),
+        "c003": (False, "DRAIN"),
+    }
+
+
+def test_any_state_suffix_means_not_ready():
+    # every base with every suffix combination up to length 2 (exhaustive, 6 * 90 cases)
+    for base in ("idle", "mix", "mixed", "alloc", "down", "drain"):
+        for n in (1, 2):
+            for suf in itertools.product("*~#!%$@^-", repeat=n):
+                st = rd.from_sinfo(base + "".join(suf))
+                assert not st.ready and st.flags, (base, suf)
+
+
+def test_only_known_harmless_flags_keep_a_node_ready():
+    odd = ["NOT_RESPONDING", "DRAIN", "POWERING_UP", "x=y", "IDLE\nDRAIN", " ", "RESERVED"]
+    for flags in itertools.chain.from_iterable(
+        itertools.combinations([*rd.HARMLESS_FLAGS, *odd], k) for k in range(3)
+    ):
+        st = rd.from_flags(["IDLE", *flags])
+        assert st.ready == (st.flags <= rd.HARMLESS_FLAGS), flags
+
+
+# -- cluster up/add observe nodes with the same definition (lab/localcluster.py) ----------------
+def test_cluster_reads_node_states_from_json_and_sinfo():
+    from nodeforge.lab.localcluster import parse_nodes_json, parse_nodes_sinfo
+
+    body = json.dumps({"nodes": [
+        {"name": "c001", "state": ["IDLE", "DYNAMIC_NORM"], "reason": ""},
+        {"name": "c002", "state": ["IDLE", "DYNAMIC_NORM", "NOT_RESPONDING"], "reason": ""},
+        {"name": "c003", "state": ["IDLE", "DRAIN"], "reason": "nodeforge: hook x failed"},
+    ]})
+    got = parse_nodes_json(body)
+    assert [(n, v.state.ready, v.shown) for n, v in got.items()] == [
+        ("c001", True, "idle"), ("c002", False, "idle*"), ("c003", False, "idle+drain")]
+    assert got["c003"].state.drained and got["c003"].reason == "nodeforge: hook x failed"
+    got = parse_nodes_sinfo("c001|idle|none\nc002|idle*|none\nc003|drain|nodeforge: x|y\n")
+    assert {n: v.state.ready for n, v in got.items()} == {"c001": True, "c002": False,
+                                                          "c003": False}
+    assert got["c003"].reason == "nodeforge: x|y" and got["c001"].reason == ""
+    with pytest.raises(ValueError):
+        parse_nodes_json('{"nodes": [{"name": "c001", "state": ["IDLE"]}')  # truncated
+
+
+def test_cluster_hosts_refresh_writes_overlays_and_refuses_symlinked_etc(tmp_path, monkeypatch):
+    from nodeforge.lab import localcluster as lcm
+
+    monkeypatch.setattr(lcm, "_alive", lambda pid: True)
+    nodes = []
+    for i, name in enumerate(("ctl", "c001", "c002")):
+        d = tmp_path / name
+        (d / "merged/etc").mkdir(parents=True)
+        nodes.append(lcm.Node(name, "compute", i + 2, f"10.213.0.{i + 2}", f"ns{i}", str(d), 1))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "c002/merged/etc").rmdir()
+    (tmp_path / "c002/merged/etc").symlink_to(outside)  # a node pointing its /etc elsewhere
+    cluster = lcm.Cluster("t", "img", "lower", "nfc-t", 0.0, nodes)
+    lcm.LocalCluster("t")._refresh_hosts(cluster, skip="ctl")
+    hosts = (tmp_path / "c001/merged/etc/hosts").read_text()
+    assert "10.213.0.2\tctl" in hosts and "10.213.0.4\tc002" in hosts
+    assert not (tmp_path / "ctl/merged/etc/hosts").exists()  # the newcomer writes its own
+    assert list(outside.iterdir()) == []
