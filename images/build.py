@@ -49,6 +49,7 @@ class BuildOptions:
     versions_file: Path | None = None
     keep_work: bool = False
     playbook: Path | None = None  # default images/site.yml; tests provision with smaller ones
+    variant: str = "cpu"  # "gpu": + roles/gpu, contrib/non-free base, NVIDIA artifacts
 
 
 @dataclass
@@ -139,7 +140,13 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
     vers = versions.load(opts.versions_file)
     base = vers.base(opts.base)
     arch = base_mod.host_arch()
-    name = opts.name or f"nodeforge-{base.name}-{arch}"
+    # variant: the cpu image keeps its name; gpu images are nodeforge-<base>-gpu-<arch>.
+    if opts.variant not in versions.VARIANTS:
+        raise NodeforgeError(f"--variant {opts.variant!r}: choose one of {', '.join(versions.VARIANTS)}")
+    if opts.variant != "cpu" and opts.target != "local":
+        raise NodeforgeError(f"--variant {opts.variant} is built by the local target only (for now)")
+    vtag = "" if opts.variant == "cpu" else f"-{opts.variant}"
+    name = opts.name or f"nodeforge-{base.name}{vtag}-{arch}"
     output = (opts.output or Path("output") / opts.target).resolve()
     user_vars: dict[str, object] = {}
     for vf in opts.var_files:
@@ -186,13 +193,13 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
         logfile.write(f"nodeforge {__version__} build {name} target={opts.target} base={base.name}\n")
         with phases.phase("preflight"):
             tools = _tool_versions()
-            arts = vers.for_arch(arch)
+            arts = vers.for_arch(arch, opts.variant)
             art_dir = cache / "artifacts"
             seen = versions.fetch(arts, art_dir, mirror=opts.artifact_mirror,
                                   allow_unpinned=opts.allow_unpinned, versions_path=vers.path)
             wheel = build_wheel(work / "wheel", logfile)
         with phases.phase("base"):
-            spec = base_mod.spec_for(base, arch)
+            spec = base_mod.spec_for(base, arch, opts.variant)
             base_tar, base_cached = base_mod.ensure_base(spec, cache / "base", base.keyring, logfile)
             tree = work / "rootfs"
             extract(base_tar, tree)
@@ -210,6 +217,7 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
                 "nodeforge_artifacts": {a.name: a.file for a in arts},
                 "nodeforge_wheel": str(wheel),
                 "nodeforge_base": base.name,
+                "nodeforge_variant": opts.variant,
                 **dict(user_vars.get("ansible_vars", {}) or {}),
             }
             ev = work / "extra-vars.json"
@@ -236,6 +244,9 @@ def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
                 arch=arch, base=base, base_key=spec.key(), base_cached=base_cached, arts=arts,
                 seen=seen, tools=tools), export.dpkg_versions(tree))
             manifest["phases"] = dict(phases.durations)
+            manifest["variant"] = opts.variant
+            if opts.variant == "gpu":  # driver, module and kernel versions the gpu role recorded
+                manifest["gpu"] = json.loads((tree / "etc/nodeforge/gpu.json").read_text())
             export.write_image_json(tree, manifest)
             export.export_rootfs(tree, partial / export.ROOTFS)
             export.export_disk(tree, partial)

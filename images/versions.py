@@ -27,6 +27,7 @@ log = logging.getLogger("nodeforge.versions")
 VERSIONS_FILE = Path(__file__).with_name("versions.yaml")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DOWNLOAD_TIMEOUT = 60.0
+VARIANTS = ("cpu", "gpu")  # image variants (`nodeforge build --variant`); cpu is the default
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Artifact:
     file: str
     url: str
     sha256: str | None
+    variant: str | None = None  # only the image variant that needs it (None: every variant)
 
     @property
     def pinned(self) -> bool:
@@ -69,10 +71,12 @@ class Versions:
             )
         return self.bases[key]
 
-    def for_arch(self, arch: str) -> list[Artifact]:
-        """The artifacts a build for *arch* needs (arch-specific entry, else 'all')."""
+    def for_arch(self, arch: str, variant: str = "cpu") -> list[Artifact]:
+        """The artifacts a build of *variant* for *arch* needs (arch entry, else 'all')."""
         out = []
         for name, by_arch in self.artifacts.items():
+            if any(a.variant not in (None, variant) for a in by_arch.values()):
+                continue  # another variant's artifact (e.g. the NVIDIA stack for gpu)
             art = by_arch.get(arch) or by_arch.get("all")
             if art is None:
                 raise NodeforgeError(
@@ -125,6 +129,11 @@ def load(path: Path | None = None) -> Versions:
     artifacts: dict[str, dict[str, Artifact]] = {}
     for name, a in (_req(raw, "artifacts", "", path, dict)).items():
         w = f"artifacts.{name}"
+        variant = a.get("variant") if isinstance(a, dict) else None
+        if variant is not None and variant not in VARIANTS:
+            raise NodeforgeError(
+                f"{path}: {w}.variant must be one of {', '.join(VARIANTS)} or absent, got {variant!r}"
+            )
         by_arch = {}
         for arch, e in _req(a, "arch", w, path, dict).items():
             wa = f"{w}.arch.{arch}"
@@ -142,6 +151,7 @@ def load(path: Path | None = None) -> Versions:
                 file=_req(e, "file", wa, path),
                 url=_req(e, "url", wa, path),
                 sha256=sha,
+                variant=variant,
             )
         artifacts[name] = by_arch
     return Versions(path, bases, default_base, artifacts)

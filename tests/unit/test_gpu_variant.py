@@ -1,0 +1,112 @@
+"""The gpu image variant's inputs: artifacts per variant, base components and key, CLI option."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nodeforge.errors import NodeforgeError
+from nodeforge.images import base as base_mod
+from nodeforge.images import versions
+from tests.fixtures.mirror import make_mirror
+
+pytestmark = pytest.mark.unit
+
+GPU_ARTIFACTS = {"libnvidia_container1_deb", "libnvidia_container_tools_deb",
+                 "nvidia_container_toolkit_base_deb", "nvidia_container_toolkit_deb",
+                 "nvidia_fabricmanager_deb"}
+
+
+def test_cpu_build_needs_no_nvidia_artifact_and_gpu_build_needs_all():
+    v = versions.load()
+    for arch in ("amd64", "arm64"):
+        cpu = {a.name for a in v.for_arch(arch)}
+        gpu = {a.name for a in v.for_arch(arch, "gpu")}
+        assert cpu == {"enroot_deb", "enroot_caps_deb", "pyxis_src"}
+        assert gpu == cpu | GPU_ARTIFACTS
+
+
+def test_nvidia_artifacts_are_unpinned_never_invented():
+    for a in versions.load().all_artifacts():
+        if a.name in GPU_ARTIFACTS:
+            assert a.sha256 is None and a.variant == "gpu"
+    fm = [a for a in versions.load().all_artifacts() if a.name == "nvidia_fabricmanager_deb"]
+    assert all("_550.163.01-" in a.file for a in fm)  # the driver's exact version
+
+
+def test_unknown_variant_in_versions_file_names_the_field(tmp_path):
+    raw = yaml.safe_load(versions.VERSIONS_FILE.read_text())
+    raw["artifacts"]["enroot_deb"]["variant"] = "tpu\n"
+    p = tmp_path / "v.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    with pytest.raises(NodeforgeError, match=r"artifacts\.enroot_deb\.variant"):
+        versions.load(p)
+
+
+def test_missing_nvidia_artifact_in_mirror_names_it_and_the_option(tmp_path):
+    m = tmp_path / "m"
+    make_mirror(m, gpu=False)  # a CPU-only mirror
+    arts = versions.load().for_arch("amd64", "gpu")
+    with pytest.raises(NodeforgeError, match=r"libnvidia_container1_deb.*--artifact-mirror"):
+        versions.fetch(arts, tmp_path / "dl", mirror=str(m), allow_unpinned=True)
+
+
+def test_fixture_mirror_has_every_gpu_artifact_labelled_fixture(tmp_path):
+    import subprocess
+
+    sums = make_mirror(tmp_path / "m")
+    for a in versions.load().for_arch("amd64", "gpu"):
+        assert a.file in sums, a.file
+        if a.file.endswith(".deb"):
+            desc = subprocess.run(["dpkg-deb", "-f", str(tmp_path / "m" / a.file), "Description"],
+                                  capture_output=True, text=True, check=True).stdout
+            assert "FIXTURE" in desc
+
+
+def test_base_components_and_key_per_variant():
+    args = ("trixie", "http://deb.debian.org/debian", "amd64", "minbase", ("systemd",), "1.5.6")
+    cpu = base_mod.BaseSpec(*args)
+    gpu = base_mod.BaseSpec(*args, base_mod.COMPONENTS["gpu"])
+    assert set(base_mod.COMPONENTS["gpu"]) >= {"main", "contrib", "non-free", "non-free-firmware"}
+    assert cpu.key() != gpu.key()
+    # The cpu key is the one it had before variants existed (cached bases stay valid).
+    import hashlib
+    import json
+    old = {"suite": args[0], "mirror": args[1], "arch": args[2], "variant": args[3],
+           "packages": list(args[4]), "mmdebstrap": args[5]}
+    assert cpu.key() == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_cli_variant_option():
+    from nodeforge.images import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    assert parser.parse_args(["build"]).variant == "cpu"
+    assert parser.parse_args(["build", "--variant", "gpu"]).variant == "gpu"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["build", "--variant", "gpu;rm"])
+
+
+def test_gpu_role_runs_only_for_the_gpu_variant():
+    site = yaml.safe_load((Path(versions.__file__).parent / "site.yml").read_text())
+    main = site[1]
+    assert main["vars"]["nodeforge_variant"] == "cpu"
+    gpu = [r for r in main["roles"] if r["role"] == "gpu"]
+    assert gpu == [{"role": "gpu", "when": 'nodeforge_variant == "gpu"'}]
+    names = [r["role"] for r in main["roles"]]
+    assert names.index("gpu") < names.index("seal")  # before the seal cleans up
+
+
+def test_gpu_role_checks_versions_and_builds_for_the_image_kernel():
+    tasks = yaml.safe_load((Path(versions.__file__).parents[1] / "roles/gpu/tasks/install.yml")
+                           .read_text())
+    argvs = [t.get("ansible.builtin.command", {}).get("argv") for t in tasks]
+    assert [a for a in argvs if a and a[0] == "dkms"] == [
+        ["dkms", "autoinstall", "-k", "{{ gpu_kernel_version }}"]]
+    text = (Path(versions.__file__).parents[1] / "roles/gpu/tasks/install.yml").read_text()
+    assert "version mismatch" in text and "linux-headers-" in text
+    assert "/var/lib/dkms/mok.key" in text  # no private key ships in the image
