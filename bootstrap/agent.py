@@ -283,7 +283,7 @@ class Agent:
     def _ready(self) -> dict:
         p = self.params
         if p.role == "compute":
-            return {"slurm": compute.gate(self._ctx()).release()}
+            return {"slurm": compute.ready(self._ctx())}  # node health, then RESUME
         if p.role == "login" and not login.uses_sackd(self._ctx()):
             return {"slurm": "kept drained (login node)"}
         return {}

@@ -11,6 +11,7 @@ The agent's `ready` step resumes the node after the hooks succeed.
 
 from __future__ import annotations
 
+from .. import gres, health
 from ..readiness import INITIALIZING, RUNNING_HOOKS, Gate
 from ..slurm import client_conf, conf_server, dropin, hardware_spec, node_conf
 from . import RoleContext
@@ -41,8 +42,9 @@ def node_spec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> dict[st
     feats = list(dict.fromkeys([*ctx.params.features, *extra_features]))
     if feats:
         spec["Feature"] = ",".join(feats)
-    if ctx.params.gres:
-        spec["Gres"] = ",".join(ctx.params.gres)
+    node_gres = gres.node_gres(ctx.params)  # + gpu:<expected_gpus>: never registered GPU-less
+    if node_gres:
+        spec["Gres"] = ",".join(node_gres)
     return spec
 
 
@@ -69,6 +71,7 @@ def start_slurmd(
     detail: dict[str, object] = {}
     detail["controller_wait_s"] = round(wait_controller(ctx, g), 2)
     detail["slurm_node"] = g.hold(node_spec(ctx, extra_features), hold_reason)
+    health.install_wrapper(ctx.paths)  # slurmd runs HealthCheckProgram from its start on
     if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features)):
         h.systemctl("daemon-reload")
     if h.is_active("slurmd.service"):
@@ -113,6 +116,17 @@ def run(ctx: RoleContext) -> dict:
     detail = start_slurmd(ctx, gate(ctx), INITIALIZING, RUNNING_HOOKS)
     detail["docker"] = docker
     return detail
+
+
+def ready(ctx: RoleContext) -> str:
+    """The gate's last step: `node health` first, RESUME only if healthy (a sick node never
+    goes idle; it stays drained with the health reason, which a later passing run clears)."""
+    g = gate(ctx)
+    rep = health.run(ctx.host, ctx.paths, slurm=False)
+    if not rep.ok:
+        g.drain(rep.reason)
+        return f"kept drained ({rep.reason})"
+    return g.release()
 
 
 def verify(ctx: RoleContext) -> bool:

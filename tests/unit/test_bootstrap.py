@@ -185,6 +185,9 @@ class FakeMachine:
         self.events.append("reboot")
 
 
+REPO_SLURM_TEMPLATES = Path(__file__).resolve().parents[2] / "roles/slurm/templates"
+
+
 def make(tmp_path, node_yaml: dict, hostname="node1", slurm_version="22.05.8", sackd=False):
     paths = Paths.under(tmp_path)
     fm = FakeMachine(tmp_path, hostname)
@@ -196,6 +199,8 @@ def make(tmp_path, node_yaml: dict, hostname="node1", slurm_version="22.05.8", s
     paths.templates.mkdir(parents=True)
     (paths.templates / "slurm.conf.j2").write_text(SLURM_CONF_J2)
     (paths.templates / "slurmdbd.conf.j2").write_text(SLURMDBD_CONF_J2)
+    for t in ("gres.conf.j2", "cgroup-boot.conf.j2"):  # the real ones (roles/slurm, raw)
+        (paths.templates / t).write_text((REPO_SLURM_TEMPLATES / t).read_text())
     paths.machine_id.write_text("")  # sealed: empty
     chowns: list = []
     host = Host(

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from nodeforge.errors import NodeforgeError
 from nodeforge.images import base as base_mod
 from nodeforge.images import versions
+
+from nodeforge.errors import NodeforgeError
 from tests.fixtures.mirror import make_mirror
 
 pytestmark = pytest.mark.unit
