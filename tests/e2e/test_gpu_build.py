@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from nodeforge.images import manifest as manifest_mod
 from nodeforge.images import scan
+
 from tests.conftest import require_tools
 from tests.helpers import BUILD_TOOLS, E2E_ROOT, build_image
 
@@ -31,7 +31,7 @@ GPU_PACKAGES = ("nvidia-open-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "nvidi
 
 @pytest.fixture(scope="module")
 def gpu_image(fixture_mirror, pinned_versions) -> Path:
-    require_tools(*BUILD_TOOLS, "modinfo")
+    require_tools(*BUILD_TOOLS, "chroot")
     out = E2E_ROOT / "image-gpu"
     summary, secs = build_image(out, fixture_mirror, pinned_versions, "--variant", "gpu")
     (E2E_ROOT / "gpu-build.json").write_text(json.dumps({"seconds": secs, **summary}, indent=2))
@@ -59,7 +59,9 @@ def test_gpu_image_has_the_module_for_its_own_kernel(gpu_image, gpu_tree):
     assert (gpu_tree / f"boot/vmlinuz-{kernel}").is_file()
     mods = list((gpu_tree / f"lib/modules/{kernel}/updates/dkms").glob("nvidia-current-open.ko*"))
     assert len(mods) == 1, mods
-    info = {f: subprocess.run(["modinfo", "-F", f, str(mods[0])], capture_output=True, text=True,
+    # The image's own modinfo, by module name for the image's kernel (its modules.dep).
+    info = {f: subprocess.run(["chroot", str(gpu_tree), "modinfo", "-k", kernel, "-F", f,
+                               "nvidia-current-open"], capture_output=True, text=True,
                               check=True).stdout.strip() for f in ("version", "vermagic")}
     assert info["version"] == g["module_version"] == "550.163.01"
     assert info["vermagic"].split()[0] == kernel
