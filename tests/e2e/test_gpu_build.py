@@ -9,6 +9,7 @@ the DKMS module are Debian's real packages.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -30,7 +31,12 @@ GPU_PACKAGES = ("nvidia-open-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "nvidi
 
 
 @pytest.fixture(scope="module")
-def gpu_image(fixture_mirror, pinned_versions) -> Path:
+def gpu_image(request) -> Path:
+    reuse = os.environ.get("NODEFORGE_E2E_GPU_IMAGE")  # a gpu build output (developer speed-up)
+    if reuse:
+        return Path(reuse)
+    fixture_mirror = request.getfixturevalue("fixture_mirror")
+    pinned_versions = request.getfixturevalue("pinned_versions")
     require_tools(*BUILD_TOOLS, "chroot")
     out = E2E_ROOT / "image-gpu"
     summary, secs = build_image(out, fixture_mirror, pinned_versions, "--variant", "gpu")
