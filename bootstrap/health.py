@@ -194,9 +194,10 @@ class Checker:
                 st = os.statvfs(d)
             except FileNotFoundError:
                 continue  # not on this node (e.g. docker: false)
-            if st.f_blocks == 0:
+            taken = st.f_blocks - st.f_bfree
+            if taken + st.f_bavail <= 0:
                 continue
-            used = 1 - st.f_bavail / st.f_blocks
+            used = taken / (taken + st.f_bavail)  # what df calls Use% (root reserve excluded)
             if used >= self.cfg.max_used:
                 full.append(f"{d} {used:.0%} full")
         return Check(DISK, not full, "; ".join(full) or "ok")

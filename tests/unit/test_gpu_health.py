@@ -304,3 +304,13 @@ def test_health_wrapper_runs_the_cli(tmp_path):
     w = tmp_path / "usr/local/sbin/nodeforge-health"
     assert w.stat().st_mode & 0o777 == 0o755
     assert "exec /usr/local/bin/nodeforge node health --quiet" in w.read_text()
+
+
+@pytest.mark.parametrize("bavail,ok", [(5, True), (4, False)])
+def test_disk_use_is_dfs_use_percent(tmp_path, monkeypatch, bavail, ok):
+    import os as _os
+
+    fake = _os.statvfs_result((4096, 4096, 100, 10, bavail, 0, 0, 0, 0, 255))
+    monkeypatch.setattr(health.os, "statvfs", lambda p: fake)
+    # 90 blocks used, `bavail` available to users: 90/95 = 94.7 % vs 90/94 = 95.7 %
+    assert health.Checker(Host(run=FakeNode().run), cfg(tmp_path, None)).disks().ok is ok
