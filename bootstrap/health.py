@@ -430,5 +430,7 @@ HEALTH_WRAPPER = Path("/usr/local/sbin/nodeforge-health")
 def install_wrapper(paths: Paths) -> bool:
     """Slurm runs HealthCheckProgram without arguments: a wrapper on every slurmd node."""
     text = ("#!/bin/sh\n# written by nodeforge node init: Slurm's HealthCheckProgram\n"
+            "# slurmd runs it with an almost empty environment.\n"
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
             "exec /usr/local/bin/nodeforge node health --quiet\n")
     return write_atomic(paths.root / HEALTH_WRAPPER.relative_to("/"), text, 0o755)
