@@ -117,3 +117,42 @@ def test_gpu_role_checks_versions_and_builds_for_the_image_kernel():
     assert "version mismatch" in text and "linux-headers-" in text
     assert "/var/lib/dkms/mok.key" in text  # no private key ships in the image
     assert "make.log" in text  # a failed module build shows why
+
+
+PCI_H_NEW = """int __must_check pci_resize_resource(struct pci_dev *dev, int i, int size,
+\t\t\t\t     int exclude_bars);
+"""
+PCI_H_OLD = "int __must_check pci_resize_resource(struct pci_dev *dev, int i, int size);\n"
+NV_PCI_C = "    r = pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size);\n"
+
+
+@pytest.mark.parametrize("header,patched", [(PCI_H_NEW, True), (PCI_H_OLD, False)])
+def test_dkms_compat_fix_only_for_kernels_with_exclude_bars(tmp_path, header, patched):
+    """FIXTURE trees: the PRE_BUILD fix patches NVIDIA 550's call only for the 4-argument form
+    (Linux 6.12.117's linux/pci.h, quoted above) and leaves older kernels' builds untouched."""
+    import shutil
+    import subprocess
+
+    import jinja2
+
+    tpl = (Path(versions.__file__).parents[1] / "roles/gpu/templates/nvidia-dkms-compat.sh.j2")
+    script = jinja2.Template(tpl.read_text()).render(
+        ansible_managed="test", gpu_dkms_module="nvidia-current-open",
+        gpu_driver_version="550.163.01")
+    # The script reads /lib/modules/$1/source/include/linux/pci.h: point it into tmp_path.
+    script = script.replace("/lib/modules/", f"{tmp_path}/lib/modules/")
+    kdir = tmp_path / "lib/modules/6.12.117+deb13-amd64/source/include/linux"
+    kdir.mkdir(parents=True)
+    (kdir / "pci.h").write_text(header)
+    build = tmp_path / "build"
+    (build / "nvidia").mkdir(parents=True)
+    (build / "nvidia/nv-pci.c").write_text(NV_PCI_C)
+    (build / "compat.sh").write_text(script)
+    cp = subprocess.run([shutil.which("sh"), "compat.sh", "6.12.117+deb13-amd64"], cwd=build,
+                        capture_output=True, text=True, check=False)
+    assert cp.returncode == 0, cp.stderr
+    text = (build / "nvidia/nv-pci.c").read_text()
+    assert ("requested_size, 0);" in text) is patched
+    cp = subprocess.run([shutil.which("sh"), "compat.sh", "9.9.9-amd64"], cwd=build,
+                        capture_output=True, text=True, check=False)
+    assert cp.returncode == 1 and "no linux/pci.h for kernel 9.9.9-amd64" in cp.stderr
