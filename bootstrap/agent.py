@@ -299,8 +299,7 @@ class Agent:
     def _ready(self) -> dict:
         p = self.params
         if p.role == "compute":
-            gate = role_module("compute").gate(self._ctx())
-            return gate.release(timeout=p.wait_timeout)
+            return role_module("compute").ready(self._ctx())  # node health, then RESUME
         if p.role == "login" and not role_module("login").uses_sackd(self._ctx()):
             return {"slurm": "kept drained (login node)"}
         return {}

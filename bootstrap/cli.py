@@ -36,6 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print state.json")
     s.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     s.set_defaults(func=_status)
+
+    h = nsub.add_parser("health", help="check this node (Slurm HealthCheckProgram); drain if sick")
+    h.add_argument("--json", action="store_true", help="print the report as JSON")
+    h.add_argument("--quiet", action="store_true", help="print nothing (reports are still written)")
+    h.add_argument("--no-slurm", action="store_true", help="check only; do not drain or resume")
+    h.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    h.set_defaults(func=_health)
     # `nodeforge cluster up/add/status/down` (local nspawn cluster) registers here later.
 
     params = subparsers.add_parser("params", help="node params: check them offline")
@@ -144,6 +151,22 @@ def _params_check(args: argparse.Namespace) -> int:
         checked = pc.check_cmdline(text, f"kernel command line ({args.cmdline_file})")
     sys.stdout.write(pc.render(checked, args.json))
     return 0
+
+def _health(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from .health import run
+    from .host import Host
+
+    rep = run(Host(), _paths(args.root), slurm=not args.no_slurm)
+    if args.json:
+        print(json.dumps(asdict(rep) | {"ok": rep.ok, "reason": rep.reason}, indent=2))
+    elif not args.quiet:
+        for c in rep.checks:
+            print(f"{'ok  ' if c.ok else 'FAIL'} {c.name:<12} {c.detail}")
+        print(f"{'healthy' if rep.ok else rep.reason} ({rep.duration:.2f}s; slurm: {rep.action})")
+    return 0 if rep.ok else 1
 
 
 def _status(args: argparse.Namespace) -> int:

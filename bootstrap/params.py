@@ -154,6 +154,8 @@ class Params:
     wait_timeout: float = 300.0  # bound for every "wait for X to answer"
     users_keypair: UsersKeypair | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    expected_gpus: int | None = None  # GPU node: `node health` requires exactly this many
+    health_interval: int = 300  # controller: Slurm HealthCheckInterval (s); 0 = off
 
     def munge_key_bytes(self) -> bytes | None:
         if self.munge_key is None:
@@ -290,7 +292,8 @@ _TOP = {
     "role", "cluster_name", "controller", "node_name", "node_address", "munge_key", "munge_key_file", "features",
     "gres", "gres_types", "cpus", "real_memory", "partitions", "max_node_count", "accounting", "docker", "hooks",
     "hook_timeout", "hook_retries", "hook_backoff", "hook_backoff_max", "wait_timeout",
-    "users_keypair", "extra", "hook_output_max", "s3_endpoint_url",
+    "users_keypair", "extra", "hook_output_max", "s3_endpoint_url", "expected_gpus",
+    "health_interval",
 }  # fmt: skip
 
 
@@ -396,6 +399,10 @@ def parse_params(data: Any, source: str) -> Params:
         if not _SSH_PRIV_RE.fullmatch(priv):
             v.fail("users_keypair.private", "expected an OpenSSH private key (-----BEGIN ...)")
         kw["users_keypair"] = UsersKeypair(pub, priv)
+    if d.get("expected_gpus") is not None:
+        kw["expected_gpus"] = v.integer(d["expected_gpus"], "expected_gpus", 0, 64)
+    if "health_interval" in d:
+        kw["health_interval"] = v.integer(d["health_interval"], "health_interval", 0, 86400)
     if "extra" in d:
         kw["extra"] = dict(v.plain(v.mapping(d["extra"] or {}, "extra"), "extra"))
     return Params(**kw)

@@ -38,6 +38,9 @@ BASE_PACKAGES = (
     "initramfs-tools",
 )
 KERNEL_PACKAGE = {"amd64": "linux-image-amd64", "arm64": "linux-image-arm64"}
+# Archive components per image variant: the NVIDIA driver stack, NCCL and the NVML Slurm
+# plugin are in contrib/non-free (firmware-nvidia-gsp in non-free-firmware).
+COMPONENTS = {"cpu": ("main",), "gpu": ("main", "contrib", "non-free", "non-free-firmware")}
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,13 @@ class BaseSpec:
     variant: str
     packages: tuple[str, ...]
     mmdebstrap: str  # version, part of the key: a new mmdebstrap may produce a different tree
+    components: tuple[str, ...] = ("main",)
 
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        d = asdict(self)
+        if self.components == ("main",):
+            del d["components"]  # main-only (cpu) keeps the key it had before variants existed
+        blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -58,11 +65,11 @@ def host_arch() -> str:
     return proc.run(["dpkg", "--print-architecture"]).stdout.strip()
 
 
-def spec_for(base: Base, arch: str) -> BaseSpec:
+def spec_for(base: Base, arch: str, variant: str = "cpu") -> BaseSpec:
     mm = proc.require_tool("mmdebstrap")
     version = proc.run([mm, "--version"]).stdout.strip().split()[-1]
     pkgs = tuple(sorted(BASE_PACKAGES + (KERNEL_PACKAGE[arch],)))
-    return BaseSpec(base.suite, base.mirror, arch, "minbase", pkgs, version)
+    return BaseSpec(base.suite, base.mirror, arch, "minbase", pkgs, version, COMPONENTS[variant])
 
 
 def ensure_base(spec: BaseSpec, cache_dir: Path, keyring: str, logfile: IO[str]) -> tuple[Path, bool]:
@@ -81,6 +88,8 @@ def ensure_base(spec: BaseSpec, cache_dir: Path, keyring: str, logfile: IO[str])
         f"--architectures={spec.arch}",
         f"--include={','.join(spec.packages)}",
         f"--keyring={keyring}",
+        # Written into the image's sources.list too, so the roles' apt sees these components.
+        f"--components={','.join(spec.components)}",
         # Recommends stay off for a lean image; roles add what they need by name.
         "--aptopt=APT::Install-Recommends \"false\"",
         spec.suite,
@@ -89,7 +98,9 @@ def ensure_base(spec: BaseSpec, cache_dir: Path, keyring: str, logfile: IO[str])
     ]
     try:
         proc.stream(argv, logfile=logfile, timeout=1800,
-                    hint=f"mmdebstrap could not bootstrap {spec.suite} from {spec.mirror}")
+                    hint=f"mmdebstrap could not bootstrap {spec.suite} ({','.join(spec.components)}) "
+                         f"from {spec.mirror}; a mirror for a gpu build must carry contrib, "
+                         "non-free and non-free-firmware")
         (tar.with_suffix(".json")).write_text(json.dumps(asdict(spec), indent=2))
         os.replace(tmp, tar)
     finally:

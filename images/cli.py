@@ -14,6 +14,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="bake the node image (default target: local)")
     p.add_argument("--target", default="local", choices=TARGET_CHOICES)
     p.add_argument("--base", help="base from the versions file (default: debian13; also debian12)")
+    p.add_argument("--variant", default="cpu", choices=("cpu", "gpu"),
+                   help="image variant: cpu (default) or gpu (NVIDIA driver, NVML, NCCL, "
+                        "container toolkit; needs contrib/non-free in the Debian mirror)")
     p.add_argument("--var-file", action="append", default=[], type=Path, metavar="F.pkrvars.hcl",
                    help="Packer variables (repeatable)")
     p.add_argument("--artifact-mirror", metavar="DIR|URL",
@@ -95,6 +98,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         output=args.output, cache_dir=args.cache_dir, name=args.name,
         versions_file=args.versions_file, keep_work=args.keep_work,
         playbook=args.playbook.resolve() if args.playbook else None,
+        variant=args.variant,
     )
     status = err.status("starting", spinner="dots") if err.is_terminal else None
     current = {"phase": ""}
@@ -125,6 +129,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"output": str(result.output), "name": m["name"],
                           "phases": m["phases"], "artifacts": m["artifacts"],
+                          "variant": m.get("variant", "cpu"), "gpu": m.get("gpu"),
                           "components": m.get("components", {}), "reused": result.reused,
                           "cache": m.get("cache", {})}, indent=2))
     elif result.reused:

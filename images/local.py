@@ -76,7 +76,8 @@ def build_keys(inp: Inputs, base_key: str, seen: dict[str, str]) -> tuple[cache.
     bk = cache.build_key(layer_key=li.key(), repo=REPO_ROOT, playbook=inp.playbook,
                          user_vars=inp.user_vars,
                          options={"target": inp.opts.target, "name": inp.name,
-                                  "base": inp.base.name, "arch": inp.arch})
+                                  "base": inp.base.name, "arch": inp.arch,
+                                  "variant": inp.opts.variant})
     return li, bk
 
 
@@ -116,8 +117,8 @@ def mount_overlay(lower: Path, work: Path) -> Path:
 def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
     opts, name, output = inp.opts, inp.name, inp.output
     cache_dir = opts.cache_dir
-    spec = base_mod.spec_for(inp.base, inp.arch)
-    arts = inp.vers.for_arch(inp.arch)
+    spec = base_mod.spec_for(inp.base, inp.arch, inp.opts.variant)
+    arts = inp.vers.for_arch(inp.arch, inp.opts.variant)
 
     def fetch() -> dict[str, str]:
         return versions.fetch(arts, inp.art_dir, mirror=opts.artifact_mirror,
@@ -236,6 +237,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 manifest_header(inp, fetched, created=started, base_key=spec.key(),
                                 base_cached=base_cached),
                 export.dpkg_versions(tree))
+            if inp.opts.variant == "gpu":  # driver, module and kernel versions the gpu role recorded
+                manifest["gpu"] = json.loads((tree / "etc/nodeforge/gpu.json").read_text())
             manifest["phases"] = dict(phases.durations)
             export.write_image_json(tree, manifest)
             export_parallel(tree, s.partial)

@@ -51,6 +51,7 @@ class BuildOptions:
     playbook: Path | None = None  # default images/site.yml; tests provision with smaller ones
     force: bool = False  # rebuild even when an identical build is already published
     cache_max_bytes: int = 20 << 30  # layers beyond this are pruned, least recently used first
+    variant: str = "cpu"  # "gpu": + roles/gpu, contrib/non-free base, NVIDIA artifacts
 
 
 @dataclass
@@ -148,9 +149,17 @@ def resolve_inputs(opts: BuildOptions) -> Inputs:
     user_vars: dict[str, object] = {}
     for vf in opts.var_files:
         user_vars.update(varfile.load(vf, opts.target))
+    if opts.variant not in versions.VARIANTS:
+        raise NodeforgeError(
+            f"--variant {opts.variant!r}: choose one of {', '.join(versions.VARIANTS)}")
+    if opts.variant != "cpu" and opts.target != "local":
+        raise NodeforgeError(
+            f"--variant {opts.variant} is built by the local target only (for now)")
+    # The cpu image keeps its name; other variants are nodeforge-<base>-<variant>-<arch>.
+    vtag = "" if opts.variant == "cpu" else f"-{opts.variant}"
     playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)
     return Inputs(opts=opts, vers=vers, base=base, arch=arch,
-                  name=opts.name or f"nodeforge-{base.name}-{arch}",
+                  name=opts.name or f"nodeforge-{base.name}{vtag}-{arch}",
                   output=(opts.output or Path("output") / opts.target).resolve(),
                   user_vars=user_vars, playbook=opts.playbook or playbook, ansible_cfg=cfg)
 
@@ -166,7 +175,7 @@ class Fetched:
 
 def fetch_inputs(inp: Inputs) -> Fetched:
     tools = tool_versions()
-    arts = inp.vers.for_arch(inp.arch)
+    arts = inp.vers.for_arch(inp.arch, inp.opts.variant)
     seen = versions.fetch(arts, inp.art_dir, mirror=inp.opts.artifact_mirror,
                           allow_unpinned=inp.opts.allow_unpinned, versions_path=inp.vers.path)
     return Fetched(tools, arts, seen)
@@ -180,16 +189,17 @@ def extra_vars(inp: Inputs, fetched: Fetched, wheel: Path) -> dict[str, object]:
         "nodeforge_artifacts": {a.name: a.file for a in fetched.arts},
         "nodeforge_wheel": str(wheel),
         "nodeforge_base": inp.base.name,
+        "nodeforge_variant": inp.opts.variant,
         **inp.ansible_vars,
     }
 
 
 def manifest_header(inp: Inputs, fetched: Fetched, *, created: str, base_key: str,
                     base_cached: bool) -> dict:
-    return manifest_mod.header(
+    return {**manifest_mod.header(
         name=inp.name, target=inp.opts.target, created=created, arch=inp.arch, base=inp.base,
         base_key=base_key, base_cached=base_cached, arts=fetched.arts, seen=fetched.seen,
-        tools=fetched.tools)
+        tools=fetched.tools), "variant": inp.opts.variant}
 
 
 def now_iso() -> str:

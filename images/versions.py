@@ -28,6 +28,7 @@ VERSIONS_FILE = Path(__file__).with_name("versions.yaml")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # 60 s without a byte is a dead connection; 3 tries with 2, 4 s between them.
 DOWNLOAD_POLICY = download.Policy(timeout=60.0, deadline=6 * 3600.0, attempts=3, backoff=2.0)
+VARIANTS = ("cpu", "gpu")  # image variants (`nodeforge build --variant`); cpu is the default
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Artifact:
     file: str
     url: str
     sha256: str | None
+    variant: str | None = None  # only the image variant that needs it (None: every variant)
 
     @property
     def pinned(self) -> bool:
@@ -70,10 +72,12 @@ class Versions:
             )
         return self.bases[key]
 
-    def for_arch(self, arch: str) -> list[Artifact]:
-        """The artifacts a build for *arch* needs (arch-specific entry, else 'all')."""
+    def for_arch(self, arch: str, variant: str = "cpu") -> list[Artifact]:
+        """The artifacts a build of *variant* for *arch* needs (arch entry, else 'all')."""
         out = []
         for name, by_arch in self.artifacts.items():
+            if any(a.variant not in (None, variant) for a in by_arch.values()):
+                continue  # another variant's artifact (e.g. the NVIDIA stack for gpu)
             art = by_arch.get(arch) or by_arch.get("all")
             if art is None:
                 raise NodeforgeError(
@@ -126,6 +130,11 @@ def load(path: Path | None = None) -> Versions:
     artifacts: dict[str, dict[str, Artifact]] = {}
     for name, a in (_req(raw, "artifacts", "", path, dict)).items():
         w = f"artifacts.{name}"
+        variant = a.get("variant") if isinstance(a, dict) else None
+        if variant is not None and variant not in VARIANTS:
+            raise NodeforgeError(
+                f"{path}: {w}.variant must be one of {', '.join(VARIANTS)} or absent, got {variant!r}"
+            )
         by_arch = {}
         for arch, e in _req(a, "arch", w, path, dict).items():
             wa = f"{w}.arch.{arch}"
@@ -143,6 +152,7 @@ def load(path: Path | None = None) -> Versions:
                 file=_req(e, "file", wa, path),
                 url=_req(e, "url", wa, path),
                 sha256=sha,
+                variant=variant,
             )
         artifacts[name] = by_arch
     return Versions(path, bases, default_base, artifacts)
@@ -265,7 +275,9 @@ def lock_targets(versions: Versions, *, arch: str | None = None,
                 f"{versions.path}: no artifact has an entry for architecture {arch!r} "
                 f"(known: {', '.join(sorted(known))})"
             )
-        arts = versions.for_arch(arch)
+        # every variant's: the gpu image's NVIDIA artifacts are pinned by the same lock
+        by_name = {a.name: a for v in VARIANTS for a in versions.for_arch(arch, v)}
+        arts = list(by_name.values())
     return [a for a in arts if not (only_missing and a.pinned)]
 
 

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from nodeforge.errors import NodeforgeError
 
+from .. import gres, health
 from ..readiness import HELD_CREATED_FINAL, INITIALIZING, RUNNING_HOOKS, Gate
 from ..slurm import client_conf, conf_server, dropin, hardware_spec, node_conf
 from . import RoleContext
@@ -57,8 +58,9 @@ def node_spec(
     feats = list(dict.fromkeys([*ctx.params.features, *extra_features]))
     if feats:
         spec["Feature"] = ",".join(feats)
-    if ctx.params.gres:
-        spec["Gres"] = ",".join(ctx.params.gres)
+    node_gres = gres.node_gres(ctx.params)  # + gpu:<expected_gpus>: never registered GPU-less
+    if node_gres:
+        spec["Gres"] = ",".join(node_gres)
     return spec
 
 
@@ -127,6 +129,7 @@ def start_slurmd(
     # Concurrent with asking slurmctld whether it is up and creating the node: `slurmd -C`,
     # and making systemd see the slurmd drop-in (it depends on params only).
     jobs = []
+    health.install_wrapper(ctx.paths)  # slurmd runs HealthCheckProgram from its start on
     if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features)):
         jobs.append(in_background(lambda: reload_if_needed(h, "slurmd.service"), "reload"))
     hw = in_background(lambda: hardware_spec(h, p), "slurmd-C")
@@ -209,10 +212,25 @@ def start_docker(ctx: RoleContext) -> str:
 def run(ctx: RoleContext) -> dict:
     # Docker first: a compute that cannot run containers must not register at all.
     docker = start_docker(ctx)
-    drain = has_hooks(ctx)
+    # Drained at create when anything must pass before jobs: hooks, or the GPU health check
+    # (expected_gpus); otherwise created in its final state (readiness.HELD_CREATED_FINAL).
+    drain = has_hooks(ctx) or ctx.params.expected_gpus is not None
     detail = start_slurmd(ctx, gate(ctx), INITIALIZING, RUNNING_HOOKS, drain=drain)
     detail["docker"] = docker
     return detail
+
+
+def ready(ctx: RoleContext) -> dict:
+    """The gate's last step: `node health` first, RESUME only if healthy (a sick node never
+    goes idle; it stays drained with the health reason, which a later passing run clears).
+    A node created in its final state (no hooks, no GPUs expected) was not drained: its
+    health is checked all the same, and a failure drains it with the reason."""
+    g = gate(ctx)
+    rep = health.run(ctx.host, ctx.paths, slurm=False)
+    if not rep.ok:
+        g.drain(rep.reason)
+        return {"slurm": f"kept drained ({rep.reason})"}
+    return g.release(timeout=ctx.params.wait_timeout)
 
 
 def verify(ctx: RoleContext) -> bool:

@@ -15,6 +15,7 @@ import secrets
 from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
 
+from .. import gres
 from ..host import private_dir, write_atomic
 from ..slurm import render
 from . import RoleContext
@@ -43,6 +44,8 @@ def password(ctx: RoleContext) -> str:
 def slurm_conf_context(ctx: RoleContext) -> dict:
     p = ctx.params
     gres_types = list(p.gres_types) or sorted({g.split(":", 1)[0] for g in p.gres})
+    # GPU clusters: GresTypes=gpu; cgroup enforcement and HealthCheckProgram (bootstrap/gres.py)
+    gres_types, gpu_extra = gres.slurm_conf_extra(ctx.host, ctx.paths, p, gres_types)
     prolog_flags = ["Alloc"]
     if ctx.features.force_requeue_on_fail:
         prolog_flags.append("ForceRequeueOnFail")
@@ -59,6 +62,7 @@ def slurm_conf_context(ctx: RoleContext) -> dict:
         "prolog_flags": prolog_flags,
         "accounting": p.accounting,
         "dbd_host": ctx.node,
+        **gpu_extra,
     }
 
 
@@ -154,8 +158,11 @@ def _checked(context: dict) -> dict:
 
 
 def _write_slurm_conf(ctx: RoleContext) -> None:
-    text = render(ctx.paths, "slurm.conf.j2", _checked(slurm_conf_context(ctx)))
+    conf = _checked(slurm_conf_context(ctx))
+    text = render(ctx.paths, "slurm.conf.j2", conf)
     write_atomic(ctx.paths.slurm_etc / "slurm.conf", text, 0o644)
+    gres.write_confs(ctx.host, ctx.paths, conf["gres_types"],
+                     conf["proctrack_type"] == "proctrack/cgroup")
 
 
 def cluster_registered(ctx: RoleContext) -> bool:

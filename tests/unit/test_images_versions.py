@@ -190,7 +190,7 @@ def test_lock_refuses_a_truncated_body_and_leaves_the_file_unchanged(tmp_path):
 def test_lock_arch_pins_only_what_the_mirror_holds(tmp_path):
     f = _copy(tmp_path)
     v = versions.load(f)
-    amd64 = v.for_arch("amd64")
+    amd64 = versions.lock_targets(v, arch="amd64")  # every variant's amd64 entry
     m = _mirror(tmp_path, amd64)  # the mirror has no arm64 files
     srv, url = _http_dir(m)
     try:
@@ -211,7 +211,7 @@ def test_lock_arch_cli_says_what_stays_unpinned(tmp_path, capsys):
     from nodeforge.cli import main
 
     f = _copy(tmp_path)
-    m = _mirror(tmp_path, versions.load(f).for_arch("amd64"))
+    m = _mirror(tmp_path, versions.lock_targets(versions.load(f), arch="amd64"))
     assert main(["versions", "lock", "--versions-file", str(f), "--artifact-mirror", str(m),
                  "--arch", "amd64"]) == 0
     out = capsys.readouterr()

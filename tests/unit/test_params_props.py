@@ -135,9 +135,18 @@ def node_or_none(p, hostname):
         return None
 
 
+class _MetalHost:
+    """Stand-in host for rendering only: answers the one probe the slurm.conf context makes
+    (`systemd-detect-virt --container`) with "not a container", so cgroup settings render."""
+
+    def ok(self, argv, timeout=None) -> bool:
+        assert argv[0] == "systemd-detect-virt", argv
+        return False
+
+
 def ctx_for(p, tmp: Path, node="n1", address="10.0.0.5"):
     return RoleContext(
-        None, Paths.under(tmp), p, SlurmFeatures("24.11.1", True, True), node, address
+        _MetalHost(), Paths.under(tmp), p, SlurmFeatures("24.11.1", True, True), node, address
     )
 
 

@@ -29,6 +29,7 @@ ROLE_ORDER = [
     "docker",
     "enroot",
     "pyxis",
+    "gpu",
     "logrotate",
     "node_agent",
     "seal",
@@ -444,7 +445,7 @@ def test_ansible_lint_production_profile():
 def test_fixture_mirror_builds_upstream_named_artifacts(tmp_path):
     if shutil.which("dpkg-deb") is None:
         pytest.fail("dpkg-deb missing (apt install dpkg)", pytrace=False)
-    sums = make_mirror(tmp_path / "mirror")
+    sums = make_mirror(tmp_path / "mirror", gpu=False)
     assert set(sums) == {
         "enroot_4.1.2-1_amd64.deb",
         "enroot+caps_4.1.2-1_amd64.deb",
@@ -483,7 +484,7 @@ def test_fixture_mirror_builds_upstream_named_artifacts(tmp_path):
     assert '"container-image"' in src and '"container-name"' in src
     assert "libdir" in mk and "prefix" in mk and "pyxis.conf" in mk
     # Reproducible: the same bytes twice.
-    assert make_mirror(tmp_path / "again") == sums
+    assert make_mirror(tmp_path / "again", gpu=False) == sums
 
 
 @pytest.mark.unit

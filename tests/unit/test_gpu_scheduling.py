@@ -1,0 +1,118 @@
+"""GPU scheduling in the agent: expected_gpus params, the pre-created node's Gres, gres.conf,
+cgroup enforcement (VM/metal vs container) and the health check before RESUME."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from nodeforge.bootstrap import gres
+from nodeforge.bootstrap.params import ParamsError, parse_params
+
+from tests.unit.test_bootstrap import COMPUTE, CTL, make
+
+pytestmark = pytest.mark.unit
+
+BASE = {"role": "compute", "cluster_name": "demo", "controller": {"host": "ctl"}}
+
+
+@pytest.mark.parametrize("value", [-1, 65, 10**30, "8", "8\n", True, 8.0, math.nan, [8], {"n": 8}])
+def test_bad_expected_gpus_names_the_field(value):
+    with pytest.raises(ParamsError, match=r"node\.yaml: expected_gpus: "):
+        parse_params({**BASE, "expected_gpus": value}, "node.yaml")
+
+
+@pytest.mark.parametrize("value", [-1, 86401, "300", True, math.inf])
+def test_bad_health_interval_names_the_field(value):
+    with pytest.raises(ParamsError, match=r"node\.yaml: health_interval: "):
+        parse_params({**BASE, "health_interval": value}, "node.yaml")
+
+
+def test_expected_gpus_bounds_and_default():
+    assert parse_params(BASE, "n").expected_gpus is None
+    assert parse_params({**BASE, "expected_gpus": 0}, "n").expected_gpus == 0
+    assert parse_params({**BASE, "expected_gpus": 64}, "n").expected_gpus == 64
+    assert parse_params(BASE, "n").health_interval == 300
+
+
+def test_node_gres_adds_expected_gpus_only_when_no_gpu_gres_given():
+    p = parse_params({**BASE, "expected_gpus": 8}, "n")
+    assert gres.node_gres(p) == ("gpu:8",)
+    p = parse_params({**BASE, "expected_gpus": 8, "gres": ["gpu:h100:8", "nvme:1"]}, "n")
+    assert gres.node_gres(p) == ("gpu:h100:8", "nvme:1")
+    assert gres.node_gres(parse_params(BASE, "n")) == ()
+
+
+def test_controller_on_a_vm_enforces_cgroups_and_serves_gres_conf(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, {**CTL, "gres_types": ["gpu"], "health_interval": 120},
+                               slurm_version="24.11.5")
+    fm.fail_on["systemd-detect-virt"] = 1  # not a container: a VM or metal
+    agent.init()
+    conf = (paths.slurm_etc / "slurm.conf").read_text()
+    cg = (paths.slurm_etc / "cgroup.conf").read_text()
+    assert "GresTypes=gpu" in conf
+    assert (paths.slurm_etc / "gres.conf").read_text().splitlines()[-1] == "AutoDetect=nvml"
+    for line in ("ConstrainCores=yes", "ConstrainRAMSpace=yes", "ConstrainDevices=yes"):
+        assert line in cg.splitlines()
+
+
+def test_real_slurm_conf_template_with_enforcement_and_health(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    agent, fm, paths, _ = make(tmp_path, {**CTL, "gres_types": ["gpu"], "health_interval": 120},
+                               slurm_version="24.11.5")
+    shutil.copy(repo / "roles/slurm/templates/slurm.conf.j2", paths.templates / "slurm.conf.j2")
+    fm.fail_on["systemd-detect-virt"] = 1
+    agent.init()
+    lines = (paths.slurm_etc / "slurm.conf").read_text().splitlines()
+    for line in ("ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup,task/affinity",
+                 "GresTypes=gpu", "HealthCheckProgram=/usr/local/sbin/nodeforge-health",
+                 "HealthCheckInterval=120", "HealthCheckNodeState=ANY,CYCLE"):
+        assert line in lines, line
+
+
+def test_controller_in_a_container_keeps_what_works_in_nspawn(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    agent, _fm, paths, _ = make(tmp_path, {**CTL, "health_interval": 0}, slurm_version="24.11.5")
+    shutil.copy(repo / "roles/slurm/templates/slurm.conf.j2", paths.templates / "slurm.conf.j2")
+    agent.init()  # FakeMachine: systemd-detect-virt --container exits 0
+    lines = (paths.slurm_etc / "slurm.conf").read_text().splitlines()
+    assert "ProctrackType=proctrack/linuxproc" in lines and "TaskPlugin=task/affinity" in lines
+    assert not any(ln.startswith(("HealthCheck", "GresTypes")) for ln in lines)
+    assert "ConstrainDevices=no" in (paths.slurm_etc / "cgroup.conf").read_text()
+    assert not (paths.slurm_etc / "gres.conf").exists()
+
+
+def test_gpu_image_controller_adds_gres_type_gpu(tmp_path):
+    agent, _fm, paths, _ = make(tmp_path, CTL, slurm_version="24.11.5")
+    (tmp_path / "etc/nodeforge").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "etc/nodeforge/gpu.json").write_text("{}")
+    agent.init()
+    assert (paths.slurm_etc / "gres.conf").exists()
+
+
+def test_compute_precreate_carries_gpus_and_health_runs_before_resume(tmp_path):
+    node_yaml = {**COMPUTE, "gres": [], "expected_gpus": 8}
+    agent, fm, _paths, _ = make(tmp_path, node_yaml)
+    state = agent.init()
+    node = fm.nodes["c1"]
+    assert node["Gres"] == "gpu:8"  # pre-created with its GPUs: never registered GPU-less
+    # FixtureMachine's nvidia-smi answers no GPU: the gate keeps the node drained, with why.
+    assert node["State"].endswith("+DRAIN")
+    assert node["Reason"] == "nodeforge-health: gpu_count: 0 of 8 GPUs"
+    assert state.steps["ready"].detail["slurm"].startswith("kept drained (nodeforge-health:")
+    assert (tmp_path / "usr/local/sbin/nodeforge-health").stat().st_mode & 0o111
+    assert any(c[0] == "nvidia-smi" for c in fm.calls)
+
+
+def test_healthy_cpu_compute_resumes(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    assert fm.nodes["c1"]["State"] == "IDLE"
+    assert not any(c[0] == "nvidia-smi" for c in fm.calls)  # no expected_gpus: no GPU checks
+    assert (tmp_path / "var/lib/nodeforge/gang/health.json").exists()
