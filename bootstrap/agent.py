@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 
 from . import hooks as hooks_mod
 from . import identity, munge
-from .host import Host, write_atomic
+from .host import Host
 from .params import Params
 from .params_sources import Loaded, SourceConfig, load_params
 from .paths import Paths

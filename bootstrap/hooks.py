@@ -29,8 +29,8 @@ from pathlib import Path
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 
-from .host import write_atomic
 from .params import Params
 from .paths import Paths
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .host import Host, private_dir, write_atomic
+from nodeforge.fsutil import write_atomic
+
+from .host import Host, private_dir
 from .params import Params
 from .paths import Paths
 

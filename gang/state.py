@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_json
 
 # Phases (Kueue wording in brackets)
 PENDING = "pending"  # waiting for Slurm to allocate [queued]
@@ -135,15 +135,4 @@ def load(path: str | os.PathLike) -> GovState:
 
 
 def save(st: GovState, path: str | os.PathLike) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(to_json(st), f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json(path, to_json(st), 0o600, compact=True)

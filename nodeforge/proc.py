@@ -187,7 +187,7 @@ def stream(
     try:
         while True:
             if deadline is not None and time.monotonic() > deadline:
-                kill_group(proc, kill_grace)
+                stop_group(proc, kill_grace)
                 raise CommandError(args, -1, "".join(tail), hint=f"timed out after {timeout}s. {hint}")
             if not sel.select(timeout=1.0):
                 if proc.poll() is not None:
@@ -203,7 +203,7 @@ def stream(
             emit(pending)
         rc = proc.wait()
     except BaseException:
-        kill_group(proc, kill_grace)
+        stop_group(proc, kill_grace)
         raise
     finally:
         watcher.kill()
@@ -213,24 +213,6 @@ def stream(
         logfile.flush()
     if rc != 0:
         raise CommandError(args, rc, "".join(tail), hint=hint)
-
-
-def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Stop a child started with start_new_session: SIGTERM the group, then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=grace)
 
 
 class GroupResult:
@@ -297,11 +279,84 @@ def run_group(
     except subprocess.TimeoutExpired:
         timed_out = True
     except BaseException:
-        _stop_group(proc, grace)
+        stop_group(proc, grace)
         raise
-    _stop_group(proc, grace)
+    stop_group(proc, grace)
     rc = proc.wait()
     return GroupResult(rc, timed_out, time.monotonic() - start)
+
+
+KILL_WAIT = 10.0  # after SIGKILL: how long to wait for the kernel to remove the processes
+
+
+def stop_group(target: subprocess.Popen | int, grace: float = 10.0, *, group: bool = True) -> bool:
+    """The one process stopper: SIGTERM, up to *grace* seconds to exit, then SIGKILL.
+
+    *target* is our child (a Popen, reaped here) or a pid: a detached qemu, an nspawn started by
+    an earlier command. With *group* (the child was started with start_new_session, so its pid
+    is its group id) the whole group is signalled and waited for, so nothing it started is left
+    behind; without it, only that process (qemu -daemonize leaves its group). Returns True when
+    SIGKILL was needed.
+    """
+    import time
+
+    popen = target if isinstance(target, subprocess.Popen) else None
+    pid = popen.pid if popen is not None else int(target)
+    send = os.killpg if group else os.kill
+
+    def gone() -> bool:
+        if popen is not None:
+            popen.poll()  # reap the leader: a zombie must not count as alive
+        else:
+            _reap(pid)
+        if group:
+            return not _group_alive(pid)
+        return popen.returncode is not None if popen is not None else not _pid_alive(pid)
+
+    def wait(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not gone():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    if gone():
+        return False
+    try:
+        send(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    if wait(grace):
+        return False
+    log.warning("pid %s did not exit %ss after SIGTERM; sending SIGKILL", pid, grace)
+    try:
+        send(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    wait(KILL_WAIT)
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Reap *pid* if it is our exited child (a pid without its Popen); no-op otherwise."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _group_alive(pgid: int) -> bool:
@@ -312,31 +367,6 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _stop_group(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM every process of *proc*'s group, SIGKILL whatever is left after *grace* seconds."""
-    import time
-
-    pgid = proc.pid
-    proc.poll()  # reap the leader if it is done, so a zombie leader does not count as alive
-    if not _group_alive(pgid):
-        return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        proc.poll()
-        if not _group_alive(pgid):
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 # Stops process $1 and its group (SIGTERM, then SIGKILL after $2 s) when the watcher gets

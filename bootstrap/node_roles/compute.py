@@ -11,6 +11,8 @@ The agent's `ready` step resumes the node after the hooks succeed.
 
 from __future__ import annotations
 
+from nodeforge.slurm import has
+
 from ..readiness import INITIALIZING, RUNNING_HOOKS, Gate
 from ..slurm import client_conf, conf_server, dropin, hardware_spec, node_conf
 from . import RoleContext
@@ -25,7 +27,8 @@ def gate(ctx: RoleContext) -> Gate:
 def slurmd_exec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> list[str]:
     # Slurm >= 23.02 units are Type=notify and need --systemd; Debian 12's 22.05 unit is
     # Type=simple with `slurmd -D -s` and its slurmd has no --systemd flag.
-    mode = ["--systemd"] if ctx.features.version_tuple >= (23, 2) else ["-D", "-s"]
+    notify = has(ctx.features.version_tuple, "slurmd_systemd_notify")
+    mode = ["--systemd"] if notify else ["-D", "-s"]
     argv = [SLURMD, *mode, "-Z", "--conf-server", conf_server(ctx.params)]
     conf = node_conf(ctx.params, extra_features)
     if conf:

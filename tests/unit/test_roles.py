@@ -17,6 +17,8 @@ import jinja2
 import pytest
 import yaml
 
+from nodeforge import slurm as slurm_facts
+
 REPO = Path(__file__).resolve().parents[2]
 ROLES_DIR = REPO / "roles"
 SITE = REPO / "images" / "site.yml"
@@ -240,6 +242,8 @@ def _slurm_conf(version: str, **over) -> dict[str, str]:
         "controller_addr": "10.0.0.1",
         "max_node_count": 128,
         "slurm_version": version,
+        "force_requeue_on_fail": slurm_facts.has(version, "prolog_force_requeue_on_fail"),
+        "tree_width_65533": not slurm_facts.has(version, "dynamic_nodes_without_tree_width"),
         "partitions": [
             {"name": "batch", "default": True, "max_time": "2-00:00:00"},
             {"name": "debug", "default": False, "max_time": None},
