@@ -29,8 +29,6 @@ from typing import Any
 
 from nodeforge.errors import NodeforgeError
 
-REPO = Path(__file__).resolve().parents[1]
-SUITE_DIR = REPO / "tests" / "infra"
 SCHEMES = ("ssh", "nsenter", "nspawn", "vm")
 
 
@@ -313,7 +311,7 @@ def preflight(spec: HostSpec) -> str | None:
 def run_suite(
     specs: list[HostSpec],
     *,
-    suite_dir: Path = SUITE_DIR,
+    suite_dir: Path | None = None,
     select: str | None = None,
     pytest_args: Iterable[str] = (),
     quiet: bool = True,
@@ -321,6 +319,9 @@ def run_suite(
     """Run tests/infra against *specs* (already resolved to ssh/nsenter). Returns (rc, results)."""
     import pytest
 
+    from nodeforge import data
+
+    suite_dir = suite_dir or data.path("tests/infra")  # the checkout's, or the wheel's copy
     payload = json.dumps([dataclasses.asdict(s) for s in specs])
     args = [
         str(suite_dir), "-p", "no:cacheprovider", "-p", "no:testinfra",

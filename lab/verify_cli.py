@@ -35,6 +35,7 @@ def _verify(args: argparse.Namespace) -> int:
     from . import verify
 
     specs = verify.parse_host_specs(args.hosts, args.ssh_key)
+    _require_verify_extra(any(s.scheme == "ssh" for s in specs))
     resolved: list[verify.HostSpec] = []
     vms = []
     try:
@@ -67,6 +68,21 @@ def _verify(args: argparse.Namespace) -> int:
     finally:
         for vm in vms:
             vm.stop()
+
+
+def _require_verify_extra(ssh: bool) -> None:
+    """pytest and testinfra (paramiko for ssh://) are the `verify` extra, not core dependencies."""
+    import importlib.util
+
+    from nodeforge.errors import NodeforgeError
+
+    mods = ("pytest", "testinfra", *(("paramiko",) if ssh else ()))
+    missing = [m for m in mods if importlib.util.find_spec(m) is None]
+    if missing:
+        raise NodeforgeError(
+            f"nodeforge verify needs {', '.join(missing)}, which this install lacks; "
+            "install the verify extra: pip install 'nodeforge[verify]'"
+        )
 
 
 def _boot_vm(spec, args: argparse.Namespace):

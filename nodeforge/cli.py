@@ -26,12 +26,46 @@ _CLI_MODULES = (
 )
 
 
+def version_text() -> str:
+    """"nodeforge X.Y.Z", plus the git revision when this runs from a source checkout."""
+    from . import data
+
+    text = f"nodeforge {__version__}"
+    root = data.checkout()
+    if root is not None:
+        text += f" (checkout {root}, git {_git_revision(root) or 'revision unknown'})"
+    return text
+
+
+def _git_revision(root) -> str | None:
+    from . import proc
+
+    try:
+        cp = proc.run(["git", "-C", root, "describe", "--always", "--dirty", "--abbrev=12"],
+                      check=False, timeout=10)  # fmt: skip
+    except NodeforgeError:  # no git on this host
+        return None
+    return cp.stdout.strip() or None if cp.returncode == 0 else None
+
+
+class _VersionAction(argparse.Action):
+    """--version, computed only when asked (the git call must not slow every command)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version (and the git revision of a checkout) and exit")  # fmt: skip
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nodeforge",
         description="Bake sealed Slurm node images and bootstrap the nodes that boot from them.",
     )
-    parser.add_argument("--version", action="version", version=f"nodeforge {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
