@@ -286,6 +286,7 @@ def test_slurm_conf_contract_settings(version):
     c = _slurm_conf(version)
     assert c["SlurmUser"] == "slurm"
     assert c["SlurmctldParameters"] == "enable_configless"
+    assert c["MailProg"] == "/bin/true"  # no "MailProg is invalid" at every start
     assert c["MaxNodeCount"] == "128"
     assert c["SlurmctldHost"] == "ctl(10.0.0.1)"
     assert c["JobAcctGatherType"] == "jobacct_gather/linux"
@@ -379,7 +380,9 @@ def test_bake_templates_render_with_defaults():
     assert [
         ln for ln in pyxis.splitlines() if "spank_pyxis.so" in ln and not ln.startswith("#")
     ] == ["required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_pyxis.so"]
-    assert "include /etc/slurm/plugstack.conf.d/*" in rendered[("pyxis", "plugstack.conf.j2")]
+    plugstack = rendered[("pyxis", "plugstack.conf.j2")]
+    assert "include /etc/slurm/plugstack.conf.d/pyxis.conf" in plugstack
+    assert "*" not in plugstack.split("include", 1)[1]  # slurmctld cannot parse a glob include
     init = rendered[("node_agent", "nodeforge-init.service.j2")]
     assert "After=network-online.target" in init
     # contracts.md: no Before= on the Slurm units (the agent starts them from inside the unit).
