@@ -23,7 +23,7 @@ from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import export, packer, varfile, versions
+from . import export, packer, template, varfile, versions
 from . import manifest as manifest_mod
 from .sandbox import release_mounts
 
@@ -146,6 +146,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
     for vf in opts.var_files:
         user_vars.update(varfile.load(vf, target))
     size_mib = check_qemu_vars(user_vars) if target == "qemu" else 0
+    ami = template.amazon_source(user_vars, base.name, arch) if target == "amazon-ebs" else {}
     playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)
     playbook = opts.playbook or playbook
     phases = Phases(reporter)
@@ -205,6 +206,7 @@ def run_packer_target(opts, vers, base, arch: str, name: str, output: Path,
                     values["box_vagrantfile"] = (
                         BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER)
             else:
+                values.update(ami)  # source AMI of --base, the artifacts' architecture
                 comps = {a.component: a.version for a in arts}
                 # Tags carry the versions, so an AMI says what it holds.
                 values["ami_tags"] = _hcl_map({

@@ -25,34 +25,36 @@ def register(sub: argparse._SubParsersAction) -> None:
             sp.add_argument("--timeout", type=float, default=300.0,
                             help="bound for nodes to become ready (default: %(default)ss)")
             sp.add_argument("--no-wait", action="store_true", help="return once nodes are started")
-            sp.add_argument("--json", action="store_true")
+            sp.add_argument("--json", action="store_true", help="print the cluster status as JSON")
 
     s = cs.add_parser("up", help="start a controller and N computes")
     s.add_argument("--image", type=Path, default=Path("output/local"),
                    help="output directory of `nodeforge build` (default: %(default)s)")
-    s.add_argument("--computes", type=int, default=2)
+    s.add_argument("--computes", type=int, default=2, help="compute nodes (default: %(default)s)")
     common(s)
     s.set_defaults(func=cmd_up)
 
     s = cs.add_parser("add", help="join K more computes to a running cluster")
-    s.add_argument("count", type=int)
-    s.add_argument("--role", default="compute", choices=("compute", "login"))
+    s.add_argument("count", type=int, help="how many nodes join")
+    s.add_argument("--role", default="compute", choices=("compute", "login"),
+                   help="role of the new nodes (default: %(default)s)")
     common(s)
     s.set_defaults(func=cmd_add)
 
     s = cs.add_parser("status", help="role, Slurm state, reason and time-to-ready of each node")
-    s.add_argument("--name", default="nf")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.set_defaults(func=cmd_status)
 
     s = cs.add_parser("down", help="remove every node, namespace, bridge and mount")
-    s.add_argument("--name", default="nf")
+    s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
+    s.add_argument("--json", action="store_true", help="print what was removed as JSON")
     s.set_defaults(func=cmd_down)
 
     s = cs.add_parser("exec", help="run a command inside a node")
-    s.add_argument("--name", default="nf")
-    s.add_argument("node")
-    s.add_argument("argv", nargs=argparse.REMAINDER)
+    s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
+    s.add_argument("node", help="node name (ctl, c001, …)")
+    s.add_argument("argv", nargs=argparse.REMAINDER, help="the command (after --; default: sh)")
     s.set_defaults(func=cmd_exec)
 
 
@@ -125,6 +127,8 @@ def cmd_down(args) -> int:
     from .localcluster import LocalCluster
 
     removed = LocalCluster(args.name).down()
+    if args.json:
+        print(json.dumps({"cluster": args.name, "removed": removed}, indent=2))
     print(f"removed cluster {args.name}: {', '.join(removed) or 'nothing was running'}",
           file=sys.stderr)
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from . import __version__
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit statuses (README "Exit statuses"): argparse's own usage errors also exit 2, with a
+# "usage:" line; both are the caller's input to fix.
+EXIT_OK, EXIT_FAILURE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -91,12 +97,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at exit
     except NodeforgeError as exc:
         print(f"nodeforge: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("nodeforge: interrupted; cleaned up", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `nodeforge … | head`: the reader is gone; stop quietly, like a SIGPIPE'd program.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        # A path given on the command line that cannot be read: the message, not a traceback
+        # (-v keeps the traceback for a bug report).
+        if args.verbose or exc.filename is None:
+            raise
+        print(f"nodeforge: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_INPUT
     return int(rc or 0)
 
 
