@@ -57,9 +57,8 @@ def main() -> None:
                     help="an install to measure (repeatable); default: this interpreter")
     ap.add_argument("--runs", type=int, default=15, help="runs per measurement (median)")
     args = ap.parse_args()
-    import sys
-
     import os
+    import sys
 
     installs = [(n, os.path.abspath(py)) for n, py in (p.split("=", 1) for p in args.python)]
     installs = installs or [("this", sys.executable)]

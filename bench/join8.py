@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import time_to_ready as ttr
 
-from nodeforge.lab.localcluster import Cluster, LocalCluster, _agent_seconds
 from nodeforge.errors import NodeforgeError
+from nodeforge.lab.localcluster import Cluster, LocalCluster, _agent_seconds
 
 log = ttr.log
 

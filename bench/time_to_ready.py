@@ -50,6 +50,8 @@ if str(REPO) not in sys.path:
 
 import yaml
 
+from nodeforge import proc
+from nodeforge.errors import NodeforgeError
 from nodeforge.lab.localcluster import (
     READY_STATES,
     Cluster,
@@ -60,8 +62,6 @@ from nodeforge.lab.localcluster import (
     ensure_lower,
     node_exec,
 )
-from nodeforge import proc
-from nodeforge.errors import NodeforgeError
 
 VARIANTS = ("floor", "baked", "lifecycle")
 GOAL_AGENT_S = 3.0

@@ -23,11 +23,11 @@ from nodeforge.fsutil import write_atomic
 from . import hooks as hooks_mod
 from . import identity, munge
 from .host import Host
+from .node_roles import RoleContext, compute, controller, login
 from .params import Params
 from .params_sources import Loaded, SourceConfig, load_params
 from .paths import Paths
 from .readiness import Gate
-from .node_roles import RoleContext, compute, controller, login
 from .slurm import SlurmFeatures, read_features
 from .state import State, now, uptime
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from nodeforge.errors import NodeforgeError
-from nodeforge.slurm import has, version_tuple
 from nodeforge.fsutil import write_atomic
+from nodeforge.slurm import has, version_tuple
 
 from .host import Host
 from .params import Params

@@ -101,9 +101,9 @@ def _status(args) -> int:
         print(f"no gang jobs (state: {cfg.state_file})")
     else:
         print(f"{'JOBID':<10} {'PHASE':<18} {'COUNT':>5} {'NEXT_ELIGIBLE':<20} WHY")
-    for r in rows:
+    for row in rows:
         print(
-            f"{r['job_id']:<10} {r['phase']:<18} {r['count']:>5} {_fmt_ts(r['next_eligible']):<20} {r['why']}"
+            f"{row['job_id']:<10} {row['phase']:<18} {row['count']:>5} {_fmt_ts(row['next_eligible']):<20} {row['why']}"
         )
     if nodes:
         print(f"\n{'NODE':<16} {'STATE':<9} {'STRIKES':>7} {'LAST_STRIKE':<20} {'LAST_JOB':<9} WHY")

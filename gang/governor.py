@@ -106,12 +106,12 @@ class Governor:
             if a.kind == "requeue":
                 self._admin(a, job, "backoff", a.reason)
                 self._requeue(a.job_id, a.hold, ev)
-                ev["requeued_at"] = round(time.time(), 3)
+                ev["requeued_at"] = requeued_at = round(time.time(), 3)
                 if a.deadline is not None:
                     metrics.observe(
                         st,
                         "nodeforge_gang_deadline_to_requeue_seconds",
-                        max(0.0, ev["requeued_at"] - a.deadline),
+                        max(0.0, requeued_at - a.deadline),
                     )
                 self.slurm.set_start_time(a.job_id, a.start_at or self.clock())
                 self._count_eviction(a)

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-_BOUND = re.compile(r"\s[A-Za-z][A-Za-z0-9_:/]*=")
-
 from nodeforge import proc
 from nodeforge.errors import CommandError
+
+_BOUND = re.compile(r"\s[A-Za-z][A-Za-z0-9_:/]*=")
 
 # A key starts after whitespace; keys are CamelCase words, possibly with ':' or '/' (TRES).
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")

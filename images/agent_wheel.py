@@ -80,7 +80,7 @@ def write(dest: Path) -> Path:
     files += [
         (f"{info}/METADATA", ("\n".join(meta) + "\n").encode()),
         (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: nodeforge.images.agent_wheel\n"
-                          b"Root-Is-Purelib: true\nTag: py3-none-any\n"),  # fmt: skip
+                          b"Root-Is-Purelib: true\nTag: py3-none-any\n"),
         (f"{info}/entry_points.txt", b"[console_scripts]\nnodeforge = nodeforge.cli:main\n"),
         (f"{info}/top_level.txt", b"nodeforge\n"),
     ]

@@ -22,8 +22,8 @@ from pathlib import Path
 from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
 
-from . import base as base_mod
 from . import agent_wheel, export, packer, seal, varfile, versions
+from . import base as base_mod
 from . import manifest as manifest_mod
 from .sandbox import Sandbox, extract, release_mounts
 from .template import TARGETS

@@ -301,7 +301,7 @@ def stop_group(target: subprocess.Popen | int, grace: float = 10.0, *, group: bo
     import time
 
     popen = target if isinstance(target, subprocess.Popen) else None
-    pid = popen.pid if popen is not None else int(target)
+    pid = target.pid if isinstance(target, subprocess.Popen) else int(target)
     send = os.killpg if group else os.kill
 
     def gone() -> bool:

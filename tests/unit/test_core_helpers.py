@@ -90,7 +90,7 @@ def test_no_other_atomic_writer_in_the_packages():
     for pkg in ("nodeforge", "images", "bootstrap", "gang", "lab"):
         for f in (REPO / pkg).rglob("*.py"):
             text = f.read_text()
-            if "os.replace(" in text or "mkstemp(" in text and "fsync" in text:
+            if "os.replace(" in text or ("mkstemp(" in text and "fsync" in text):
                 found.add(str(f.relative_to(REPO)))
     assert found <= allowed, sorted(found - allowed)
 

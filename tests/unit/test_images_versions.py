@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeforge.images import versions
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import versions
 
 pytestmark = pytest.mark.unit
 

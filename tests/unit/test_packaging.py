@@ -118,7 +118,7 @@ def test_installed_wheel_finds_its_data_outside_a_checkout(full_install):
 
 def test_installed_playbook_resolves_its_roles(full_install):
     """What `nodeforge build` hands to Ansible, from the install alone."""
-    tmp, _, py, site = full_install
+    tmp, _, _, site = full_install
     ansible = Path(sys.executable).with_name("ansible-playbook")
     if not ansible.exists():
         pytest.fail("ansible-playbook not found next to the test interpreter", pytrace=False)
