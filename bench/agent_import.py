@@ -3,12 +3,12 @@
     .venv/bin/python bench/agent_import.py [--python NAME=INTERPRETER ...] [--runs 15]
 
 For each interpreter (default: this one) it measures, from a directory outside the checkout:
-- `-X importtime` self+cumulative microseconds of `nodeforge.cli` (what `nodeforge node ...`
-  loads before it parses arguments) and of `nodeforge.bootstrap.agent` (what `node init` adds);
-- the wall time of `python -m nodeforge node --help` (median of --runs);
+- `-X importtime` cumulative microseconds of `nodeforge.cli` (what `nodeforge node ...` loads
+  before it parses arguments) and of `nodeforge.bootstrap.agent` (what `node init` adds);
+- the wall time of `python -m nodeforge node --help`;
 - how many nodeforge modules `node --help` imports.
-Prints a table and each install's ratio to the first one. Interpreters are compared in the
-same run, so the machine's load affects them alike.
+Runs are interleaved across installs; the table gives minimum and median of --runs and the
+ratio of each install's minima to the first one's (the minimum is the least load-disturbed).
 """
 
 from __future__ import annotations
@@ -20,26 +20,21 @@ import tempfile
 import time
 
 
-def importtime(python: str, module: str, runs: int, cwd: str) -> int:
-    """Median cumulative import time of *module* in microseconds (-X importtime)."""
-    vals = []
-    for _ in range(runs):
-        cp = subprocess.run([python, "-X", "importtime", "-c", f"import {module}"],
-                            capture_output=True, text=True, cwd=cwd, check=True)  # fmt: skip
-        for line in cp.stderr.splitlines():
-            parts = [p.strip() for p in line.removeprefix("import time:").split("|")]
-            if len(parts) == 3 and parts[2] == module:
-                vals.append(int(parts[1]))
-    return int(statistics.median(vals))
+def _importtime(python: str, module: str, cwd: str) -> int:
+    """Cumulative import time of *module* in microseconds (-X importtime), one run."""
+    cp = subprocess.run([python, "-X", "importtime", "-c", f"import {module}"],
+                        capture_output=True, text=True, cwd=cwd, check=True)  # fmt: skip
+    for line in cp.stderr.splitlines():
+        parts = [p.strip() for p in line.removeprefix("import time:").split("|")]
+        if len(parts) == 3 and parts[2] == module:
+            return int(parts[1])
+    raise SystemExit(f"{python}: no import time reported for {module}")
 
 
-def wall(python: str, argv: list[str], runs: int, cwd: str) -> float:
-    vals = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run([python, *argv], capture_output=True, cwd=cwd, check=True)
-        vals.append(time.perf_counter() - t0)
-    return statistics.median(vals)
+def _wall(python: str, argv: list[str], cwd: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([python, *argv], capture_output=True, cwd=cwd, check=True)
+    return time.perf_counter() - t0
 
 
 def modules(python: str, cwd: str) -> int:
@@ -62,21 +57,26 @@ def main() -> None:
 
     installs = [(n, os.path.abspath(py)) for n, py in (p.split("=", 1) for p in args.python)]
     installs = installs or [("this", sys.executable)]
-    rows = []
+    # Interleaved: run i of every install, then run i+1, so load changes hit all of them.
+    samples: dict[str, dict[str, list[float]]] = {n: {"cli": [], "agent": [], "help": []}
+                                                  for n, _ in installs}  # fmt: skip
     with tempfile.TemporaryDirectory() as cwd:
+        for _ in range(args.runs):
+            for name, py in installs:
+                samples[name]["cli"].append(_importtime(py, "nodeforge.cli", cwd))
+                samples[name]["agent"].append(_importtime(py, "nodeforge.bootstrap.agent", cwd))
+                samples[name]["help"].append(_wall(py, ["-m", "nodeforge", "node", "--help"], cwd))
+        rows = []
         for name, py in installs:
-            rows.append((
-                name,
-                importtime(py, "nodeforge.cli", args.runs, cwd),
-                importtime(py, "nodeforge.bootstrap.agent", args.runs, cwd),
-                wall(py, ["-m", "nodeforge", "node", "--help"], args.runs, cwd),
-                modules(py, cwd),
-            ))  # fmt: skip
+            s = samples[name]
+            rows.append((name, min(s["cli"]), statistics.median(s["cli"]), min(s["agent"]),
+                         statistics.median(s["agent"]), min(s["help"]), modules(py, cwd)))  # fmt: skip
     base = rows[0]
-    print(f"{'install':<12} {'cli_us':>8} {'agent_us':>9} {'node_help_s':>12} {'modules':>8}  ratio(cli, agent, help)")
+    print(f"{'install':<12} {'cli_us min/med':>16} {'agent_us min/med':>18} {'node_help_s min':>16} "
+          f"{'modules':>8}  ratio of minima (cli, agent, help)")  # fmt: skip
     for r in rows:
-        print(f"{r[0]:<12} {r[1]:>8} {r[2]:>9} {r[3]:>12.3f} {r[4]:>8}  "
-              f"{r[1] / base[1]:.2f} {r[2] / base[2]:.2f} {r[3] / base[3]:.2f}")  # fmt: skip
+        print(f"{r[0]:<12} {r[1]:>7.0f}/{r[2]:<8.0f} {r[3]:>8.0f}/{r[4]:<9.0f} {r[5]:>16.3f} {r[6]:>8}  "
+              f"{r[1] / base[1]:.2f} {r[3] / base[3]:.2f} {r[5] / base[5]:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

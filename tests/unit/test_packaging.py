@@ -84,10 +84,12 @@ def test_full_wheel_carries_the_build_and_verify_data(full_install):
         "nodeforge/slurm_versions.json",
     ):
         assert rel in names, f"{rel} missing from {wheel.name}"
-    # every file of every role, not only the ones named above
-    for f in (REPO / "roles").rglob("*"):
+    # every file of every role and suite, not only the ones named above
+    for f in [*(REPO / "roles").rglob("*"), *(REPO / "tests/infra").glob("*.py")]:
         if f.is_file() and not f.name.startswith("."):
             assert f"nodeforge/_data/{f.relative_to(REPO).as_posix()}" in names, f
+    for f in (REPO / "images/box").iterdir():
+        assert f"nodeforge/images/box/{f.name}" in names, f
     meta = zipfile.ZipFile(wheel).read(f"nodeforge-{_version()}.dist-info/METADATA").decode()
     assert "License-Expression: Apache-2.0" in meta
     requires = [ln for ln in meta.splitlines() if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
