@@ -209,3 +209,20 @@ def test_verify_without_its_extra_names_the_extra(monkeypatch):
                         lambda name, *a: None if name == "testinfra" else real(name, *a))  # fmt: skip
     with pytest.raises(NodeforgeError, match=r"needs testinfra.*pip install 'nodeforge\[verify\]'"):
         verify_cli._require_verify_extra(ssh=False)
+
+
+def test_installed_wheel_builds_the_same_agent_wheel(full_install, tmp_path):
+    """`nodeforge build` from a wheel install: the image's agent wheel has the same files as
+    one built from the checkout (no images/, lab/ or _data/ from the install leak in)."""
+    tmp, _, py, _ = full_install
+    code = ("import sys; from pathlib import Path; from nodeforge.images import agent_wheel;"
+            "print(agent_wheel.write(Path(sys.argv[1])))")  # fmt: skip
+    installed = Path(_run(py, "-c", code, str(tmp_path / "from-wheel"), cwd=tmp).stdout.strip())
+    checkout = agent_wheel.write(tmp_path / "from-checkout")
+    a, b = zipfile.ZipFile(installed), zipfile.ZipFile(checkout)
+    assert sorted(a.namelist()) == sorted(b.namelist())
+    info = f"nodeforge-{_version()}.dist-info"
+    assert f"{info}/licenses/LICENSE" in a.namelist()
+    for name in a.namelist():
+        if not name.endswith("RECORD"):
+            assert a.read(name) == b.read(name), name
