@@ -305,13 +305,17 @@ def stop_group(target: subprocess.Popen | int, grace: float = 10.0, *, group: bo
     send = os.killpg if group else os.kill
 
     def gone() -> bool:
+        if group:
+            dead = not _group_alive(pid)  # zombies do not count
+        else:
+            dead = (popen.poll() is not None) if popen is not None else not _pid_alive(pid)
+        # Reap what exited (our child), after the check: one that exits in between is
+        # still reaped on the next call.
         if popen is not None:
-            popen.poll()  # reap the leader: a zombie must not count as alive
+            popen.poll()
         else:
             _reap(pid)
-        if group:
-            return not _group_alive(pid)
-        return popen.returncode is not None if popen is not None else not _pid_alive(pid)
+        return dead
 
     def wait(seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -360,13 +364,25 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
+    """A process of group *pgid* still runs (zombies do not count)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    # killpg also reaches zombies: exited, but not reaped (an orphan's parent is PID 1, which
+    # does not reap in some containers). Only a member that is not a zombie is alive.
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 # Stops process $1 and its group (SIGTERM, then SIGKILL after $2 s) when the watcher gets

@@ -261,3 +261,26 @@ def test_helpers_run_in_a_fresh_interpreter():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=REPO).stdout  # fmt: skip
     assert out.strip() == "[]"
+
+
+def test_stop_group_does_not_wait_on_an_unreaped_zombie():
+    """A group whose only member is a zombie (its parent does not reap it) counts as stopped."""
+    code = ("import os, sys, time\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os.setsid(); os._exit(0)\n"
+            "print(pid, flush=True); time.sleep(60)\n")  # fmt: skip
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        assert proc.stop_group(child, grace=5) is False
+        assert time.monotonic() - t0 < 2
+    finally:
+        parent.kill()
+        parent.wait()
