@@ -143,6 +143,11 @@ def test_installed_cli_renders_and_prints_its_version(full_install):
     ver = subprocess.run([str(nf), "--version"], cwd=tmp, capture_output=True, text=True,
                          check=True).stdout.strip()  # fmt: skip
     assert ver == f"nodeforge {_version()}"  # not a checkout: no git revision
+    # packer validate with the installed playbook and ansible.cfg (Packer is a unit-tier tool)
+    cp = subprocess.run([str(nf), "validate", "--target", "local", "--target", "qemu", "--json"],
+                        cwd=tmp, capture_output=True, text=True)  # fmt: skip
+    assert cp.returncode == 0, cp.stderr
+    assert {t: r["valid"] for t, r in json.loads(cp.stdout).items()} == {"local": True, "qemu": True}
 
 
 def test_checkout_version_names_the_git_revision():
