@@ -12,6 +12,7 @@ Dependencies come from the test venv (a .pth file), so nothing is downloaded.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -144,8 +145,9 @@ def test_installed_cli_renders_and_prints_its_version(full_install):
                          check=True).stdout.strip()  # fmt: skip
     assert ver == f"nodeforge {_version()}"  # not a checkout: no git revision
     # packer validate with the installed playbook and ansible.cfg (Packer is a unit-tier tool)
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"  # ansible
     cp = subprocess.run([str(nf), "validate", "--target", "local", "--target", "qemu", "--json"],
-                        cwd=tmp, capture_output=True, text=True)  # fmt: skip
+                        cwd=tmp, capture_output=True, text=True, env={**os.environ, "PATH": path})  # fmt: skip
     assert cp.returncode == 0, cp.stderr
     assert {t: r["valid"] for t, r in json.loads(cp.stdout).items()} == {"local": True, "qemu": True}
 
