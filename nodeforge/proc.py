@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from .errors import CommandError, MissingToolError
+from .errors import CommandError, MissingToolError, NodeforgeError
 
 log = logging.getLogger("nodeforge.proc")
 
@@ -392,6 +392,7 @@ pid=$1 grace=$2
 trap 'kill -s TERM -- "-$pid" 2>/dev/null || kill -s TERM "$pid" 2>/dev/null; i=0
       while kill -0 "$pid" 2>/dev/null && [ $i -lt "$grace" ]; do sleep 1; i=$((i+1)); done
       kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null; exit 0' TERM
+echo ready; exec >/dev/null
 while kill -0 "$pid" 2>/dev/null; do sleep 1 & wait $!; done
 '''
 
@@ -404,8 +405,21 @@ def stop_with_this_process(pid: int, grace: float = 10.0) -> subprocess.Popen:
     own session so a Ctrl-C reaches only us (our cleanup then stops *pid* in order).
     Kill the returned watcher (SIGKILL) once *pid* has been stopped normally.
     """
+    import select
+
     argv = [require_tool("setpriv"), "--pdeathsig", "TERM", "--", "sh", "-c", _WATCHER,
             "nodeforge-watcher", str(pid), str(max(1, int(grace)))]
     log.info("run: %s (watcher of pid %s)", _fmt(argv[:4]), pid)
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    w = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    # Wait for "ready": the watcher's trap is set. A death signal before that would kill the
+    # shell without stopping *pid* (seen under load when the caller died right away).
+    assert w.stdout is not None
+    ready = select.select([w.stdout], [], [], 30)[0] and w.stdout.readline().strip() == b"ready"
+    w.stdout.close()
+    if not ready:
+        w.kill()
+        w.wait(timeout=10)
+        raise NodeforgeError(f"the watcher of pid {pid} did not start (setpriv/sh); "
+                             "is util-linux's setpriv working here?")
+    return w
