@@ -94,11 +94,16 @@ def _print_status(st: dict, as_json: bool) -> None:
               f"{n['slurm_state']:<14} {ttr:>8}  {n['reason']}")
 
 
+def _progress(line: str) -> None:
+    """Per-node progress on stderr (stdout keeps the status table or JSON)."""
+    print(f"cluster: {line}", file=sys.stderr, flush=True)
+
+
 def cmd_up(args) -> int:
     from .localcluster import LocalCluster
 
     params, copies = _inputs(args)
-    lc = LocalCluster(args.name)
+    lc = LocalCluster(args.name, progress=_progress)
     lc.up(args.image, args.computes, join_interval=args.join_interval, params=params,
           copies=copies, wait=not args.no_wait, timeout=args.timeout)
     _print_status(lc.status(), args.json)
@@ -109,7 +114,7 @@ def cmd_add(args) -> int:
     from .localcluster import LocalCluster
 
     params, copies = _inputs(args)
-    lc = LocalCluster(args.name)
+    lc = LocalCluster(args.name, progress=_progress)
     lc.add(args.count, join_interval=args.join_interval, params=params, copies=copies,
            wait=not args.no_wait, timeout=args.timeout, role=args.role)
     _print_status(lc.status(), args.json)

@@ -202,11 +202,12 @@ def _hosts_text(cluster: Cluster) -> str:
 class LocalCluster:
     """Operations on one named local cluster."""
 
-    def __init__(self, name: str = "nf"):
+    def __init__(self, name: str = "nf", progress: Callable[[str], None] | None = None):
         if not name.isalnum() or len(name) > 8:
             raise NodeforgeError(f"cluster name '{name}' must be 1-8 letters/digits "
                                  "(it prefixes namespace and interface names)")
         self.name = name
+        self.progress = progress or (lambda line: None)  # one line per node event (the CLI)
 
     # -- lifecycle ----------------------------------------------------------------------
     def up(self, image: Path, computes: int, *, join_interval: float = 0.0,
@@ -324,6 +325,7 @@ class LocalCluster:
         node.started = time.time()
         cluster.save()
         self._refresh_hosts(cluster, skip=name)
+        self.progress(f"{name}: started ({role}, {address})")
         return node
 
     # -- single nodes (bench/time_to_ready.py) -----------------------------------------
@@ -439,6 +441,8 @@ class LocalCluster:
                     node.ready_at = time.time()
                     pending.remove(name)
                     cluster.save()
+                    self.progress(f"{name}: ready after {node.ready_at - node.started:.1f}s "
+                                  f"({len(names) - len(pending)}/{len(names)})")  # fmt: skip
             if not pending:
                 break
             if time.monotonic() > deadline:

@@ -142,3 +142,30 @@ def test_verify_junit_xml_and_json(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False and data["unreachable"] == [{"host": "c2", "reason": "ssh: connection refused"}]
     assert [r["outcome"] for r in data["results"]] == ["passed", "failed", "skipped"]
+
+
+def test_cluster_wait_reports_each_node_as_it_becomes_ready(monkeypatch, tmp_path):
+    """`cluster up/add` progress: one line per node (stubbed Slurm and agent state, no root)."""
+    from nodeforge.lab import localcluster as lc
+
+    monkeypatch.setattr(lc, "STATE_ROOT", tmp_path)
+    monkeypatch.setattr(lc, "_alive", lambda pid: True)
+    lines: list[str] = []
+    c = lc.Cluster("t", "img", "lower", "nfc-t", 0.0, [
+        lc.Node("ctl", "controller", 2, "10.213.0.2", "ns-ctl", str(tmp_path / "ctl"), 1, 100.0),
+        lc.Node("c001", "compute", 3, "10.213.0.3", "ns-c001", str(tmp_path / "c001"), 2, 100.0),
+        lc.Node("c002", "compute", 4, "10.213.0.4", "ns-c002", str(tmp_path / "c002"), 3, 100.0),
+    ])  # fmt: skip
+    (tmp_path / "t").mkdir()
+    polls = {"n": 0}
+
+    def slurm_nodes(self, cluster):
+        polls["n"] += 1  # c001 is idle at once, c002 one poll later
+        return {"c001": {"state": "idle"}, "c002": {"state": "idle" if polls["n"] > 1 else "future"}}
+
+    monkeypatch.setattr(lc.LocalCluster, "slurm_nodes", slurm_nodes)
+    monkeypatch.setattr(lc.LocalCluster, "agent_state", lambda self, node: {"status": "ready"})
+    monkeypatch.setattr(lc.time, "sleep", lambda s: None)
+    lc.LocalCluster("t", progress=lines.append).wait_ready(c, ["c001", "c002"], timeout=60)
+    assert [ln.split(":")[0] for ln in lines] == ["c001", "c002"]
+    assert lines[0].endswith("(1/2)") and lines[1].endswith("(2/2)") and "ready after" in lines[1]
