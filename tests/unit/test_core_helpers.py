@@ -284,3 +284,39 @@ def test_stop_group_does_not_wait_on_an_unreaped_zombie():
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_slurm_role_reads_the_table_through_its_link(tmp_path):
+    """The slurm role's lookup + `version` test, run by ansible-playbook on the real table file
+    (a role whose files/slurm_versions.json is the same link), for 22.05 and 24.11."""
+    ansible = Path(sys.executable).with_name("ansible-playbook")
+    if not ansible.exists():
+        pytest.fail("ansible-playbook not found next to the test interpreter", pytrace=False)
+    role = tmp_path / "roles" / "probe"
+    (role / "tasks").mkdir(parents=True)
+    (role / "files").mkdir()
+    link = REPO / "roles/slurm/files/slurm_versions.json"
+    (role / "files" / "slurm_versions.json").symlink_to(link)
+    install = (REPO / "roles/slurm/tasks/install.yml").read_text()
+    lookup = re.search(r'slurm_thresholds: "(.*)"', install).group(1)
+    frq = re.search(r'force_requeue_on_fail: "(.*)"', install).group(1)
+    tw = re.search(r'tree_width_65533: "(.*)"', install).group(1)
+    (role / "tasks" / "main.yml").write_text(
+        "- name: Probe\n"
+        "  vars:\n"
+        f"    slurm_thresholds: \"{lookup}\"\n"
+        "    slurm_version_installed: \"{{ item }}\"\n"
+        "  ansible.builtin.debug:\n"
+        f"    msg: \"{{{{ slurm_version_installed }}}} frq={frq} tw={tw}\"\n"
+        "  loop: ['22.05.8', '24.11.5']\n"
+    )
+    play = tmp_path / "p.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  roles: [probe]\n")
+    cp = subprocess.run(
+        [str(ansible), "-i", "localhost,", "-c", "local", str(play)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "ANSIBLE_ROLES_PATH": str(tmp_path / "roles"), "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    out = re.findall(r'"msg": "(.*)"', cp.stdout)
+    assert out == ["22.05.8 frq=False tw=True", "24.11.5 frq=True tw=False"]
