@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from nodeforge.lab import verify
 from nodeforge.errors import NodeforgeError
+from nodeforge.lab import verify
 from nodeforge.lab.vm import VM, VMConfig, probe_accel, ssh_banner
 
 

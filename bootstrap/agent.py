@@ -19,9 +19,10 @@ from types import ModuleType
 from typing import Any
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 
 from . import identity, munge
-from .host import Host, write_atomic
+from .host import Host
 from .node_roles import RoleContext
 from .params import Params
 from .params_sources import Loaded, SourceConfig, load_params

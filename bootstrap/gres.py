@@ -15,9 +15,10 @@ would register with no GPUs.
 
 from __future__ import annotations
 
+from nodeforge.fsutil import write_atomic
 from pathlib import Path
 
-from .host import Host, write_atomic
+from .host import Host
 from .params import Params
 from .paths import Paths
 from .slurm import render

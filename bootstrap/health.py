@@ -33,9 +33,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nodeforge.fsutil import write_atomic
 from nodeforge.errors import CommandError, NodeforgeError
 
-from .host import Host, write_atomic
+from .host import Host
 from .paths import Paths
 from .slurm import parse_node
 

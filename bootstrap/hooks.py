@@ -38,6 +38,7 @@ from pathlib import Path
 
 from nodeforge import download, proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 
 from .params import Params
 from .paths import Paths

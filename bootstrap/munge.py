@@ -7,8 +7,9 @@ import binascii
 from pathlib import Path
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 
-from .host import Host, write_atomic
+from .host import Host
 from .params import Params
 from .paths import Paths
 from .private_read import UnsafeFileError, read_private

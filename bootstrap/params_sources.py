@@ -55,7 +55,7 @@ class SourceConfig:
 
 
 def load_params(cfg: SourceConfig) -> Loaded:
-    for name, fn in (
+    for _name, fn in (
         ("file", _from_file),
         ("cmdline", _from_cmdline),
         ("user-data", _from_user_data),
@@ -612,10 +612,10 @@ def _own_addresses() -> list[str]:
     """This machine's IPv4 addresses, from /proc/net/fib_trie-free `socket` calls (no traffic)."""
     import socket
 
-    out = set()
+    out: set[str] = set()
     try:
         for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
-            out.add(info[4][0])
+            out.add(str(info[4][0]))
     except OSError:
         pass
     try:

@@ -38,7 +38,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeforge.errors import CommandError, NodeforgeError
+from nodeforge.errors import NodeforgeError
+from nodeforge.slurm import controller_up
 
 from .host import Host
 from .slurm import parse_node
@@ -189,11 +190,7 @@ class Gate:
         )
 
     def controller_up(self) -> bool:
-        try:
-            cp = self._scontrol("ping", check=False)
-        except CommandError:
-            return False
-        return cp.returncode == 0 and " is UP" in (cp.stdout or "")
+        return controller_up(lambda argv: self._scontrol(*argv[1:], check=False))
 
     def show(self) -> dict[str, str] | None:
         cp = self._scontrol("--future", "-o", "show", "node", self.node, check=False)

@@ -18,8 +18,10 @@ from typing import Any
 
 from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
+from nodeforge.slurm import has, version_tuple
 
-from .host import Host, write_atomic
+from .host import Host
 from .params import Params, control_char
 from .paths import Paths
 
@@ -36,20 +38,16 @@ class SlurmFeatures:
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
-        out = []
-        for part in self.slurm_version.split(".")[:3]:
-            digits = "".join(ch for ch in part if ch.isdigit())
-            out.append(int(digits or 0))
-        return tuple(out)
+        return version_tuple(self.slurm_version)
 
     @property
     def has_sackd(self) -> bool:
-        return self.sackd and self.version_tuple >= (23, 11)
+        return self.sackd and has(self.slurm_version, "sackd")
 
     @property
     def needs_tree_width(self) -> bool:
         """22.05 dynamic nodes need TreeWidth=65533 (fixed in 23.02)."""
-        return self.version_tuple < (23, 2)
+        return not has(self.slurm_version, "dynamic_nodes_without_tree_width")
 
 
 def read_features(paths: Paths) -> SlurmFeatures:

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeforge.errors import NodeforgeError
-
-from .host import write_atomic
+from nodeforge.fsutil import write_atomic
 
 STEPS = ("params", "identity", "munge", "role", "hooks", "ready")
 VERSION = 1

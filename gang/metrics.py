@@ -10,8 +10,8 @@ drains among them: Kueue has no equivalent).
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
+
+from nodeforge.fsutil import write_atomic
 
 from .state import ADMITTED, BACKOFF, DEACTIVATED, PENDING, READY, RECOVERING, WAITING, GovState
 
@@ -164,10 +164,5 @@ def render(
 
 
 def write(path: str | os.PathLike, text: str) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".metrics-", dir=p.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, p)
+    # Rewritten every cycle even when unchanged: the textfile collector reports its mtime.
+    write_atomic(path, text, 0o644, skip_unchanged=False)

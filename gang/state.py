@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 
 # Phases (Kueue wording in brackets)
 PENDING = "pending"  # waiting for Slurm to allocate [queued]
@@ -203,15 +203,5 @@ def save_if_changed(st: GovState, path: str | os.PathLike, last: Saved | None = 
 
 
 def _write(data: bytes, path: str | os.PathLike) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # Readable by root only: the state names users' jobs. Always written (the caller compared).
+    write_atomic(path, data, 0o600, skip_unchanged=False)

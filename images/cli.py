@@ -12,7 +12,8 @@ TARGET_CHOICES = ("local", "qemu", "amazon-ebs")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="bake the node image (default target: local)")
-    p.add_argument("--target", default="local", choices=TARGET_CHOICES)
+    p.add_argument("--target", default="local", choices=TARGET_CHOICES,
+                   help="where to build (default: %(default)s)")
     p.add_argument("--base", help="base from the versions file (default: debian13; also debian12)")
     p.add_argument("--variant", default="cpu", choices=("cpu", "gpu"),
                    help="image variant: cpu (default) or gpu (NVIDIA driver, NVML, NCCL, "
@@ -58,29 +59,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=cmd_cache_prune)
 
     p = sub.add_parser("render", help="print the Packer template of a target")
-    p.add_argument("--target", default="local", choices=TARGET_CHOICES)
+    p.add_argument("--target", default="local", choices=TARGET_CHOICES,
+                   help="the target (default: %(default)s)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("validate", help="run `packer validate` on every target's template")
     p.add_argument("--target", action="append", choices=TARGET_CHOICES,
                    help="only this target (repeatable; default: all)")
-    p.add_argument("--var-file", action="append", default=[], type=Path)
+    p.add_argument("--var-file", action="append", default=[], type=Path, metavar="F.pkrvars.hcl",
+                   help="Packer variables to validate with (repeatable)")
+    p.add_argument("--json", action="store_true", help="print {target: packer output} as JSON")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("versions", help="show or pin the artifacts of the versions file")
     vs = p.add_subparsers(dest="versions_cmd", metavar="ACTION")
     vs.required = True
     s = vs.add_parser("show", help="list artifacts and whether they are pinned")
-    s.add_argument("--versions-file", type=Path)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--versions-file", type=Path, help="alternative versions file")
+    s.add_argument("--json", action="store_true", help="print the artifacts as JSON")
     s.set_defaults(func=cmd_versions_show)
     s = vs.add_parser("lock", help="download every artifact and record its sha256")
-    s.add_argument("--artifact-mirror", metavar="DIR|URL")
-    s.add_argument("--versions-file", type=Path)
+    s.add_argument("--artifact-mirror", metavar="DIR|URL",
+                   help="read the artifacts from a directory or URL instead of upstream")
+    s.add_argument("--versions-file", type=Path, help="alternative versions file (edited in place)")
     s.add_argument("--only-missing", action="store_true", help="only artifacts without a sha256")
     s.add_argument("--arch", metavar="ARCH",
                    help="pin only this architecture's artifacts (what the mirror holds); the "
                         "other architectures stay unpinned")
+    s.add_argument("--json", action="store_true", help="print {url: sha256} and the file as JSON")
     s.set_defaults(func=cmd_versions_lock)
 
 
@@ -153,6 +159,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .validate import validate_targets
 
     results = validate_targets(args.target or list(TARGET_CHOICES), args.var_file)
+    if args.json:
+        print(json.dumps({t: {"valid": True, "output": out.strip()} for t, out in results.items()},
+                         indent=2))  # fmt: skip
+        return 0
     for target, out in results.items():
         print(f"{target}: valid{(' — ' + out.strip()) if out.strip() else ''}")
     return 0
@@ -199,6 +209,9 @@ def cmd_versions_lock(args: argparse.Namespace) -> int:
     with bar:
         res = versions.lock(v, mirror=args.artifact_mirror, only_missing=args.only_missing,
                             arch=args.arch, progress=progress)
+    if args.json:
+        print(json.dumps({"versions_file": str(v.path), "pinned": res}, indent=2))
+        return 0
     for url, sha in res.items():
         print(f"{sha}  {url}")
     print(f"pinned {len(res)} artifacts in {v.path}", file=sys.stderr)

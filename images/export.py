@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_json
 
 ROOTFS = "rootfs.tar.zst"
 DISK = "disk.qcow2"
@@ -95,10 +94,8 @@ def dpkg_versions(tree: Path) -> dict[str, str]:
     return versions
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+# The core's atomic writer (fsync, rename, fsync of the directory); the name stays for callers.
+write_json_atomic = write_json
 
 
 def write_image_json(tree: Path, manifest: dict) -> None:

@@ -21,7 +21,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from nodeforge import __version__, proc
+from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
@@ -70,7 +70,7 @@ def playbook_roles(playbook: Path) -> list[str] | None:
 def build_keys(inp: Inputs, base_key: str, seen: dict[str, str]) -> tuple[cache.LayerInputs,
                                                                            str]:
     """(layer inputs, build key) of this build."""
-    li = cache.layer_inputs(base_key=base_key, roles_dir=REPO_ROOT / "roles",
+    li = cache.layer_inputs(base_key=base_key, roles_dir=data.path("roles"),
                             playbook=inp.playbook, versions_file=inp.vers.path,
                             artifacts=seen, ansible_vars=inp.ansible_vars)
     bk = cache.build_key(layer_key=li.key(), repo=REPO_ROOT, playbook=inp.playbook,
@@ -159,7 +159,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             seen = fetch()
             layer_in, bkey = build_keys(inp, spec.key(), seen)
             lkey = layer_in.key()
-            config = cache.config_inputs(roles_dir=REPO_ROOT / "roles", repo=REPO_ROOT,
+            config = cache.config_inputs(roles_dir=data.path("roles"), repo=REPO_ROOT,
                                          ansible_vars=inp.ansible_vars)
             logfile.write(f"cache keys: layer {lkey} build {bkey}\n")
             fetched = Fetched(tool_versions(), arts, seen)

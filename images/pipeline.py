@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from nodeforge import __version__, proc
+from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
 from . import manifest as manifest_mod
-from . import packer, varfile, versions
+from . import agent_wheel, packer, varfile, versions
 
 log = logging.getLogger("nodeforge.build")
 
@@ -84,16 +84,11 @@ class Phases:
 
 
 def repo_paths(need_playbook: bool = True) -> tuple[Path, Path, Path]:
-    playbook = REPO_ROOT / "images" / "site.yml"
-    cfg = REPO_ROOT / "ansible.cfg"
-    roles = REPO_ROOT / "roles"
-    for p in ((playbook,) if need_playbook else ()) + (cfg, roles):
-        if not p.exists():
-            raise NodeforgeError(
-                f"{p} not found: `nodeforge build` runs from a nodeforge source checkout "
-                "(git clone, then pip install -e .)"
-            )
-    return playbook, cfg, roles
+    """site.yml, ansible.cfg and roles/: in the checkout, or the installed wheel's copies."""
+    playbook = Path(__file__).resolve().with_name("site.yml")
+    if need_playbook and not playbook.is_file():
+        raise NodeforgeError(f"{playbook} not found; reinstall nodeforge")
+    return playbook, data.path("ansible.cfg"), data.path("roles")
 
 
 def tool_versions() -> dict[str, str]:
@@ -107,14 +102,11 @@ def tool_versions() -> dict[str, str]:
 
 
 def build_wheel(dest: Path, logfile: IO[str]) -> Path:
-    """The agent installed into the image is this checkout, as a wheel."""
-    dest.mkdir(parents=True, exist_ok=True)
-    proc.stream([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                 "-w", dest, REPO_ROOT], logfile=logfile, timeout=600)
-    wheels = sorted(dest.glob("nodeforge-*.whl"))
-    if not wheels:
-        raise NodeforgeError(f"pip wheel produced no nodeforge wheel in {dest}")
-    return wheels[-1]
+    """The agent installed into the image: this nodeforge's core, bootstrap and gang, as a
+    wheel (no lab, no images, no build data), from a checkout or an installed wheel alike."""
+    wheel = agent_wheel.write(dest)
+    logfile.write(f"agent wheel {wheel.name}: {wheel.stat().st_size} bytes\n")
+    return wheel
 
 
 # -- inputs ---------------------------------------------------------------------------------

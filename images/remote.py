@@ -22,7 +22,7 @@ from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import export, packer
+from . import export, packer, template
 from . import manifest as manifest_mod
 from .pipeline import (
     BuildResult,
@@ -158,6 +158,9 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
     opts, name, user_vars = inp.opts, inp.name, inp.user_vars
     target = opts.target
     size_mib = check_target(target, user_vars)
+    # Source AMI of --base for the artifacts' architecture: refused before anything starts.
+    ami = (template.amazon_source(user_vars, inp.base.name, inp.arch)
+           if target == "amazon-ebs" else {})
     phases = Phases(reporter)
     with output_session(inp.output, reporter) as s:
         partial, logfile = s.partial, s.logfile
@@ -208,6 +211,7 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 values["box_vagrantfile"] = (
                     BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER)
         else:
+            values.update(ami)  # source AMI of --base, the artifacts' architecture
             comps = {a.component: a.version for a in arts}
             # Tags carry the versions, so an AMI says what it holds.
             values["ami_tags"] = _hcl_map({

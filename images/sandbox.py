@@ -10,8 +10,6 @@ the container and releases its mounts.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -172,15 +170,9 @@ class Sandbox:
 
     def stop(self) -> None:
         p = self._proc
-        if p is not None and p.poll() is None:
-            # SIGTERM makes nspawn ask the container's systemd to power off cleanly.
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                log.warning("sandbox %s did not power off in %ss; killing", self.name, STOP_TIMEOUT)
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
+        # SIGTERM makes nspawn ask the container's systemd to power off cleanly.
+        if p is not None and proc.stop_group(p, STOP_TIMEOUT):
+            log.warning("sandbox %s did not power off in %ss; killed", self.name, STOP_TIMEOUT)
         self._proc = None
         if self._watcher is not None:
             self._watcher.kill()

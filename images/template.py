@@ -11,6 +11,28 @@ import hcl2
 
 TARGETS = ("local", "qemu", "amazon-ebs")
 
+# Packer >= 1.7 installs these with `packer init` (images/packer.py runs it before validate
+# and build): exact versions, so a build does not change under us when a plugin is released.
+# Packer 1.6 has the builders built in and gets no required_plugins block.
+PLUGINS: dict[str, tuple[str, str]] = {
+    "ansible": ("github.com/hashicorp/ansible", "1.1.4"),
+    "qemu": ("github.com/hashicorp/qemu", "1.1.0"),
+    "vagrant": ("github.com/hashicorp/vagrant", "1.1.6"),
+    "amazon": ("github.com/hashicorp/amazon", "1.8.0"),
+}
+TARGET_PLUGINS = {
+    "local": ("ansible",),  # the null builder is built in
+    "qemu": ("qemu", "ansible", "vagrant"),
+    "amazon-ebs": ("amazon", "ansible"),
+}
+
+# amazon-ebs builds from the official Debian AMI of the build's base (--base), so the
+# manifest's base is the one the AMI was made from. The playbook supports Debian only.
+SOURCE_AMIS = {
+    "debian12": ("debian-12", "136693071363"),
+    "debian13": ("debian-13", "136693071363"),
+}
+
 
 def q(s: str) -> str:
     """An HCL string literal (python-hcl2 keeps quotes as part of the value)."""
@@ -66,8 +88,8 @@ TARGET_VARS: dict[str, list[Variable]] = {
         Variable("region", "string", "us-east-1", "AWS region"),
         Variable("instance_type", "string", "c6i.xlarge", "builder instance type"),
         Variable("subnet_id", "string", "", "subnet for the builder (default VPC when empty)"),
-        Variable("source_os", "string", "debian-12", "debian-12 or ubuntu-22.04 (official publishers' AMIs)"),
-        Variable("arch", "string", "amd64", "amd64 or arm64"),
+        Variable("source_os", "string", "debian-13", "debian-13 or debian-12 (official Debian AMIs); nodeforge sets it from --base"),
+        Variable("arch", "string", "amd64", "amd64 or arm64; nodeforge sets it to the build host's (the artifacts' architecture)"),
         Variable("root_volume_size", "number", 30, "GiB of the encrypted gp3 root volume"),
         Variable("kms_key_id", "string", "", "KMS key for EBS encryption (AWS-managed key when empty)"),
         Variable("ami_tags", "map(string)", {}, "extra tags; nodeforge adds the manifest's versions"),
@@ -201,18 +223,13 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
         "locals",
         build_stamp='${formatdate("YYYYMMDDhhmmss", timestamp())}',
         source_amis={
-            q("debian-12"): {
-                "owner": q("136693071363"),
-                "name": q("debian-12-%s-*"),
+            q(os_name): {
+                "owner": q(owner),
+                "name": q(f"{os_name}-%s-*"),
                 "user": q("admin"),
                 "root_device": q("/dev/xvda"),
-            },
-            q("ubuntu-22.04"): {
-                "owner": q("099720109477"),
-                "name": q("ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-%s-server-*"),
-                "user": q("ubuntu"),
-                "root_device": q("/dev/sda1"),
-            },
+            }
+            for os_name, owner in SOURCE_AMIS.values()
         },
     )
     src = b.block(
@@ -274,6 +291,47 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
                 q("aws ec2 modify-image-attribute --region ${var.region} --image-id \"$ami\" --imds-support v2.0"),
             ],
         )
+
+
+def required_plugins_block(target: str) -> str:
+    """`packer { required_plugins { … } }` for Packer >= 1.7: the target's plugins, pinned."""
+    lines = ["packer {", "  required_plugins {"]
+    for name in TARGET_PLUGINS[target]:
+        source, version = PLUGINS[name]
+        lines += [f"    {name} = {{", f'      source  = "{source}"', f'      version = "= {version}"',
+                  "    }"]  # fmt: skip
+    return "\n".join([*lines, "  }", "}", "", ""])
+
+
+def amazon_source(user_vars: dict[str, object], base: str, arch: str) -> dict[str, str]:
+    """source_os and arch for an amazon-ebs build of *base* on an *arch* build host.
+
+    Checked before anything is fetched or launched: a source OS the playbook does not support,
+    or one other than --base (the manifest would name the wrong base), and an AMI architecture
+    other than the artifacts' fail here, not after an instance is running.
+    """
+    from nodeforge.errors import NodeforgeError
+
+    if base not in SOURCE_AMIS:
+        raise NodeforgeError(f"amazon-ebs: no official AMI for base '{base}'; use --base "
+                             f"{' or '.join(SOURCE_AMIS)}")  # fmt: skip
+    want = SOURCE_AMIS[base][0]
+    got = user_vars.get("source_os", want)
+    if got != want:
+        supported = {name for name, _ in SOURCE_AMIS.values()}
+        why = ("the playbook bakes Debian 12/13 only" if got not in supported
+               else f"it differs from --base {base}")  # fmt: skip
+        raise NodeforgeError(
+            f"amazon-ebs: source_os = {got!r} is not built: {why}. The source AMI follows "
+            f"--base (debian12 -> debian-12, debian13 -> debian-13); remove source_os from the "
+            "var file and choose the base with --base")
+    ami_arch = user_vars.get("arch", arch)
+    if ami_arch != arch:
+        raise NodeforgeError(
+            f"amazon-ebs: arch = {ami_arch!r}, but this build host is {arch} and the Enroot "
+            f"artifacts are fetched for {arch}; build a {ami_arch} AMI from a {ami_arch} host "
+            "(or remove arch from the var file)")
+    return {"source_os": want, "arch": arch}
 
 
 def render_dict(target: str, *, modern: bool = False) -> dict:

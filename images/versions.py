@@ -21,6 +21,7 @@ import yaml
 
 from nodeforge import download
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 
 log = logging.getLogger("nodeforge.versions")
 
@@ -316,8 +317,6 @@ def lock(
                 f"{versions.path}: expected exactly one 'sha256:' line right after 'url: {url}', "
                 f"found {n}; fix the file layout and run 'nodeforge versions lock' again"
             )
-    tmpf = versions.path.with_name(f".{versions.path.name}.tmp")
-    tmpf.write_text(text)
-    os.replace(tmpf, versions.path)
+    write_atomic(versions.path, text, versions.path.stat().st_mode & 0o7777)
     load(versions.path)  # the edited file must still validate
     return results

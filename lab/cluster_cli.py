@@ -50,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = cs.add_parser("down", help="remove every node, namespace, bridge and mount")
     s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
+    s.add_argument("--json", action="store_true", help="print what was removed as JSON")
     s.set_defaults(func=cmd_down)
 
     s = cs.add_parser("exec", help="run a command inside a node")
@@ -136,6 +137,8 @@ def cmd_down(args) -> int:
     from .localcluster import LocalCluster
 
     removed = LocalCluster(args.name).down()
+    if args.json:
+        print(json.dumps({"cluster": args.name, "removed": removed}, indent=2))
     print(f"removed cluster {args.name}: {', '.join(removed) or 'nothing was running'}",
           file=sys.stderr)
     return 0

@@ -16,7 +16,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -25,13 +24,14 @@ from pathlib import Path
 
 import yaml
 from nodeforge.bootstrap import readiness
-from nodeforge.bootstrap.host import write_atomic
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.readiness import NodeState
 from nodeforge.bootstrap.slurm import read_features
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
+from nodeforge.slurm import controller_up, has
 
 from .netns import Fabric
 
@@ -216,7 +216,7 @@ class SlurmNode:
 def slurm_json(lower: str | Path) -> bool:
     """Slurm >= 23.02 in the image prints node state flags as a JSON list (preferred)."""
     try:
-        return read_features(Paths.under(lower)).version_tuple >= (23, 2)
+        return has(read_features(Paths.under(lower)).version_tuple, "json_records")
     except NodeforgeError:
         return False
 
@@ -370,6 +370,7 @@ class LocalCluster:
         cluster.save()
         self.progress(f"{name}: started ({role}, {address})")
         self._refresh_hosts(cluster, skip=name)
+        self.progress(f"{name}: started ({role}, {address})")
         return node
 
     # -- single nodes (bench/time_to_ready.py) -----------------------------------------
@@ -468,11 +469,8 @@ class LocalCluster:
             return {}
 
     def _controller_ready(self, cluster: Cluster) -> bool:
-        try:
-            cp = node_exec(cluster.controller, ["scontrol", "ping"], check=False, timeout=15)
-        except NodeforgeError:
-            return False
-        return cp.returncode == 0 and "UP" in cp.stdout
+        ctl = cluster.controller
+        return controller_up(lambda argv: node_exec(ctl, argv, check=False, timeout=15))
 
     def wait_ready(self, cluster: Cluster, names: list[str], timeout: float) -> None:
         """Wait until each node is schedulable (controller: slurmctld answering), bounded.
@@ -585,19 +583,6 @@ def _agent_seconds(state: dict) -> float | None:
 
 
 def _stop_nspawn(pid: int | None) -> None:
-    if not _alive(pid):
-        return
-    try:
-        # SIGTERM: nspawn asks the node's systemd to power off cleanly.
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + STOP_TIMEOUT
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.2)
     if _alive(pid):
-        os.killpg(pid, signal.SIGKILL)
-        for _ in range(50):
-            if not _alive(pid):
-                break
-            time.sleep(0.1)
+        # SIGTERM: nspawn asks the node's systemd to power off cleanly.
+        proc.stop_group(pid, STOP_TIMEOUT)

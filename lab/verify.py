@@ -29,8 +29,6 @@ from typing import Any
 
 from nodeforge.errors import NodeforgeError
 
-REPO = Path(__file__).resolve().parents[1]
-SUITE_DIR = REPO / "tests" / "infra"
 SCHEMES = ("ssh", "nsenter", "nspawn", "vm")
 
 
@@ -239,6 +237,36 @@ def format_failure(r: CheckResult, max_lines: int = 30) -> str:
     return f"FAIL  host={r.host}  role={r.role}  check={r.check}\n{body}"
 
 
+def junit_xml(results: list[CheckResult], unreachable: Iterable[tuple[str, str]] = ()) -> str:
+    """JUnit XML for CI systems: one testsuite per host, one testcase per check."""
+    import xml.etree.ElementTree as ET
+
+    by_host: dict[str, list[CheckResult]] = {}
+    for r in results:
+        by_host.setdefault(r.host, []).append(r)
+    root = ET.Element("testsuites", name="nodeforge verify")
+    for host, why in unreachable:
+        suite = ET.SubElement(root, "testsuite", name=host, tests="1", failures="0", errors="1",
+                              skipped="0", time="0")  # fmt: skip
+        case = ET.SubElement(suite, "testcase", classname=host, name="reachable", time="0")
+        ET.SubElement(case, "error", message="host unreachable").text = why
+    for host, rs in by_host.items():
+        count = {k: sum(1 for r in rs if r.outcome == k) for k in ("failed", "error", "skipped")}
+        suite = ET.SubElement(root, "testsuite", name=host, tests=str(len(rs)),
+                              failures=str(count["failed"]), errors=str(count["error"]),
+                              skipped=str(count["skipped"]),
+                              time=f"{sum(r.duration for r in rs):.3f}")  # fmt: skip
+        for r in rs:
+            case = ET.SubElement(suite, "testcase", classname=f"{host}.{r.role}", name=r.check,
+                                 time=f"{r.duration:.3f}")  # fmt: skip
+            if r.outcome in ("failed", "error", "skipped"):
+                tag = {"failed": "failure", "error": "error", "skipped": "skipped"}[r.outcome]
+                first = (r.message or r.outcome).strip().splitlines()[:1] or [r.outcome]
+                ET.SubElement(case, tag, message=first[0][:200]).text = r.message
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
 def format_report(results: list[CheckResult], durations: dict[str, float] | None = None) -> str:
     bad = [r for r in results if r.outcome in ("failed", "error")]
     out = [format_failure(r) for r in bad]
@@ -313,7 +341,7 @@ def preflight(spec: HostSpec) -> str | None:
 def run_suite(
     specs: list[HostSpec],
     *,
-    suite_dir: Path = SUITE_DIR,
+    suite_dir: Path | None = None,
     select: str | None = None,
     pytest_args: Iterable[str] = (),
     quiet: bool = True,
@@ -321,6 +349,9 @@ def run_suite(
     """Run tests/infra against *specs* (already resolved to ssh/nsenter). Returns (rc, results)."""
     import pytest
 
+    from nodeforge import data
+
+    suite_dir = suite_dir or data.path("tests/infra")  # the checkout's, or the wheel's copy
     payload = json.dumps([dataclasses.asdict(s) for s in specs])
     args = [
         str(suite_dir), "-p", "no:cacheprovider", "-p", "no:testinfra",

@@ -20,7 +20,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "nsenter://PID, nspawn://CLUSTER[/NODE], vm://IMAGE_DIR[?role=…&params=node.yaml]."
         ),
     )
-    p.add_argument("--hosts", action="append", required=True, metavar="SPEC[,SPEC…]")
+    p.add_argument("--hosts", action="append", required=True, metavar="SPEC[,SPEC…]",
+                   help="hosts to check (repeatable; schemes above)")
+    p.add_argument("--json", action="store_true",
+                   help="print the results as JSON on stdout instead of the text report")
+    p.add_argument("--junitxml", type=Path, metavar="FILE",
+                   help="also write the results as JUnit XML (for CI systems)")
     p.add_argument("--ssh-key", help="private key for ssh:// hosts without ?key=")
     p.add_argument("-k", dest="select", metavar="EXPR", help="only checks matching (pytest -k)")
     p.add_argument("--boot-timeout", type=float, default=480.0, help="vm://: seconds to SSH login")
@@ -35,6 +40,8 @@ def _verify(args: argparse.Namespace) -> int:
     from . import verify
 
     specs = verify.parse_host_specs(args.hosts, args.ssh_key)
+    _require_verify_extra(any(s.scheme == "ssh" for s in specs))
+    _check_vm_params(specs)
     resolved: list[verify.HostSpec] = []
     vms = []
     try:
@@ -51,12 +58,15 @@ def _verify(args: argparse.Namespace) -> int:
         for label, why in unreachable:
             print(f"UNREACHABLE  host={label}: cannot run commands there: {why}", file=sys.stderr)
         if unreachable:
+            _write_reports(args, [], unreachable, 0.0)
             return 1
         t = time.monotonic()
         rc, results = verify.run_suite(resolved, select=args.select, quiet=not args.verbose_pytest)
         total = time.monotonic() - t
-        print(verify.format_report(results))
-        print(f"suite runtime: {total:.1f}s for {len(resolved)} host(s)")
+        _write_reports(args, results, [], total)
+        if not args.json:
+            print(verify.format_report(results))
+            print(f"suite runtime: {total:.1f}s for {len(resolved)} host(s)")
         bad = any(r.outcome in ("failed", "error") for r in results)
         if rc not in (0, 1, 5) or (rc == 1 and not bad) or not results:
             # pytest itself failed (collection, usage, internal error): its output is above.
@@ -67,6 +77,58 @@ def _verify(args: argparse.Namespace) -> int:
     finally:
         for vm in vms:
             vm.stop()
+
+
+def _write_reports(args: argparse.Namespace, results, unreachable, seconds: float) -> None:
+    import dataclasses
+    import json
+
+    from . import verify
+
+    if args.junitxml:
+        from nodeforge.fsutil import write_atomic
+
+        write_atomic(args.junitxml, verify.junit_xml(results, unreachable), skip_unchanged=False)
+    if args.json:
+        bad = sum(1 for r in results if r.outcome in ("failed", "error")) + len(unreachable)
+        print(json.dumps({
+            "ok": bad == 0 and bool(results),
+            "seconds": round(seconds, 2),
+            "unreachable": [{"host": h, "reason": why} for h, why in unreachable],
+            "results": [dataclasses.asdict(r) for r in results],
+        }, indent=2))  # fmt: skip
+
+
+def _check_vm_params(specs) -> None:
+    """vm://…?params=FILE: the file must be readable before any VM boots."""
+    from nodeforge.errors import NodeforgeError
+
+    for s in specs:
+        params = s.option("params") if s.scheme == "vm" else None
+        if params:
+            try:
+                Path(params).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise NodeforgeError(
+                    f"host spec {s.label}: params={params}: cannot read it ({why}); give the "
+                    "path of a node.yaml (vm://IMAGE_DIR?params=node.yaml)"
+                ) from None
+
+
+def _require_verify_extra(ssh: bool) -> None:
+    """pytest and testinfra (paramiko for ssh://) are the `verify` extra, not core dependencies."""
+    import importlib.util
+
+    from nodeforge.errors import NodeforgeError
+
+    mods = ("pytest", "testinfra", *(("paramiko",) if ssh else ()))
+    missing = [m for m in mods if importlib.util.find_spec(m) is None]
+    if missing:
+        raise NodeforgeError(
+            f"nodeforge verify needs {', '.join(missing)}, which this install lacks; "
+            "install the verify extra: pip install 'nodeforge[verify]'"
+        )
 
 
 def _boot_vm(spec, args: argparse.Namespace):

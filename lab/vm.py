@@ -494,18 +494,8 @@ class VM:
     def stop(self, grace: float = 10.0) -> None:
         """Kill qemu (SIGTERM, then SIGKILL) and remove the overlay. Idempotent."""
         if self.pid and self.alive():
-            try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + grace
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if self.alive():
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            # Only qemu itself: -daemonize took it out of any group we could signal.
+            proc.stop_group(self.pid, grace, group=False)
         self.pid = None
         if self._watcher is not None:
             self._watcher.kill()

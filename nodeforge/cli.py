@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from . import __version__
@@ -26,12 +27,46 @@ _CLI_MODULES = (
 )
 
 
+def version_text() -> str:
+    """"nodeforge X.Y.Z", plus the git revision when this runs from a source checkout."""
+    from . import data
+
+    text = f"nodeforge {__version__}"
+    root = data.checkout()
+    if root is not None:
+        text += f" (checkout {root}, git {_git_revision(root) or 'revision unknown'})"
+    return text
+
+
+def _git_revision(root) -> str | None:
+    from . import proc
+
+    try:
+        cp = proc.run(["git", "-C", root, "describe", "--always", "--dirty", "--abbrev=12"],
+                      check=False, timeout=10)  # fmt: skip
+    except NodeforgeError:  # no git on this host
+        return None
+    return cp.stdout.strip() or None if cp.returncode == 0 else None
+
+
+class _VersionAction(argparse.Action):
+    """--version, computed only when asked (the git call must not slow every command)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version (and the git revision of a checkout) and exit")  # fmt: skip
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nodeforge",
         description="Bake sealed Slurm node images and bootstrap the nodes that boot from them.",
     )
-    parser.add_argument("--version", action="version", version=f"nodeforge {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -48,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit statuses (README "Exit statuses"): argparse's own usage errors also exit 2, with a
+# "usage:" line; both are the caller's input to fix.
+EXIT_OK, EXIT_FAILURE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -57,12 +97,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at exit
     except NodeforgeError as exc:
         print(f"nodeforge: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("nodeforge: interrupted; cleaned up", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `nodeforge … | head`: the reader is gone; stop quietly, like a SIGPIPE'd program.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        # A path given on the command line that cannot be read: the message, not a traceback
+        # (-v keeps the traceback for a bug report).
+        if args.verbose or exc.filename is None:
+            raise
+        print(f"nodeforge: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_INPUT
     return int(rc or 0)
 
 

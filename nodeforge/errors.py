@@ -27,6 +27,6 @@ class CommandError(NodeforgeError):
 
 class MissingToolError(NodeforgeError):
     def __init__(self, tool: str, package: str):
-        super().__init__(
-            f"required tool '{tool}' not found on PATH; install it with: apt-get install {package}"
-        )
+        # *package* is a Debian package name, or a whole install command (pip-installed tools)
+        how = package if " " in package else f"apt-get install {package}"
+        super().__init__(f"required tool '{tool}' not found on PATH; install it with: {how}")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from .errors import CommandError, MissingToolError
+from .errors import CommandError, MissingToolError, NodeforgeError
 
 log = logging.getLogger("nodeforge.proc")
 
@@ -194,7 +194,7 @@ def stream(
     try:
         while True:
             if deadline is not None and time.monotonic() > deadline:
-                kill_group(proc, kill_grace)
+                stop_group(proc, kill_grace)
                 raise CommandError(args, -1, "".join(tail), hint=f"timed out after {timeout}s. {hint}")
             if not sel.select(timeout=1.0):
                 if proc.poll() is not None:
@@ -210,7 +210,7 @@ def stream(
             emit(pending)
         rc = proc.wait()
     except BaseException:
-        kill_group(proc, kill_grace)
+        stop_group(proc, kill_grace)
         raise
     finally:
         watcher.kill()
@@ -220,24 +220,6 @@ def stream(
         logfile.flush()
     if rc != 0:
         raise CommandError(args, rc, "".join(tail), hint=hint)
-
-
-def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Stop a child started with start_new_session: SIGTERM the group, then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=grace)
 
 
 class GroupResult:
@@ -326,50 +308,114 @@ def run_group(
     except subprocess.TimeoutExpired:
         timed_out = True
     except BaseException:
-        _stop_group(proc, grace)
+        stop_group(proc, grace)
         box.stop(proc)
         raise
     left = proc.returncode is not None and box.alive(proc)
-    _stop_group(proc, grace)
+    stop_group(proc, grace)
     box.stop(proc)
     rc = proc.wait()
     dropped = copier.finish() if copier is not None else 0
     return GroupResult(rc, timed_out, time.monotonic() - start, box.kind, dropped, left)
 
 
+KILL_WAIT = 10.0  # after SIGKILL: how long to wait for the kernel to remove the processes
+
+
+def stop_group(target: subprocess.Popen | int, grace: float = 10.0, *, group: bool = True) -> bool:
+    """The one process stopper: SIGTERM, up to *grace* seconds to exit, then SIGKILL.
+
+    *target* is our child (a Popen, reaped here) or a pid: a detached qemu, an nspawn started by
+    an earlier command. With *group* (the child was started with start_new_session, so its pid
+    is its group id) the whole group is signalled and waited for, so nothing it started is left
+    behind; without it, only that process (qemu -daemonize leaves its group). Returns True when
+    SIGKILL was needed.
+    """
+    import time
+
+    popen = target if isinstance(target, subprocess.Popen) else None
+    pid = target.pid if isinstance(target, subprocess.Popen) else int(target)
+    send = os.killpg if group else os.kill
+
+    def gone() -> bool:
+        if group:
+            dead = not _group_alive(pid)  # zombies do not count
+        else:
+            dead = (popen.poll() is not None) if popen is not None else not _pid_alive(pid)
+        # Reap what exited (our child), after the check: one that exits in between is
+        # still reaped on the next call.
+        if popen is not None:
+            popen.poll()
+        else:
+            _reap(pid)
+        return dead
+
+    def wait(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not gone():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    if gone():
+        return False
+    try:
+        send(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    if wait(grace):
+        return False
+    log.warning("pid %s did not exit %ss after SIGTERM; sending SIGKILL", pid, grace)
+    try:
+        send(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    wait(KILL_WAIT)
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Reap *pid* if it is our exited child (a pid without its Popen); no-op otherwise."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _group_alive(pgid: int) -> bool:
+    """A process of group *pgid* still runs (zombies do not count)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
-
-
-def _stop_group(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM every process of *proc*'s group, SIGKILL whatever is left after *grace* seconds."""
-    import time
-
-    pgid = proc.pid
-    proc.poll()  # reap the leader if it is done, so a zombie leader does not count as alive
-    if not _group_alive(pgid):
-        return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        proc.poll()
-        if not _group_alive(pgid):
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    # killpg also reaches zombies: exited, but not reaped (an orphan's parent is PID 1, which
+    # does not reap in some containers). Only a member that is not a zombie is alive.
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 # -- containment: where a hook's processes are kept so that all of them can be stopped -------
@@ -735,6 +781,7 @@ pid=$1 grace=$2
 trap 'kill -s TERM -- "-$pid" 2>/dev/null || kill -s TERM "$pid" 2>/dev/null; i=0
       while kill -0 "$pid" 2>/dev/null && [ $i -lt "$grace" ]; do sleep 1; i=$((i+1)); done
       kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null; exit 0' TERM
+echo ready; exec >/dev/null
 while kill -0 "$pid" 2>/dev/null; do sleep 1 & wait $!; done
 '''
 
@@ -747,8 +794,21 @@ def stop_with_this_process(pid: int, grace: float = 10.0) -> subprocess.Popen:
     own session so a Ctrl-C reaches only us (our cleanup then stops *pid* in order).
     Kill the returned watcher (SIGKILL) once *pid* has been stopped normally.
     """
+    import select
+
     argv = [require_tool("setpriv"), "--pdeathsig", "TERM", "--", "sh", "-c", _WATCHER,
             "nodeforge-watcher", str(pid), str(max(1, int(grace)))]
     log.info("run: %s (watcher of pid %s)", _fmt(argv[:4]), pid)
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    w = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    # Wait for "ready": the watcher's trap is set. A death signal before that would kill the
+    # shell without stopping *pid* (seen under load when the caller died right away).
+    assert w.stdout is not None
+    ready = select.select([w.stdout], [], [], 30)[0] and w.stdout.readline().strip() == b"ready"
+    w.stdout.close()
+    if not ready:
+        w.kill()
+        w.wait(timeout=10)
+        raise NodeforgeError(f"the watcher of pid {pid} did not start (setpriv/sh); "
+                             "is util-linux's setpriv working here?")
+    return w

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.slurm import has
 
 _INT_MAX = 2**63 - 1
 _STATE_WORD = re.compile(r"[A-Z][A-Z_]*")
@@ -397,7 +398,7 @@ def parse_nodes(text: str, source: str = "scontrol show node --json") -> dict[st
 
 
 def parse_version(text: str) -> tuple[int, int]:
-    """`slurm 22.05.8` / `slurm-wlm 24.11.1` (scontrol --version) -> (22, 5)."""
+    """`slurm 22.05.8` / `slurm-wlm 24.11.1` (scontrol --version) -> (major, minor)."""
     m = re.fullmatch(r"\s*slurm(?:-wlm)?\s+(\d{2})\.(\d{2})(?:\.\d+)?(?:-\S+)?\s*", text)
     if not m:
         raise SlurmDataError(f"scontrol --version: unexpected output {text!r:.80}")
@@ -406,6 +407,6 @@ def parse_version(text: str) -> tuple[int, int]:
 
 def json_commands(version: tuple[int, int]) -> tuple[list[str], list[str]]:
     """(jobs argv, nodes argv) that print JSON on this Slurm version."""
-    if version >= (23, 2):
+    if has(version, "json_records"):  # scontrol show job|node --json
         return ["scontrol", "show", "job", "--json"], ["scontrol", "show", "node", "--json"]
     return ["squeue", "--json", "--states=all"], ["sinfo", "--json"]

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.slurm import has
 
 from .. import gres, health
 from ..readiness import HELD_CREATED_FINAL, INITIALIZING, RUNNING_HOOKS, Gate
@@ -40,7 +41,8 @@ def gate(ctx: RoleContext) -> Gate:
 def slurmd_exec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> list[str]:
     # Slurm >= 23.02 units are Type=notify and need --systemd; Debian 12's 22.05 unit is
     # Type=simple with `slurmd -D -s` and its slurmd has no --systemd flag.
-    mode = ["--systemd"] if ctx.features.version_tuple >= (23, 2) else ["-D", "-s"]
+    notify = has(ctx.features.version_tuple, "slurmd_systemd_notify")
+    mode = ["--systemd"] if notify else ["-D", "-s"]
     argv = [SLURMD, *mode, "-Z", "--conf-server", conf_server(ctx.params)]
     conf = node_conf(ctx.params, extra_features)
     if conf:

@@ -14,9 +14,11 @@ import secrets
 
 from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
+from nodeforge.slurm import controller_up, has
 
 from .. import gres
-from ..host import private_dir, write_atomic
+from ..host import private_dir
 from ..slurm import render
 from . import RoleContext
 
@@ -55,6 +57,9 @@ def slurm_conf_context(ctx: RoleContext) -> dict:
         "controller_addr": ctx.address,
         "max_node_count": p.max_node_count,
         "slurm_version": ctx.features.slurm_version,
+        # From the one table of Slurm thresholds (nodeforge/slurm_versions.json).
+        "force_requeue_on_fail": has(ctx.features.slurm_version, "prolog_force_requeue_on_fail"),
+        "tree_width_65533": ctx.features.needs_tree_width,
         "partitions": [
             {"name": x.name, "default": x.default, "max_time": x.max_time} for x in p.partitions
         ],
@@ -175,11 +180,7 @@ def cluster_registered(ctx: RoleContext) -> bool:
 
 
 def _ping(ctx: RoleContext) -> bool:
-    try:
-        cp = ctx.host.run(["scontrol", "ping"], check=False, timeout=15)
-    except NodeforgeError:
-        return False
-    return cp.returncode == 0 and " is UP" in (cp.stdout or "")
+    return controller_up(lambda argv: ctx.host.run(argv, check=False, timeout=15))
 
 
 def verify(ctx: RoleContext) -> bool:

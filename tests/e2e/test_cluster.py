@@ -168,6 +168,15 @@ def test_computes_have_distinct_identity(cluster):
     assert keys["c001"] != keys["c002"]
 
 
+def test_controller_log_has_no_config_errors(cluster):
+    """No error line from our own configuration at every start (issue 13: log noise)."""
+    log = cx("ctl", "sh", "-c", "cat /var/log/slurm/slurmctld.log")
+    assert "Slurm version" in log or "slurmctld version" in log, log[-2000:]  # the real log
+    noise = [ln for ln in log.splitlines()
+             if "MailProg" in ln or "glob parsing" in ln or '"Include" failed' in ln]
+    assert noise == [], "\n".join(noise)
+
+
 def test_live_join_is_schedulable_only_after_its_hook(cluster, tmp_path):
     hook = "#!/bin/sh\nsleep 12\ntouch /var/lib/e2e-hook-ran\n"
     name = add_node(tmp_path, [{"uri": "file:///opt/e2e-hooks/10-slow.sh", "timeout": 120}],

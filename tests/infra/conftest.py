@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -41,7 +41,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 class Node:
     """One host under test: the testinfra Host plus what we learn about it once."""
 
-    _cache: dict[str, Node] = {}
+    _cache: ClassVar[dict[str, Node]] = {}
 
     def __init__(self, spec: verify.HostSpec):
         self.spec = spec

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_keypair
-
-from nodeforge.images import build, manifest, scan, seal, varfile
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import build, manifest, scan, seal, varfile
+from tests.conftest import make_keypair
 
 pytestmark = pytest.mark.unit
 

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from nodeforge.images import disk_seal, export, manifest, remote, template
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import disk_seal, export, manifest, remote, template
 from tests.conftest import make_keypair
 from tests.helpers import qemu_image_manifest
 

@@ -1,7 +1,7 @@
 """The versions file: validation, pinning, mirror use, checksum and download errors."""
 
 import http.server
-import shutil
+import re
 import socket
 import threading
 from pathlib import Path
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeforge.images import versions
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import versions
 
 pytestmark = pytest.mark.unit
 
@@ -30,8 +30,11 @@ def test_real_versions_file_loads_and_has_default_components():
 
 
 def _copy(tmp_path) -> Path:
+    """The tests' own copy of the versions file, every artifact unpinned: the README's
+    `nodeforge versions lock` pins the live file, and no test may depend on that."""
     dst = tmp_path / "versions.yaml"
-    shutil.copyfile(versions.VERSIONS_FILE, dst)
+    text = versions.VERSIONS_FILE.read_text()
+    dst.write_text(re.sub(r"(?m)^(\s*sha256:\s*)\S+", r"\1null", text))
     return dst
 
 
@@ -50,7 +53,7 @@ def test_unknown_base_lists_choices():
 
 
 def test_unpinned_is_refused_with_how_to_pin(tmp_path):
-    arts = versions.load().for_arch("amd64")
+    arts = versions.load(_copy(tmp_path)).for_arch("amd64")
     with pytest.raises(NodeforgeError, match="nodeforge versions lock.*--allow-unpinned"):
         versions.fetch(arts, tmp_path / "a")
 
@@ -95,7 +98,7 @@ def test_checksum_mismatch_names_artifact_and_fix(tmp_path):
 
 
 def test_missing_file_in_mirror_dir(tmp_path):
-    arts = versions.load().for_arch("amd64")
+    arts = versions.load(_copy(tmp_path)).for_arch("amd64")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(NodeforgeError, match=r"enroot_deb.*not in the mirror directory"):
@@ -107,7 +110,7 @@ def test_failed_download_names_artifact_and_mirror_option(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    arts = versions.load().for_arch("amd64")
+    arts = versions.load(_copy(tmp_path)).for_arch("amd64")
     sleeps: list[float] = []
     with pytest.raises(NodeforgeError, match=r"download of artifact enroot_deb .*--artifact-mirror"):
         versions.fetch(arts, tmp_path / "dl", mirror=f"http://127.0.0.1:{port}", allow_unpinned=True,
@@ -116,7 +119,7 @@ def test_failed_download_names_artifact_and_mirror_option(tmp_path):
 
 
 def test_http_mirror(tmp_path):
-    arts = versions.load().for_arch("amd64")
+    arts = versions.load(_copy(tmp_path)).for_arch("amd64")
     m = _mirror(tmp_path, arts)
 
     class H(http.server.SimpleHTTPRequestHandler):

@@ -12,8 +12,6 @@ from typing import ClassVar
 
 import pytest
 
-from tests.conftest import make_keypair
-
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.bootstrap.params_sources import (
     SourceConfig,
@@ -25,6 +23,7 @@ from nodeforge.bootstrap.params_sources import (
 )
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.errors import NodeforgeError
+from tests.conftest import make_keypair
 
 pytestmark = pytest.mark.unit
 

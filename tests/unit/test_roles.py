@@ -17,6 +17,8 @@ import jinja2
 import pytest
 import yaml
 
+from nodeforge import slurm as slurm_facts
+
 REPO = Path(__file__).resolve().parents[2]
 ROLES_DIR = REPO / "roles"
 SITE = REPO / "images" / "site.yml"
@@ -241,6 +243,8 @@ def _slurm_conf(version: str, **over) -> dict[str, str]:
         "controller_addr": "10.0.0.1",
         "max_node_count": 128,
         "slurm_version": version,
+        "force_requeue_on_fail": slurm_facts.has(version, "prolog_force_requeue_on_fail"),
+        "tree_width_65533": not slurm_facts.has(version, "dynamic_nodes_without_tree_width"),
         "partitions": [
             {"name": "batch", "default": True, "max_time": "2-00:00:00"},
             {"name": "debug", "default": False, "max_time": None},
@@ -283,6 +287,7 @@ def test_slurm_conf_contract_settings(version):
     c = _slurm_conf(version)
     assert c["SlurmUser"] == "slurm"
     assert c["SlurmctldParameters"] == "enable_configless"
+    assert c["MailProg"] == "/bin/true"  # no "MailProg is invalid" at every start
     assert c["MaxNodeCount"] == "128"
     assert c["SlurmctldHost"] == "ctl(10.0.0.1)"
     assert c["JobAcctGatherType"] == "jobacct_gather/linux"
@@ -376,7 +381,9 @@ def test_bake_templates_render_with_defaults():
     assert [
         ln for ln in pyxis.splitlines() if "spank_pyxis.so" in ln and not ln.startswith("#")
     ] == ["required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_pyxis.so"]
-    assert "include /etc/slurm/plugstack.conf.d/*" in rendered[("pyxis", "plugstack.conf.j2")]
+    plugstack = rendered[("pyxis", "plugstack.conf.j2")]
+    assert "include /etc/slurm/plugstack.conf.d/pyxis.conf" in plugstack
+    assert "*" not in plugstack.split("include", 1)[1]  # slurmctld cannot parse a glob include
     init = rendered[("node_agent", "nodeforge-init.service.j2")]
     assert "After=network-online.target" in init
     # contracts.md: no Before= on the Slurm units (the agent starts them from inside the unit).

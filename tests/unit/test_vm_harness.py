@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeforge.lab import vm as vmmod
 from nodeforge.errors import CommandError, NodeforgeError
+from nodeforge.lab import vm as vmmod
 from tests.helpers import process_running
 
 pytestmark = pytest.mark.unit

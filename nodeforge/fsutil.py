@@ -1,0 +1,83 @@
+"""The one atomic file writer.
+
+A reader (or a crash) sees the old file or the new one, never a part: the data goes to a
+temporary file in the same directory with its final mode, is fsynced, renamed over the target,
+and the directory is fsynced so the rename itself survives a power cut.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(
+    path: str | os.PathLike[str],
+    data: str | bytes,
+    mode: int = 0o644,
+    *,
+    skip_unchanged: bool = True,
+) -> bool:
+    """Replace *path* with *data*, mode *mode* (set before the content lands).
+
+    Returns False, writing nothing, when the file already has exactly this content and mode
+    (*skip_unchanged*; callers restart a daemon only on a change). Missing parent directories
+    are created.
+    """
+    p = Path(path)
+    raw = data.encode() if isinstance(data, str) else data
+    if skip_unchanged:
+        try:
+            if (p.stat().st_mode & 0o7777) == mode and p.read_bytes() == raw:
+                return False
+        except OSError:
+            pass
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(p.parent)
+    return True
+
+
+def write_json(
+    path: str | os.PathLike[str], obj: Any, mode: int = 0o644, *, compact: bool = False
+) -> bool:
+    """write_atomic of *obj* as JSON: indented with sorted keys and a final newline, or
+    *compact* (one line, keys in insertion order) for files rewritten often."""
+    import json
+
+    if compact:
+        text = json.dumps(obj, separators=(",", ":"))
+    else:
+        text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    return write_atomic(path, text, mode)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some filesystems (9p, some FUSE) cannot fsync a directory; the rename still happened.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)

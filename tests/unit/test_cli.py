@@ -1,0 +1,176 @@
+"""The `nodeforge` CLI as a user meets it: help on every option, --json on reporting commands,
+JUnit XML, exit statuses, and no traceback for input errors or a closed pipe (no root)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from nodeforge import cli
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _nf(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nodeforge", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)  # fmt: skip
+
+
+def _walk(parser: argparse.ArgumentParser, path: list[str]):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _walk(sub, [*path, name])
+        else:
+            yield path, action
+
+
+def test_every_option_and_argument_has_help():
+    missing = [f"{' '.join(p)} {a.option_strings or a.dest}"
+               for p, a in _walk(cli.build_parser(), ["nodeforge"]) if not a.help]  # fmt: skip
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["validate"], ["versions", "lock"], ["versions", "show"], ["cluster", "down"],
+     ["cluster", "status"], ["verify"], ["build"], ["gang", "status"]],
+)
+def test_reporting_commands_take_json(command):
+    parser = cli.build_parser()
+    sub = parser
+    for word in command:
+        sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+    assert any("--json" in a.option_strings for a in sub._actions), command
+
+
+def test_closed_pipe_is_quiet_with_status_141(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "nodeforge", "versions", "show", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)  # fmt: skip
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # the reader is gone before the first write, like `| head -c0`
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == cli.EXIT_PIPE
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_verify_vm_params_file_missing_is_an_input_error(tmp_path):
+    cp = _nf("verify", "--hosts", "vm://X?params=missing.yaml", cwd=tmp_path)
+    assert cp.returncode == cli.EXIT_INPUT
+    assert "params=missing.yaml: cannot read it" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_unreadable_path_is_an_input_error_not_a_traceback(monkeypatch, capsys):
+    def boom(args):
+        raise FileNotFoundError(2, "No such file or directory", "/nope/node.yaml")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    ns = parser.parse_args(["versions", "show"])
+    monkeypatch.setattr(parser, "parse_args", lambda argv=None: argparse.Namespace(**{**vars(ns), "func": boom}))
+    assert cli.main([]) == cli.EXIT_INPUT
+    assert "nodeforge: error: /nope/node.yaml: No such file or directory" in capsys.readouterr().err
+
+
+def test_exit_statuses_are_documented():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Exit statuses", 1)[1].split("\n## ", 1)[0]
+    for code in (cli.EXIT_OK, cli.EXIT_FAILURE, cli.EXIT_INPUT, cli.EXIT_INTERRUPTED, cli.EXIT_PIPE):
+        assert f"| {code} |" in section, code
+
+
+def test_versions_lock_json(tmp_path):
+    from nodeforge.images import versions
+
+    f = tmp_path / "versions.yaml"
+    f.write_text(versions.VERSIONS_FILE.read_text())
+    mirror = tmp_path / "m"
+    mirror.mkdir()
+    for a in versions.load(f).all_artifacts():
+        (mirror / a.file).write_bytes(a.file.encode())
+    cp = _nf("versions", "lock", "--versions-file", str(f), "--artifact-mirror", str(mirror),
+             "--json", cwd=tmp_path)  # fmt: skip
+    assert cp.returncode == 0, cp.stderr
+    out = json.loads(cp.stdout)
+    assert out["versions_file"] == str(f)
+    assert {a.url for a in versions.load(f).all_artifacts()} == set(out["pinned"])
+    assert all(len(s) == 64 for s in out["pinned"].values())
+
+
+def test_validate_json(tmp_path):
+    cp = _nf("validate", "--target", "local", "--json", cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["local"]["valid"] is True
+
+
+def test_cluster_down_json(monkeypatch, capsys):
+    from nodeforge.lab import localcluster
+
+    monkeypatch.setattr(localcluster.LocalCluster, "down", lambda self: ["ctl", "c001"])
+    assert cli.main(["cluster", "down", "--name", "t", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"cluster": "t", "removed": ["ctl", "c001"]}
+
+
+def test_verify_junit_xml_and_json(tmp_path, capsys):
+    from nodeforge.lab import verify, verify_cli
+
+    results = [
+        verify.CheckResult("ctl", "controller", "test_common.py::test_munge", "passed", 0.5),
+        verify.CheckResult("ctl", "controller", "test_controller.py::test_ping", "failed", 1.0,
+                           "scontrol ping: DOWN\nmore"),
+        verify.CheckResult("c1", "compute", "test_compute.py::test_gpu", "skipped", 0.0, "no GPU"),
+    ]
+    out = tmp_path / "r.xml"
+    args = argparse.Namespace(junitxml=out, json=True)
+    verify_cli._write_reports(args, results, [("c2", "ssh: connection refused")], 1.5)
+    root = ET.fromstring(out.read_text())
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert set(suites) == {"ctl", "c1", "c2"}
+    assert suites["ctl"].get("tests") == "2" and suites["ctl"].get("failures") == "1"
+    failure = root.find(".//testcase[@name='test_controller.py::test_ping']/failure")
+    assert failure is not None and failure.get("message") == "scontrol ping: DOWN"
+    assert root.find(".//testcase[@name='test_compute.py::test_gpu']/skipped") is not None
+    assert root.find(".//testsuite[@name='c2']/testcase/error").text == "ssh: connection refused"
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is False and data["unreachable"] == [{"host": "c2", "reason": "ssh: connection refused"}]
+    assert [r["outcome"] for r in data["results"]] == ["passed", "failed", "skipped"]
+
+
+def test_cluster_wait_reports_each_node_as_it_becomes_ready(monkeypatch, tmp_path):
+    """`cluster up/add` progress: one line per node (stubbed Slurm and agent state, no root)."""
+    from nodeforge.lab import localcluster as lc
+
+    monkeypatch.setattr(lc, "STATE_ROOT", tmp_path)
+    monkeypatch.setattr(lc, "_alive", lambda pid: True)
+    lines: list[str] = []
+    c = lc.Cluster("t", "img", "lower", "nfc-t", 0.0, [
+        lc.Node("ctl", "controller", 2, "10.213.0.2", "ns-ctl", str(tmp_path / "ctl"), 1, 100.0),
+        lc.Node("c001", "compute", 3, "10.213.0.3", "ns-c001", str(tmp_path / "c001"), 2, 100.0),
+        lc.Node("c002", "compute", 4, "10.213.0.4", "ns-c002", str(tmp_path / "c002"), 3, 100.0),
+    ])  # fmt: skip
+    (tmp_path / "t").mkdir()
+    polls = {"n": 0}
+
+    from nodeforge.bootstrap.readiness import from_sinfo
+
+    def node(short: str):
+        return lc.SlurmNode(from_sinfo(short), short)
+
+    def slurm_nodes(self, cluster):
+        polls["n"] += 1  # c001 is idle at once, c002 one poll later (idle* first: not ready)
+        return {"c001": node("idle"), "c002": node("idle" if polls["n"] > 2 else "idle*")}
+
+    monkeypatch.setattr(lc.LocalCluster, "slurm_nodes", slurm_nodes)
+    monkeypatch.setattr(lc.LocalCluster, "agent_state", lambda self, node: {"status": "ready"})
+    monkeypatch.setattr(lc.time, "sleep", lambda s: None)
+    lc.LocalCluster("t", progress=lines.append).wait_ready(c, ["c001", "c002"], timeout=60)
+    assert [ln.split(":")[0] for ln in lines] == ["c001", "c002"]
+    assert all("ready after" in ln for ln in lines), lines
