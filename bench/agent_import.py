@@ -48,8 +48,13 @@ def modules(python: str, cwd: str) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--python", action="append", default=[], metavar="NAME=INTERPRETER",
-                    help="an install to measure (repeatable); default: this interpreter")
+    ap.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="NAME=INTERPRETER",
+        help="an install to measure (repeatable); default: this interpreter",
+    )
     ap.add_argument("--runs", type=int, default=15, help="runs per measurement (median)")
     args = ap.parse_args()
     import os

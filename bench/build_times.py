@@ -82,11 +82,13 @@ def main() -> None:
     runs = {}
     runs["cold"] = build(out, cache, args)
     runs["no_change"] = build(out, cache, args)
-    runs["config_only"] = build(args.workdir / "out-config", cache, args, "--var-file",
-                                str(var_files["config_only"]))
+    runs["config_only"] = build(
+        args.workdir / "out-config", cache, args, "--var-file", str(var_files["config_only"])
+    )
     runs["force_warm"] = build(out, cache, args, "--force")
-    runs["install_affecting"] = build(args.workdir / "out-install", cache, args, "--var-file",
-                                      str(var_files["install_affecting"]))
+    runs["install_affecting"] = build(
+        args.workdir / "out-install", cache, args, "--var-file", str(var_files["install_affecting"])
+    )
     load_after = os.getloadavg()
     cold = runs["cold"]["wall_seconds"]
     report = {
@@ -104,12 +106,17 @@ def main() -> None:
         print(json.dumps(report, indent=2))
     else:
         for k, v in report["seconds"].items():
-            goal = f"goal ≤ {GOALS[k]:.0f} s {'met' if report['goals_met'][k] else 'MISSED'}" \
-                if k in GOALS else ""
+            goal = (
+                f"goal ≤ {GOALS[k]:.0f} s {'met' if report['goals_met'][k] else 'MISSED'}"
+                if k in GOALS
+                else ""
+            )
             print(f"{k:<18} {v:8.1f} s  ×{report['ratio_to_cold'][k]:.3f} of cold  {goal}")
             print(f"{'':<18} phases: {report['phases'][k]}")
-        print(f"load average before {report['load_average_before']} after "
-              f"{report['load_average_after']} on {report['cpus']} CPUs")
+        print(
+            f"load average before {report['load_average_before']} after "
+            f"{report['load_average_after']} on {report['cpus']} CPUs"
+        )
         for k, b in report["image_bytes"].items():
             print(f"{k:<16} {b / 2**20:9.1f} MiB")
     shutil.rmtree(args.workdir)

@@ -34,15 +34,38 @@ def main() -> int:
         walls, inner = [], []
         for _ in range(a.repeat):
             t0 = time.monotonic()
-            cp = subprocess.run([sys.executable, "-m", "nodeforge", "node", "health", "--no-slurm",
-                                 "--json", "--root", str(root)], capture_output=True, text=True,
-                                timeout=60, check=False)
+            cp = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "nodeforge",
+                    "node",
+                    "health",
+                    "--no-slurm",
+                    "--json",
+                    "--root",
+                    str(root),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
             walls.append(time.monotonic() - t0)
             inner.append(json.loads(cp.stdout)["duration"])
     w, i = statistics.median(walls), statistics.median(inner)
-    print(json.dumps({"repeat": a.repeat, "cli_wall_median_s": round(w, 3),
-                      "checks_median_s": round(i, 3), "checks_share": round(i / w, 3),
-                      "cli_wall_max_s": round(max(walls), 3)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "repeat": a.repeat,
+                "cli_wall_median_s": round(w, 3),
+                "checks_median_s": round(i, 3),
+                "checks_share": round(i / w, 3),
+                "cli_wall_max_s": round(max(walls), 3),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -26,10 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from nodeforge import proc
 from nodeforge.bootstrap.hooks import Hook, HookEnv, Runner
 from nodeforge.bootstrap.paths import Paths
-
-from nodeforge import proc
 
 
 def _available() -> list[str]:
@@ -51,8 +50,13 @@ def _one(mode: str, runner: Runner, hook: Hook, out) -> float:
         if mode != "group":
             proc.containment = lambda: mode  # type: ignore[assignment]
         try:
-            gr = proc.run_group(["/bin/true"], timeout=30, output=out, grace=1,
-                                contain=None if mode == "group" else "bench")
+            gr = proc.run_group(
+                ["/bin/true"],
+                timeout=30,
+                output=out,
+                grace=1,
+                contain=None if mode == "group" else "bench",
+            )
         finally:
             proc.containment = real  # type: ignore[assignment]
         assert gr.returncode == 0
@@ -60,8 +64,9 @@ def _one(mode: str, runner: Runner, hook: Hook, out) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -70,15 +75,19 @@ def main() -> int:
         paths = Paths.under(tmp)
         paths.params_json.parent.mkdir(parents=True)
         paths.params_json.write_text("{}")
-        runner = Runner(paths, HookEnv("compute", "bench", "b1", "ctl", paths.params_json),
-                        sleep=lambda s: None, grace=1)
+        runner = Runner(
+            paths,
+            HookEnv("compute", "bench", "b1", "ctl", paths.params_json),
+            sleep=lambda s: None,
+            grace=1,
+        )
         hook = Hook("10-true", Path("/bin/true"), 30, 0, "baked")
         times: dict[str, list[float]] = {m: [] for m in modes}
         with open(Path(tmp) / "out", "w") as out:
             for m in modes:  # warm-up (imports, page cache)
                 _one(m, runner, hook, out)
             for r in range(args.repeat):
-                for m in modes[r % len(modes):] + modes[: r % len(modes)]:
+                for m in modes[r % len(modes) :] + modes[: r % len(modes)]:
                     times[m].append(_one(m, runner, hook, out))
     base = statistics.median(times["group"])
     result = {
@@ -86,20 +95,26 @@ def main() -> int:
         "containment_used_by_runner": proc.containment(),
         "unavailable": [m for m in ("cgroup", "scope") if m not in modes],
         "modes": {
-            m: {"median_ms": round(statistics.median(v) * 1000, 2),
+            m: {
+                "median_ms": round(statistics.median(v) * 1000, 2),
                 "p90_ms": round(sorted(v)[int(0.9 * (len(v) - 1))] * 1000, 2),
-                "ratio_to_group": round(statistics.median(v) / base, 2)}
+                "ratio_to_group": round(statistics.median(v) / base, 2),
+            }
             for m, v in times.items()
         },
     }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"per attempt, N={args.repeat}, runner uses: {result['containment_used_by_runner']}"
-              f"; unavailable here: {', '.join(result['unavailable']) or 'none'}")
+        print(
+            f"per attempt, N={args.repeat}, runner uses: {result['containment_used_by_runner']}"
+            f"; unavailable here: {', '.join(result['unavailable']) or 'none'}"
+        )
         for m, r in result["modes"].items():
-            print(f"  {m:<10} median {r['median_ms']:7.2f} ms  p90 {r['p90_ms']:7.2f} ms  "
-                  f"x{r['ratio_to_group']:.2f} of group")
+            print(
+                f"  {m:<10} median {r['median_ms']:7.2f} ms  p90 {r['p90_ms']:7.2f} ms  "
+                f"x{r['ratio_to_group']:.2f} of group"
+            )
     return 0
 
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import time_to_ready as ttr
-from nodeforge.lab.localcluster import Cluster, LocalCluster, _agent_seconds
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.lab.localcluster import Cluster, LocalCluster, _agent_seconds
 
 log = ttr.log
 
@@ -60,7 +60,7 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx == 0:
         return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
 def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict:
@@ -85,8 +85,10 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
             if len(started) < n and not stopped_adding and now >= next_add:
                 free = mem_available_mib()
                 if free < args.min_free_mib:
-                    stopped_adding = (f"stopped at {len(started)} nodes: {free} MiB available "
-                                      f"< --min-free-mib {args.min_free_mib}")
+                    stopped_adding = (
+                        f"stopped at {len(started)} nodes: {free} MiB available "
+                        f"< --min-free-mib {args.min_free_mib}"
+                    )
                     log(stopped_adding)
                     continue
                 if args.agent_from_checkout:  # the same path as `cluster add` (_start)
@@ -106,8 +108,10 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
                 sl = states.get(name)
                 if name not in ready and sl is not None and sl.state.ready:
                     ready[name] = t
-                    log(f"  {name} ready after {t - t_start:.2f}s "
-                        f"({len(ready)}/{len(started)} ready, load {os.getloadavg()[0]:.1f})")
+                    log(
+                        f"  {name} ready after {t - t_start:.2f}s "
+                        f"({len(ready)}/{len(started)} ready, load {os.getloadavg()[0]:.1f})"
+                    )
             for name in list(started):
                 if name not in ready and not ttr._alive(cluster.node(name).pid):
                     # The host's capacity (seen: fs.inotify.max_user_instances, 128 by default,
@@ -118,11 +122,14 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
                     stopped_adding = stopped_adding or (
                         f"stopped at {len(started)} nodes: {name} exited during boot "
                         f"(fs.inotify.max_user_instances={inotify_limit()}); console: "
-                        f"{tail[-600:]}")
+                        f"{tail[-600:]}"
+                    )
                     log(stopped_adding)
             if time.monotonic() > deadline:
-                late = ", ".join(f"{x} ({states[x].state if x in states else 'unregistered'})"
-                                 for x in sorted(set(started) - set(ready)))
+                late = ", ".join(
+                    f"{x} ({states[x].state if x in states else 'unregistered'})"
+                    for x in sorted(set(started) - set(ready))
+                )
                 raise NodeforgeError(f"not ready in time: {late}")
             time.sleep(args.poll)
         if not started:
@@ -131,41 +138,51 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
         nodes = []
         for k, name in enumerate(sorted(started, key=started.get)):
             st = ttr.read_state(cluster.node(name))
-            nodes.append({
-                "node": name,
-                "index": k,
-                "started_after_first_add_s": round(started[name] - t_first, 2),
-                "seconds": round(ready[name] - started[name], 2),
-                "agent_seconds": _agent_seconds(st),
-                "agent_waits_s": ttr.agent_waits(st),
-                "agent_started_after_s": round(st["first_started"] - started[name], 2)
-                if st.get("first_started") else None,
-                "load_at_start": load_at_start[name],
-            })
+            nodes.append(
+                {
+                    "node": name,
+                    "index": k,
+                    "started_after_first_add_s": round(started[name] - t_first, 2),
+                    "seconds": round(ready[name] - started[name], 2),
+                    "agent_seconds": _agent_seconds(st),
+                    "agent_waits_s": ttr.agent_waits(st),
+                    "agent_started_after_s": round(st["first_started"] - started[name], 2)
+                    if st.get("first_started")
+                    else None,
+                    "load_at_start": load_at_start[name],
+                }
+            )
         secs = [x["seconds"] for x in nodes]
         sl = slope([float(x["index"]) for x in nodes], secs)
         half = len(secs) // 2
-        res.update({
-            "ok": True,
-            "computes": len(nodes),
-            "stopped_adding": stopped_adding or None,
-            "exited": exited,
-            "nodes": nodes,
-            "all_seconds": round(max(ready.values()) - t_first, 2),
-            "last_start_to_all_ready_s": round(max(ready.values()) - max(started.values()), 2),
-            "per_node_median_s": round(statistics.median(secs), 2),
-            "per_node_min_s": min(secs),
-            "per_node_max_s": max(secs),
-            "first_half_median_s": round(statistics.median(secs[:half]), 2) if half else None,
-            "second_half_median_s": round(statistics.median(secs[half:]), 2) if half else None,
-            "slope_s_per_node": round(sl, 4) if sl is not None else None,
-            "agent_median_s": round(statistics.median(
-                [x["agent_seconds"] for x in nodes if x["agent_seconds"] is not None]), 2),
-            "load_after": round(os.getloadavg()[0], 2),
-            "mem_available_after_mib": mem_available_mib(),
-        })
+        res.update(
+            {
+                "ok": True,
+                "computes": len(nodes),
+                "stopped_adding": stopped_adding or None,
+                "exited": exited,
+                "nodes": nodes,
+                "all_seconds": round(max(ready.values()) - t_first, 2),
+                "last_start_to_all_ready_s": round(max(ready.values()) - max(started.values()), 2),
+                "per_node_median_s": round(statistics.median(secs), 2),
+                "per_node_min_s": min(secs),
+                "per_node_max_s": max(secs),
+                "first_half_median_s": round(statistics.median(secs[:half]), 2) if half else None,
+                "second_half_median_s": round(statistics.median(secs[half:]), 2) if half else None,
+                "slope_s_per_node": round(sl, 4) if sl is not None else None,
+                "agent_median_s": round(
+                    statistics.median(
+                        [x["agent_seconds"] for x in nodes if x["agent_seconds"] is not None]
+                    ),
+                    2,
+                ),
+                "load_after": round(os.getloadavg()[0], 2),
+                "mem_available_after_mib": mem_available_mib(),
+            }
+        )
         res["mem_per_node_mib"] = round(
-            (res["mem_available_before_mib"] - res["mem_available_after_mib"]) / len(nodes), 1)
+            (res["mem_available_before_mib"] - res["mem_available_after_mib"]) / len(nodes), 1
+        )
     except (NodeforgeError, OSError) as exc:
         res["ok"] = False
         res["error"] = str(exc)[-2000:]
@@ -182,25 +199,47 @@ def round_(lc: LocalCluster, image: Path, n: int, interval: float, args) -> dict
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--image", type=Path, default=Path("/var/tmp/nodeforge-e2e/image"),
-                    help="output directory of `nodeforge build` (default: %(default)s)")
+    ap.add_argument(
+        "--image",
+        type=Path,
+        default=Path("/var/tmp/nodeforge-e2e/image"),
+        help="output directory of `nodeforge build` (default: %(default)s)",
+    )
     ap.add_argument("--name", default="bj", help="cluster name (default: %(default)s)")
-    ap.add_argument("--computes", type=int, default=32,
-                    help="computes to join per round (default: %(default)s)")
-    ap.add_argument("--intervals", default="2",
-                    help="comma-separated join intervals in s, one fresh cluster each; 2 s "
-                         "suits 2 cores (default: %(default)s)")
-    ap.add_argument("--timeout", type=float, default=300.0,
-                    help="bound for the controller and for all computes after the last add "
-                         "(default: %(default)ss)")
-    ap.add_argument("--min-free-mib", type=int, default=3072,
-                    help="add no node while the host has less memory available "
-                         "(default: %(default)s MiB)")
-    ap.add_argument("--agent-from-checkout", action="store_true",
-                    help="nodes run this checkout's agent (see time_to_ready.py)")
+    ap.add_argument(
+        "--computes", type=int, default=32, help="computes to join per round (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--intervals",
+        default="2",
+        help="comma-separated join intervals in s, one fresh cluster each; 2 s "
+        "suits 2 cores (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="bound for the controller and for all computes after the last add "
+        "(default: %(default)ss)",
+    )
+    ap.add_argument(
+        "--min-free-mib",
+        type=int,
+        default=3072,
+        help="add no node while the host has less memory available (default: %(default)s MiB)",
+    )
+    ap.add_argument(
+        "--agent-from-checkout",
+        action="store_true",
+        help="nodes run this checkout's agent (see time_to_ready.py)",
+    )
     ap.add_argument("--poll", type=float, default=0.25, help="controller poll interval (s)")
-    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/nodeforge-bench"),
-                    help="where join.json is written (default: %(default)s)")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("/var/tmp/nodeforge-bench"),
+        help="where join.json is written (default: %(default)s)",
+    )
     ap.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -212,9 +251,15 @@ def main() -> int:
     manifest, _ = ttr.check_image(image)
     log(f"image {image} created {manifest.get('created')}")
     lc = LocalCluster(args.name, progress=lambda m: None)
-    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "image": str(image),
-              "image_created": manifest.get("created"), "cpus": os.cpu_count(),
-              "poll_s": args.poll, "argv": sys.argv[1:], "rounds": []}
+    report = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "image": str(image),
+        "image_created": manifest.get("created"),
+        "cpus": os.cpu_count(),
+        "poll_s": args.poll,
+        "argv": sys.argv[1:],
+        "rounds": [],
+    }
     for iv in intervals:
         report["rounds"].append(round_(lc, image, args.computes, iv, args))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -226,20 +271,24 @@ def main() -> int:
             if not r.get("ok"):
                 print(f"interval {r['interval_s']}s: FAILED: {r.get('error')}")
                 continue
-            print(f"interval {r['interval_s']}s, {r['computes']} computes: all ready "
-                  f"{r['all_seconds']}s after the first add "
-                  f"({r['last_start_to_all_ready_s']}s after the last start); per node median "
-                  f"{r['per_node_median_s']}s (min {r['per_node_min_s']}, max "
-                  f"{r['per_node_max_s']}; first half {r['first_half_median_s']}s, second half "
-                  f"{r['second_half_median_s']}s), slope {r['slope_s_per_node']} s/node, agent "
-                  f"median {r['agent_median_s']}s, ~{r['mem_per_node_mib']} MiB/node")
+            print(
+                f"interval {r['interval_s']}s, {r['computes']} computes: all ready "
+                f"{r['all_seconds']}s after the first add "
+                f"({r['last_start_to_all_ready_s']}s after the last start); per node median "
+                f"{r['per_node_median_s']}s (min {r['per_node_min_s']}, max "
+                f"{r['per_node_max_s']}; first half {r['first_half_median_s']}s, second half "
+                f"{r['second_half_median_s']}s), slope {r['slope_s_per_node']} s/node, agent "
+                f"median {r['agent_median_s']}s, ~{r['mem_per_node_mib']} MiB/node"
+            )
             if r.get("stopped_adding"):
                 print(f"  {r['stopped_adding']}")
             for x in r["nodes"]:
-                print(f"  {x['node']}  start +{x['started_after_first_add_s']:6.2f}s  "
-                      f"to ready {x['seconds']:6.2f}s  agent {x['agent_seconds']}s "
-                      f"(started {x['agent_started_after_s']}s after nspawn, load "
-                      f"{x['load_at_start']})")
+                print(
+                    f"  {x['node']}  start +{x['started_after_first_add_s']:6.2f}s  "
+                    f"to ready {x['seconds']:6.2f}s  agent {x['agent_seconds']}s "
+                    f"(started {x['agent_started_after_s']}s after nspawn, load "
+                    f"{x['load_at_start']})"
+                )
         print(f"full result: {args.workdir / 'join.json'}")
     return 0 if all(r.get("ok") for r in report["rounds"]) else 1
 

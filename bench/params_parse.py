@@ -29,11 +29,11 @@ import types
 from pathlib import Path
 
 import yaml
+
+from nodeforge import proc
 from nodeforge.bootstrap.params import parse_params
 from nodeforge.bootstrap.params_sources import SourceConfig, kernel_args, load_params
 from nodeforge.bootstrap.paths import Paths
-
-from nodeforge import proc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def old_parse_params(base: str):
     ).stdout
     mod = types.ModuleType("old_params")
     sys.modules["old_params"] = mod  # dataclasses look their module up
-    exec(compile(src, f"{base}:bootstrap/params.py", "exec"), mod.__dict__)  # noqa: S102 - our own file
+    exec(compile(src, f"{base}:bootstrap/params.py", "exec"), mod.__dict__)
     return mod.parse_params
 
 

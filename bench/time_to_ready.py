@@ -52,6 +52,9 @@ if str(REPO) not in sys.path:
 
 
 import yaml
+
+from nodeforge import proc
+from nodeforge.errors import NodeforgeError
 from nodeforge.lab.localcluster import (
     Cluster,
     LocalCluster,
@@ -61,9 +64,6 @@ from nodeforge.lab.localcluster import (
     ensure_lower,
     node_exec,
 )
-
-from nodeforge import proc
-from nodeforge.errors import NodeforgeError
 
 VARIANTS = ("floor", "baked", "lifecycle")
 GOAL_AGENT_S = 0.25
@@ -87,8 +87,9 @@ def slurm_state(lc: LocalCluster, cluster: Cluster, name: str) -> str:
     return str(sl.state) if sl else ""
 
 
-def wait_schedulable(lc: LocalCluster, cluster: Cluster, node: Node, timeout: float,
-                     poll: float) -> tuple[float, float | None]:
+def wait_schedulable(
+    lc: LocalCluster, cluster: Cluster, node: Node, timeout: float, poll: float
+) -> tuple[float, float | None]:
     """Wall-clock times at which the controller first showed *node* READY (the one
     definition, readiness.NodeState.ready) and first showed it IDLE with any flags.
 
@@ -110,8 +111,10 @@ def wait_schedulable(lc: LocalCluster, cluster: Cluster, node: Node, timeout: fl
         if not _alive(node.pid):
             raise NodeforgeError(f"node {node.name} exited; see {node.dir}/console.log")
         if time.monotonic() > deadline:
-            raise NodeforgeError(f"node {node.name} not ready after {timeout:.0f}s "
-                                 f"(last Slurm state: {last or 'unregistered'})")
+            raise NodeforgeError(
+                f"node {node.name} not ready after {timeout:.0f}s "
+                f"(last Slurm state: {last or 'unregistered'})"
+            )
         time.sleep(poll)
 
 
@@ -155,11 +158,15 @@ def agent_summary(st: dict, started: float) -> dict:
         "agent_seconds": _agent_seconds(st),
         "agent_status": st.get("status"),
         "agent_started_after_s": round(st["first_started"] - started, 2)
-        if st.get("first_started") else None,
+        if st.get("first_started")
+        else None,
         "agent_ready_after_s": round(st["ready_at"] - started, 2) if st.get("ready_at") else None,
         "steps": {k: v.get("duration") for k, v in steps.items() if isinstance(v, dict)},
-        "role_detail": {k: v for k, v in ((steps.get("role") or {}).get("detail") or {}).items()
-                        if k.endswith("_s")},
+        "role_detail": {
+            k: v
+            for k, v in ((steps.get("role") or {}).get("detail") or {}).items()
+            if k.endswith("_s")
+        },
         "ready_detail": (steps.get("ready") or {}).get("detail") or {},
     }
 
@@ -205,8 +212,18 @@ def agent_from_checkout(node: Node) -> None:
         target = dest / f.relative_to(REPO / "bootstrap")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, target)
-    proc.run(["chroot", m, "/opt/nodeforge/bin/python", "-m", "compileall", "-q",
-              "/" + str(site.relative_to(m))], timeout=120)
+    proc.run(
+        [
+            "chroot",
+            m,
+            "/opt/nodeforge/bin/python",
+            "-m",
+            "compileall",
+            "-q",
+            "/" + str(site.relative_to(m)),
+        ],
+        timeout=120,
+    )
 
 
 def without_keygen_order(node: Node) -> None:
@@ -244,7 +261,8 @@ def floor_prepare(cluster: Cluster):
         (d / "nodeforge.conf").write_text(
             "[Service]\nExecStart=\n"
             f"ExecStart=/usr/sbin/slurmd --systemd -Z --conf-server {ctl.address}:{SLURMCTLD_PORT}"
-            f" -N {node.name} $SLURMD_OPTIONS\n")
+            f" -N {node.name} $SLURMD_OPTIONS\n"
+        )
         wants = sysd / "multi-user.target.wants"
         wants.mkdir(parents=True, exist_ok=True)
         for u in ("munge.service", "slurmd.service"):
@@ -276,11 +294,16 @@ class Lifecycle:
 
     def _base_tree(self) -> Path:
         b = self.manifest["base"]
-        tar = self.args.base_tar or (self.args.cache_dir / "base" /
-                                     f"base-{b['suite']}-{self.manifest['arch']}-{b['key']}.tar")
+        tar = self.args.base_tar or (
+            self.args.cache_dir
+            / "base"
+            / f"base-{b['suite']}-{self.manifest['arch']}-{b['key']}.tar"
+        )
         if not tar.is_file():
-            raise NodeforgeError(f"base tarball {tar} not found (the image says base key "
-                                 f"{b['key']}); pass --base-tar")
+            raise NodeforgeError(
+                f"base tarball {tar} not found (the image says base key "
+                f"{b['key']}); pass --base-tar"
+            )
         root = self.work / f"base-{b['key']}" / "rootfs"
         done = root.parent / ".complete"
         if done.exists():
@@ -289,8 +312,10 @@ class Lifecycle:
         if root.exists():
             shutil.rmtree(root)
         root.mkdir(parents=True)
-        proc.run(["tar", "-C", root, "--numeric-owner", "--xattrs", "--xattrs-include=*",
-                  "-xf", tar], timeout=900)
+        proc.run(
+            ["tar", "-C", root, "--numeric-owner", "--xattrs", "--xattrs-include=*", "-xf", tar],
+            timeout=900,
+        )
         done.write_text(str(tar))
         return root
 
@@ -312,17 +337,26 @@ class Lifecycle:
             shutil.rmtree(gen)
         gen.mkdir()
         (gen / "pool").symlink_to(archives)
-        cp = proc.run(["dpkg-scanpackages", "--multiversion", "pool", "/dev/null"], cwd=gen,
-                      timeout=600, capture=True)
-        packages = "\n".join(ln for ln in cp.stdout.splitlines()
-                             if not ln.startswith("dpkg-scanpackages:")) + "\n"
+        cp = proc.run(
+            ["dpkg-scanpackages", "--multiversion", "pool", "/dev/null"],
+            cwd=gen,
+            timeout=600,
+            capture=True,
+        )
+        packages = (
+            "\n".join(
+                ln for ln in cp.stdout.splitlines() if not ln.startswith("dpkg-scanpackages:")
+            )
+            + "\n"
+        )
         (repo / "Packages").write_text(packages)
         data = (repo / "Packages").read_bytes()
         (repo / "Release").write_text(
             "Origin: nodeforge-bench\nLabel: nodeforge-bench\n"
             f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}\n"
             f"MD5Sum:\n {hashlib.md5(data).hexdigest()} {len(data)} Packages\n"
-            f"SHA256:\n {hashlib.sha256(data).hexdigest()} {len(data)} Packages\n")
+            f"SHA256:\n {hashlib.sha256(data).hexdigest()} {len(data)} Packages\n"
+        )
         shutil.rmtree(gen)
         self.archives = archives
         return repo
@@ -331,7 +365,9 @@ class Lifecycle:
         """The agent wheel baked into the image, so both variants run the same agent code."""
         wheels = sorted((self.image_lower / "opt/nodeforge/wheels").glob("nodeforge-*.whl"))
         if not wheels:
-            raise NodeforgeError(f"no nodeforge wheel under {self.image_lower}/opt/nodeforge/wheels")
+            raise NodeforgeError(
+                f"no nodeforge wheel under {self.image_lower}/opt/nodeforge/wheels"
+            )
         dest = self.work / "wheel"
         if dest.exists():
             shutil.rmtree(dest)
@@ -347,10 +383,23 @@ class Lifecycle:
         client = self.work / "client_ed25519"
         for p in (client, Path(f"{client}.pub")):
             p.unlink(missing_ok=True)
-        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nodeforge-bench",
-                  "-f", client])
-        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nodeforge-bench-host",
-                  "-f", d / "ssh_host_ed25519_key"])
+        proc.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nodeforge-bench", "-f", client]
+        )
+        proc.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "nodeforge-bench-host",
+                "-f",
+                d / "ssh_host_ed25519_key",
+            ]
+        )
         ak = d / "authorized_keys"
         ak.write_text(Path(f"{client}.pub").read_text())
         os.chmod(ak, 0o600)
@@ -372,10 +421,15 @@ class Lifecycle:
             if len(keep) != len(roles):
                 found = True
                 play["roles"] = keep
-                play.setdefault("post_tasks", []).append({
-                    "name": "Remove the bake's policy-rc.d (services may start on a live node)",
-                    "ansible.builtin.file": {"path": "/usr/sbin/policy-rc.d", "state": "absent"},
-                })
+                play.setdefault("post_tasks", []).append(
+                    {
+                        "name": "Remove the bake's policy-rc.d (services may start on a live node)",
+                        "ansible.builtin.file": {
+                            "path": "/usr/sbin/policy-rc.d",
+                            "state": "absent",
+                        },
+                    }
+                )
         if not found:
             raise NodeforgeError("images/site.yml has no seal role any more; update the bench")
         # The roles find repo files relative to the playbook ({{ playbook_dir }}/../gang/…):
@@ -387,8 +441,10 @@ class Lifecycle:
             if (REPO / d).exists() and not link.is_symlink():
                 link.symlink_to(REPO / d)
         pb = tree / "images" / "lifecycle-site.yml"
-        pb.write_text("# generated by bench/time_to_ready.py from images/site.yml\n"
-                      + yaml.safe_dump(plays, sort_keys=False))
+        pb.write_text(
+            "# generated by bench/time_to_ready.py from images/site.yml\n"
+            + yaml.safe_dump(plays, sort_keys=False)
+        )
         return pb
 
     def _extra_vars(self) -> Path:
@@ -418,7 +474,8 @@ class Lifecycle:
                 raise NodeforgeError(
                     f"artifact {inp['file']} (input {name}) with the image's sha256 "
                     f"{inp.get('sha256')} not found; seen: {seen or 'none'} "
-                    "(pass --artifact-mirror DIR)")
+                    "(pass --artifact-mirror DIR)"
+                )
             arts[name] = inp["file"]
         ev = {
             "nodeforge_image_name": self.manifest["name"],
@@ -433,37 +490,62 @@ class Lifecycle:
 
     # -- per node ---------------------------------------------------------------------
     def nspawn_args(self) -> list[str]:
-        return [f"--bind-ro={self.sshdir}:/run/nf-bench",
-                f"--bind-ro={self.repo}:/srv/nf-apt",
-                f"--bind-ro={self.archives}:/srv/nf-apt/pool"]
+        return [
+            f"--bind-ro={self.sshdir}:/run/nf-bench",
+            f"--bind-ro={self.repo}:/srv/nf-apt",
+            f"--bind-ro={self.archives}:/srv/nf-apt/pool",
+        ]
 
     def prepare(self, node: Node) -> None:
         m = node.merged
         conf = m / "etc/ssh/sshd_config.d/00-nf-bench.conf"
         conf.parent.mkdir(parents=True, exist_ok=True)
         # Access that survives the ssh role removing /etc/ssh/ssh_host_* (docs/contracts.md).
-        conf.write_text("# nodeforge bench access (overlay only)\nListenAddress 127.0.0.1\n"
-                        "HostKey /run/nf-bench/ssh_host_ed25519_key\n"
-                        "AuthorizedKeysFile /run/nf-bench/authorized_keys\n"
-                        "PermitRootLogin prohibit-password\nPasswordAuthentication no\n")
+        conf.write_text(
+            "# nodeforge bench access (overlay only)\nListenAddress 127.0.0.1\n"
+            "HostKey /run/nf-bench/ssh_host_ed25519_key\n"
+            "AuthorizedKeysFile /run/nf-bench/authorized_keys\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+        )
         apt = m / "etc/apt"
         for f in (apt / "sources.list.d").glob("*"):
             f.unlink()
         (apt / "sources.list").write_text(
             "# nodeforge bench: the build's apt archive cache as a local repository\n"
-            "deb [trusted=yes] file:/srv/nf-apt ./\n")
+            "deb [trusted=yes] file:/srv/nf-apt ./\n"
+        )
 
     def _ssh_argv(self, node: Node, *opts: str) -> list[str]:
-        return ["ip", "netns", "exec", node.netns, "ssh", "-i", str(self.client_key),
-                "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-                "-o", "ConnectTimeout=2", *opts, "root@127.0.0.1"]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            node.netns,
+            "ssh",
+            "-i",
+            str(self.client_key),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=2",
+            *opts,
+            "root@127.0.0.1",
+        ]
 
     def _close_masters(self, node: Node, cpdir: Path) -> None:
         """Stop the ssh ControlPersist masters ansible left (they live in the node's netns)."""
         for sock in cpdir.iterdir():
-            proc.run(self._ssh_argv(node, "-o", f"ControlPath={sock}", "-O", "exit"),
-                     check=False, timeout=20)
+            proc.run(
+                self._ssh_argv(node, "-o", f"ControlPath={sock}", "-O", "exit"),
+                check=False,
+                timeout=20,
+            )
 
     def run(self, cluster: Cluster, node: Node, timeout: float, logf) -> dict:
         deadline = time.monotonic() + timeout
@@ -475,9 +557,13 @@ class Lifecycle:
             if cp.returncode == 0:
                 break
             if not _alive(node.pid):
-                raise NodeforgeError(f"lifecycle node {node.name} exited; see {node.dir}/console.log")
+                raise NodeforgeError(
+                    f"lifecycle node {node.name} exited; see {node.dir}/console.log"
+                )
             if time.monotonic() > deadline:
-                raise NodeforgeError(f"lifecycle node {node.name}: sshd not answering: {cp.stdout[-300:]}")
+                raise NodeforgeError(
+                    f"lifecycle node {node.name}: sshd not answering: {cp.stdout[-300:]}"
+                )
             time.sleep(0.25)
         t_ssh = time.time()
         # 2. the roles, applied at boot
@@ -490,31 +576,52 @@ class Lifecycle:
             # Our own control socket (one per node, closed below); ansible.cfg's 30 min
             # ControlPersist would otherwise outlive the node.
             "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s "
-                                "-o ServerAliveInterval=30",
+            "-o ServerAliveInterval=30",
             "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cpdir),
         }
         # A named inventory host: with "127.0.0.1" as the host, ansible would treat the node as
         # the implicit localhost and run the roles' delegate_to: localhost tasks on the node.
         inv = self.work / f"lifecycle-inventory-{node.name}.ini"
         inv.write_text(f"{node.name} ansible_host=127.0.0.1 ansible_port=22\n")
-        argv = ["ip", "netns", "exec", node.netns, proc.require_tool("ansible-playbook"),
-                "-i", str(inv), "-u", "root", "--private-key", str(self.client_key),
-                "--ssh-common-args", "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no",
-                "--extra-vars", f"@{self.extra_vars}", str(self.playbook)]
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            node.netns,
+            proc.require_tool("ansible-playbook"),
+            "-i",
+            str(inv),
+            "-u",
+            "root",
+            "--private-key",
+            str(self.client_key),
+            "--ssh-common-args",
+            "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no",
+            "--extra-vars",
+            f"@{self.extra_vars}",
+            str(self.playbook),
+        ]
         t_a0 = time.time()
         try:
-            proc.stream(argv, logfile=logf, env=env, timeout=max(10.0, deadline - time.monotonic()),
-                        hint="the roles failed on the lifecycle node; see the bench log")
+            proc.stream(
+                argv,
+                logfile=logf,
+                env=env,
+                timeout=max(10.0, deadline - time.monotonic()),
+                hint="the roles failed on the lifecycle node; see the bench log",
+            )
         finally:
             self._close_masters(node, cpdir)
         t_a1 = time.time()
         # 3. the agent (installed and enabled by the roles; the boot is past multi-user)
         node_exec(node, ["systemctl", "start", "--no-block", "nodeforge-init.service"], timeout=30)
         t_agent = time.time()
-        return {"ssh_after_s": round(t_ssh - node.started, 2),
-                "ansible_s": round(t_a1 - t_a0, 2),
-                "agent_kicked_after_s": round(t_agent - node.started, 2),
-                "deadline": deadline}
+        return {
+            "ssh_after_s": round(t_ssh - node.started, 2),
+            "ansible_s": round(t_a1 - t_a0, 2),
+            "agent_kicked_after_s": round(t_agent - node.started, 2),
+            "deadline": deadline,
+        }
 
 
 def ansible_tasks(log_text: str) -> list[tuple[str, str, float]]:
@@ -533,8 +640,9 @@ def ansible_tasks(log_text: str) -> list[tuple[str, str, float]]:
     current = "(preconditions)"
     including: str | None = None
     for line in log_text.splitlines():
-        m = re.match(r"\[\s*([\d.]+)s\] (PLAY RECAP|PLAY|TASK|RUNNING HANDLER) \[?(.*?)\]? \*",
-                     line)
+        m = re.match(
+            r"\[\s*([\d.]+)s\] (PLAY RECAP|PLAY|TASK|RUNNING HANDLER) \[?(.*?)\]? \*", line
+        )
         if not m:
             continue
         t, kind, name = float(m.group(1)), m.group(2), m.group(3)
@@ -572,10 +680,19 @@ def ansible_role_times(log_text: str) -> dict[str, float]:
 
 def ansible_package_seconds(log_text: str) -> float:
     """Seconds in the roles' package-install (ansible.builtin.apt) tasks."""
-    return round(sum(d for _, task, d in ansible_tasks(log_text)
-                     if re.search(r": Install (the base packages|the OpenSSH server|munge$|Slurm|"
-                                  r"MariaDB|the Docker|enroot and|the build packages|logrotate|"
-                                  r"the agent's runtime)", task)), 1)
+    return round(
+        sum(
+            d
+            for _, task, d in ansible_tasks(log_text)
+            if re.search(
+                r": Install (the base packages|the OpenSSH server|munge$|Slurm|"
+                r"MariaDB|the Docker|enroot and|the build packages|logrotate|"
+                r"the agent's runtime)",
+                task,
+            )
+        ),
+        1,
+    )
 
 
 # -- one trial --------------------------------------------------------------------------
@@ -587,14 +704,23 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
         if variant == "floor":
             node = lc.start_node(name, prepare=floor_prepare(cluster))
         elif variant == "baked":
-            steps = [f for f, on in ((agent_from_checkout, args.agent_from_checkout),
-                                     (without_keygen_order, args.agent_not_after_keygen)) if on]
-            node = lc.start_node(name, prepare=(lambda n: [f(n) for f in steps]) if steps
-                                 else None)
+            steps = [
+                f
+                for f, on in (
+                    (agent_from_checkout, args.agent_from_checkout),
+                    (without_keygen_order, args.agent_not_after_keygen),
+                )
+                if on
+            ]
+            node = lc.start_node(name, prepare=(lambda n: [f(n) for f in steps]) if steps else None)
         else:
             assert lifecycle is not None
-            node = lc.start_node(name, lower=lifecycle.base_tree, prepare=lifecycle.prepare,
-                                 nspawn_args=lifecycle.nspawn_args())
+            node = lc.start_node(
+                name,
+                lower=lifecycle.base_tree,
+                prepare=lifecycle.prepare,
+                nspawn_args=lifecycle.nspawn_args(),
+            )
         cluster = Cluster.load(lc.name)
         timeout = args.timeout
         if variant == "lifecycle":
@@ -616,7 +742,8 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
             res.update(agent_summary(st, node.started))
             if res.get("agent_ready_after_s") is not None:
                 res["idle_seen_after_agent_ready_s"] = round(
-                    res["seconds"] - res["agent_ready_after_s"], 2)
+                    res["seconds"] - res["agent_ready_after_s"], 2
+                )
         res["ok"] = True
     except (NodeforgeError, subprocess.SubprocessError, OSError) as exc:
         res["ok"] = False
@@ -634,12 +761,13 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
         if node is not None:
             lc.remove_node(name)
     if res.get("ok"):
-        extra = (f"  agent {res['agent_seconds']}s" if res.get("agent_seconds") is not None
-                 else "")
+        extra = f"  agent {res['agent_seconds']}s" if res.get("agent_seconds") is not None else ""
         if variant == "lifecycle":
             extra += f"  ssh@{res['ssh_after_s']}s ansible {res['ansible_s']}s"
-        log(f"{variant:<9} {name}: {res['seconds']:.2f}s to ready{extra}  "
-            f"(load {res['load_before']}->{res['load_after']})")
+        log(
+            f"{variant:<9} {name}: {res['seconds']:.2f}s to ready{extra}  "
+            f"(load {res['load_before']}->{res['load_after']})"
+        )
     return res
 
 
@@ -656,30 +784,45 @@ def check_image(image: Path) -> tuple[dict, Path]:
     lower = ensure_lower(image)
     unit = (lower / "etc/systemd/system/nodeforge-init.service").read_text()
     if re.search(r"^Before=.*slurm", unit, re.MULTILINE):
-        raise NodeforgeError(f"{image} (created {manifest.get('created')}) has Before= on the "
-                             "Slurm units in nodeforge-init.service: the agent deadlocks; "
-                             "rebuild the image")
+        raise NodeforgeError(
+            f"{image} (created {manifest.get('created')}) has Before= on the "
+            "Slurm units in nodeforge-init.service: the agent deadlocks; "
+            "rebuild the image"
+        )
     return manifest, lower
 
 
 def summarize(results: list[dict], variants: list[str]) -> dict:
     ok = {v: [r for r in results if r["variant"] == v and r.get("ok")] for v in variants}
     med = {v: median([r["seconds"] for r in ok[v]]) for v in variants}
-    out: dict = {"median_seconds": med,
-                 "median_idle_any_flag_seconds": {
-                     v: median([r["idle_any_flag_seconds"] for r in ok[v]
-                                if r.get("idle_any_flag_seconds") is not None]) for v in variants},
-                 "runs_ok": {v: len(ok[v]) for v in variants},
-                 "runs_failed": {v: sum(1 for r in results if r["variant"] == v
-                                        and not r.get("ok")) for v in variants}}
+    out: dict = {
+        "median_seconds": med,
+        "median_idle_any_flag_seconds": {
+            v: median(
+                [
+                    r["idle_any_flag_seconds"]
+                    for r in ok[v]
+                    if r.get("idle_any_flag_seconds") is not None
+                ]
+            )
+            for v in variants
+        },
+        "runs_ok": {v: len(ok[v]) for v in variants},
+        "runs_failed": {
+            v: sum(1 for r in results if r["variant"] == v and not r.get("ok")) for v in variants
+        },
+    }
     for v in ("baked", "lifecycle"):
         if v in variants:
             out[f"median_agent_seconds_{v}"] = median(
-                [r["agent_seconds"] for r in ok[v] if r.get("agent_seconds") is not None])
+                [r["agent_seconds"] for r in ok[v] if r.get("agent_seconds") is not None]
+            )
             out[f"median_agent_work_s_{v}"] = median(
-                [r["agent_work_s"] for r in ok[v] if r.get("agent_work_s") is not None])
+                [r["agent_work_s"] for r in ok[v] if r.get("agent_work_s") is not None]
+            )
             out[f"median_agent_waits_s_{v}"] = median(
-                [r["agent_waits_s"] for r in ok[v] if r.get("agent_waits_s") is not None])
+                [r["agent_waits_s"] for r in ok[v] if r.get("agent_waits_s") is not None]
+            )
     if "baked" in variants:
         steps: dict[str, list[float]] = {}
         for r in ok["baked"]:
@@ -688,12 +831,14 @@ def summarize(results: list[dict], variants: list[str]) -> dict:
                     steps.setdefault(k, []).append(d)
         out["median_agent_steps_baked"] = {k: median(v) for k, v in steps.items()}
         out["median_agent_started_after_s_baked"] = median(
-            [r["agent_started_after_s"] for r in ok["baked"] if r.get("agent_started_after_s")])
+            [r["agent_started_after_s"] for r in ok["baked"] if r.get("agent_started_after_s")]
+        )
     if "lifecycle" in variants:
         out["median_lifecycle_ansible_s"] = median([r["ansible_s"] for r in ok["lifecycle"]])
         out["median_lifecycle_ssh_after_s"] = median([r["ssh_after_s"] for r in ok["lifecycle"]])
         out["median_lifecycle_package_install_s"] = median(
-            [r["ansible_package_install_s"] for r in ok["lifecycle"]])
+            [r["ansible_package_install_s"] for r in ok["lifecycle"]]
+        )
         roles: dict[str, list[float]] = {}
         for r in ok["lifecycle"]:
             for k, d in (r.get("ansible_roles_s") or {}).items():
@@ -705,8 +850,9 @@ def summarize(results: list[dict], variants: list[str]) -> dict:
         goals["baked_within_1.3x_floor"] = ratios["baked_over_floor"] <= GOAL_BAKED_OVER_FLOOR
     if med.get("baked") and med.get("lifecycle"):
         ratios["lifecycle_over_baked"] = round(med["lifecycle"] / med["baked"], 2)
-        goals["lifecycle_5x_slower_than_baked"] = (ratios["lifecycle_over_baked"]
-                                                   >= GOAL_LIFECYCLE_OVER_BAKED)
+        goals["lifecycle_5x_slower_than_baked"] = (
+            ratios["lifecycle_over_baked"] >= GOAL_LIFECYCLE_OVER_BAKED
+        )
     a = out.get("median_agent_seconds_baked")
     if a is not None:
         goals["agent_share_le_0.25s"] = a <= GOAL_AGENT_S
@@ -717,32 +863,69 @@ def summarize(results: list[dict], variants: list[str]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--image", type=Path, default=Path("/var/tmp/nodeforge-e2e/image"),
-                    help="output directory of `nodeforge build` (default: %(default)s)")
+    ap.add_argument(
+        "--image",
+        type=Path,
+        default=Path("/var/tmp/nodeforge-e2e/image"),
+        help="output directory of `nodeforge build` (default: %(default)s)",
+    )
     ap.add_argument("--name", default="bttr", help="cluster name (default: %(default)s)")
     ap.add_argument("--repeat", type=int, default=3, help="trials per variant (default: 3)")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated subset of floor,baked,lifecycle")
-    ap.add_argument("--cache-dir", type=Path, default=Path("/var/cache/nodeforge"),
-                    help="the build's cache: base/, apt-archives/, artifacts/ (default: %(default)s)")
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated subset of floor,baked,lifecycle",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path("/var/cache/nodeforge"),
+        help="the build's cache: base/, apt-archives/, artifacts/ (default: %(default)s)",
+    )
     ap.add_argument("--base-tar", type=Path, help="bare base tarball (default: from the manifest)")
-    ap.add_argument("--artifact-mirror", type=Path,
-                    default=Path("/var/tmp/nodeforge-e2e/mirror"),
-                    help="second place to look for the image's artifacts (default: %(default)s)")
-    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/nodeforge-bench"),
-                    help="bench files: extracted base, apt index, logs (default: %(default)s)")
-    ap.add_argument("--timeout", type=float, default=180.0,
-                    help="bound per floor/baked node and for the controller (default: %(default)ss)")
-    ap.add_argument("--lifecycle-timeout", type=float, default=900.0,
-                    help="bound per lifecycle node (default: %(default)ss)")
-    ap.add_argument("--agent-from-checkout", action="store_true",
-                    help="baked nodes run this checkout's agent (copied into their overlay and "
-                         "compiled before boot) instead of the image's")
-    ap.add_argument("--agent-not-after-keygen", action="store_true",
-                    help="experiment: baked nodes' nodeforge-init.service not ordered after "
-                         "nodeforge-ssh-keygen.service (overlay only)")
-    ap.add_argument("--lifecycle-repeat", type=int, default=None, metavar="K",
-                    help="run the lifecycle variant only in the first K rounds (default: all)")
+    ap.add_argument(
+        "--artifact-mirror",
+        type=Path,
+        default=Path("/var/tmp/nodeforge-e2e/mirror"),
+        help="second place to look for the image's artifacts (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("/var/tmp/nodeforge-bench"),
+        help="bench files: extracted base, apt index, logs (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="bound per floor/baked node and for the controller (default: %(default)ss)",
+    )
+    ap.add_argument(
+        "--lifecycle-timeout",
+        type=float,
+        default=900.0,
+        help="bound per lifecycle node (default: %(default)ss)",
+    )
+    ap.add_argument(
+        "--agent-from-checkout",
+        action="store_true",
+        help="baked nodes run this checkout's agent (copied into their overlay and "
+        "compiled before boot) instead of the image's",
+    )
+    ap.add_argument(
+        "--agent-not-after-keygen",
+        action="store_true",
+        help="experiment: baked nodes' nodeforge-init.service not ordered after "
+        "nodeforge-ssh-keygen.service (overlay only)",
+    )
+    ap.add_argument(
+        "--lifecycle-repeat",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run the lifecycle variant only in the first K rounds (default: all)",
+    )
     ap.add_argument("--poll", type=float, default=0.25, help="controller poll interval (s)")
     ap.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = ap.parse_args()
@@ -766,15 +949,19 @@ def main() -> int:
     t_run = time.time()
     report: dict = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "argv": sys.argv[1:], "load_at_start": os.getloadavg(),
-        "agent": "this checkout (--agent-from-checkout)" if args.agent_from_checkout
+        "argv": sys.argv[1:],
+        "load_at_start": os.getloadavg(),
+        "agent": "this checkout (--agent-from-checkout)"
+        if args.agent_from_checkout
         else "the image's",
-        "image": str(image), "image_created": manifest.get("created"),
+        "image": str(image),
+        "image_created": manifest.get("created"),
         "image_rootfs_sha256": manifest["artifacts"]["rootfs.tar.zst"]["sha256"],
         "host": {"cpus": os.cpu_count(), "user": pwd.getpwuid(os.getuid()).pw_name},
-        "repeat": args.repeat, "poll_s": args.poll,
+        "repeat": args.repeat,
+        "poll_s": args.poll,
         "lifecycle_case": "favourable: apt archive cache bind-mounted read-only as a local file: "
-                          "repository (no package or list downloads); site.yml without seal",
+        "repository (no package or list downloads); site.yml without seal",
     }
     try:
         t0 = time.time()
@@ -783,7 +970,7 @@ def main() -> int:
         log(f"controller up in {report['controller_up_s']}s")
         k = 0
         for r in range(args.repeat):
-            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            order = variants[r % len(variants) :] + variants[: r % len(variants)]
             if args.lifecycle_repeat is not None and r >= args.lifecycle_repeat:
                 order = [v for v in order if v != "lifecycle"]  # minutes each; ratio is ~50x
             for v in order:
@@ -801,22 +988,29 @@ def main() -> int:
         print(json.dumps(report, indent=2))
     else:
         s = report["summary"]
-        print(f"time to ready (nspawn start -> controller shows it ready: IDLE, no flag), "
-              f"medians of {args.repeat}:")
+        print(
+            f"time to ready (nspawn start -> controller shows it ready: IDLE, no flag), "
+            f"medians of {args.repeat}:"
+        )
         for v in variants:
-            print(f"  {v:<10} {s['median_seconds'][v]!s:>7} s   ok {s['runs_ok'][v]}, "
-                  f"failed {s['runs_failed'][v]}")
-        print(f"  first seen IDLE with any flag (old measure): "
-              f"{s['median_idle_any_flag_seconds']}")
+            print(
+                f"  {v:<10} {s['median_seconds'][v]!s:>7} s   ok {s['runs_ok'][v]}, "
+                f"failed {s['runs_failed'][v]}"
+            )
+        print(f"  first seen IDLE with any flag (old measure): {s['median_idle_any_flag_seconds']}")
         if "median_agent_seconds_baked" in s:
-            print(f"  agent's own share (baked): {s['median_agent_seconds_baked']} s, of which "
-                  f"waiting on slurmctld {s['median_agent_waits_s_baked']} s, work "
-                  f"{s['median_agent_work_s_baked']} s; steps {s['median_agent_steps_baked']}")
+            print(
+                f"  agent's own share (baked): {s['median_agent_seconds_baked']} s, of which "
+                f"waiting on slurmctld {s['median_agent_waits_s_baked']} s, work "
+                f"{s['median_agent_work_s_baked']} s; steps {s['median_agent_steps_baked']}"
+            )
         if "median_lifecycle_ansible_s" in s:
-            print(f"  lifecycle: sshd after {s['median_lifecycle_ssh_after_s']} s, roles "
-                  f"{s['median_lifecycle_ansible_s']} s (package installs "
-                  f"{s['median_lifecycle_package_install_s']} s) "
-                  f"{s['median_lifecycle_ansible_roles_s']}")
+            print(
+                f"  lifecycle: sshd after {s['median_lifecycle_ssh_after_s']} s, roles "
+                f"{s['median_lifecycle_ansible_s']} s (package installs "
+                f"{s['median_lifecycle_package_install_s']} s) "
+                f"{s['median_lifecycle_ansible_roles_s']}"
+            )
         for k2, v2 in s["ratios"].items():
             print(f"  {k2}: {v2}")
         print(f"  goals met: {s['goals_met']}")

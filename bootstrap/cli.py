@@ -152,6 +152,7 @@ def _params_check(args: argparse.Namespace) -> int:
     sys.stdout.write(pc.render(checked, args.json))
     return 0
 
+
 def _health(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict

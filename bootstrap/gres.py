@@ -15,8 +15,9 @@ would register with no GPUs.
 
 from __future__ import annotations
 
-from nodeforge.fsutil import write_atomic
 from pathlib import Path
+
+from nodeforge.fsutil import write_atomic
 
 from .host import Host
 from .params import Params
@@ -44,8 +45,9 @@ def in_container(host: Host) -> bool:
     return host.ok(["systemd-detect-virt", "--quiet", "--container"], timeout=10)
 
 
-def slurm_conf_extra(host: Host, paths: Paths, params: Params,
-                     gres_types: list[str]) -> tuple[list[str], dict]:
+def slurm_conf_extra(
+    host: Host, paths: Paths, params: Params, gres_types: list[str]
+) -> tuple[list[str], dict]:
     """(GresTypes, extra slurm.conf.j2 variables) for this cluster."""
     types = list(gres_types)
     if GPU not in types and gpu_image(paths):

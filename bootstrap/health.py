@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from nodeforge.fsutil import write_atomic
 from nodeforge.errors import CommandError, NodeforgeError
+from nodeforge.fsutil import write_atomic
 
 from .host import Host
 from .paths import Paths
@@ -54,14 +54,30 @@ XID_CURSOR = Path("/var/lib/nodeforge/health-xid-since")
 # exception, 31 MMU fault, 43 channel stopped, 45 preemptive cleanup, 68/69 video/graphics
 # engine errors). Every other XID means the GPU or the node needs attention.
 APP_XIDS = frozenset({13, 31, 43, 45, 68, 69})
-NVIDIA_SMI_QUERY = "index,pci.bus_id,uuid,persistence_mode,ecc.errors.uncorrected.volatile.total,name"
+NVIDIA_SMI_QUERY = (
+    "index,pci.bus_id,uuid,persistence_mode,ecc.errors.uncorrected.volatile.total,name"
+)
 
 # Check names (typed constants: they are Prometheus labels and drain reasons).
 SLURMD, MUNGE, DISK, NVML, GPU_COUNT, PERSISTENCE, ECC, XID, TIMEOUT = (
-    "slurmd", "munge", "disk", "nvml", "gpu_count", "persistence", "ecc", "xid", "timeout")
+    "slurmd",
+    "munge",
+    "disk",
+    "nvml",
+    "gpu_count",
+    "persistence",
+    "ecc",
+    "xid",
+    "timeout",
+)
 # Actions on the Slurm node (typed constants, reported in health.json).
 DRAINED, CLEARED, LEFT, NOTHING, UNREACHABLE = (
-    "drained", "cleared", "left drained by someone else", "nothing", "slurmctld unreachable")
+    "drained",
+    "cleared",
+    "left drained by someone else",
+    "nothing",
+    "slurmctld unreachable",
+)
 
 _BUS_RE = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 _UUID_RE = re.compile(r"GPU-[0-9a-fA-F-]{1,64}")
@@ -207,12 +223,16 @@ class Checker:
         expected = self.cfg.expected_gpus
         assert expected is not None
         try:
-            cp = self.host.run(["nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}",
-                                "--format=csv,noheader,nounits"], check=False,
-                               timeout=self.cfg.probe_timeout)
+            cp = self.host.run(
+                ["nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
+                check=False,
+                timeout=self.cfg.probe_timeout,
+            )
         except CommandError as exc:
             what = "timed out" if exc.returncode == -1 else "failed"
-            return [Check(NVML, False, f"nvidia-smi {what} after {self.cfg.probe_timeout:g}s")], None
+            return [
+                Check(NVML, False, f"nvidia-smi {what} after {self.cfg.probe_timeout:g}s")
+            ], None
         except NodeforgeError:  # MissingToolError: not a gpu image
             if expected == 0:
                 return [Check(NVML, True, "no nvidia-smi, 0 GPUs expected")], 0
@@ -227,14 +247,20 @@ class Checker:
             gpus = parse_nvidia_smi(out)
         except HealthError as exc:
             return [Check(NVML, False, str(exc))], None
-        checks = [Check(NVML, True, f"{len(gpus)} GPUs answer"),
-                  Check(GPU_COUNT, len(gpus) == expected, f"{len(gpus)} of {expected} GPUs")]
+        checks = [
+            Check(NVML, True, f"{len(gpus)} GPUs answer"),
+            Check(GPU_COUNT, len(gpus) == expected, f"{len(gpus)} of {expected} GPUs"),
+        ]
         off = [g.bus_id for g in gpus if not g.persistence]
-        checks.append(Check(PERSISTENCE, not off,
-                            f"persistence mode off on {', '.join(off)}" if off else "on"))
+        checks.append(
+            Check(
+                PERSISTENCE, not off, f"persistence mode off on {', '.join(off)}" if off else "on"
+            )
+        )
         ecc = [f"{g.bus_id}={g.ecc_uncorrected}" for g in gpus if g.ecc_uncorrected]
-        checks.append(Check(ECC, not ecc, f"uncorrectable ECC errors {', '.join(ecc)}"
-                            if ecc else "none"))
+        checks.append(
+            Check(ECC, not ecc, f"uncorrectable ECC errors {', '.join(ecc)}" if ecc else "none")
+        )
         return checks, len(gpus)
 
     def xids(self, since: float | None) -> Check:
@@ -262,8 +288,13 @@ def _read_cursor(path: Path) -> float | None:
     return v if math.isfinite(v) and 0 < v < 1e11 else None  # plausible epoch seconds
 
 
-def run_checks(host: Host, cfg: Config, node: str, now: Callable[[], float] = time.time,
-               monotonic: Callable[[], float] = time.monotonic) -> Report:
+def run_checks(
+    host: Host,
+    cfg: Config,
+    node: str,
+    now: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Report:
     """All checks, bounded by cfg.budget (a stuck check -> one failing "timeout" check)."""
     rep = Report(node=node, started=now())
     t0 = monotonic()
@@ -289,18 +320,24 @@ def run_checks(host: Host, cfg: Config, node: str, now: Callable[[], float] = ti
                     checks.append(ck.xids(_read_cursor(cfg.xid_cursor)))
             result["checks"] = checks
         except Exception as exc:  # noqa: BLE001 - a crashing check fails the node, with what
-            result["checks"] = [Check(current["check"], False,
-                                      f"check crashed: {type(exc).__name__}: {clean(str(exc), 80)}")]
+            result["checks"] = [
+                Check(
+                    current["check"],
+                    False,
+                    f"check crashed: {type(exc).__name__}: {clean(str(exc), 80)}",
+                )
+            ]
         finally:
             done.set()
 
     # A daemon thread: a probe stuck in the kernel (a hung disk) cannot keep the run alive.
     threading.Thread(target=work, name="nodeforge-health", daemon=True).start()
     if not done.wait(cfg.budget):
-        rep.checks = [Check(TIMEOUT, False,
-                            f"timed out after {cfg.budget:g}s (in {current['check']})")]
+        rep.checks = [
+            Check(TIMEOUT, False, f"timed out after {cfg.budget:g}s (in {current['check']})")
+        ]
     else:
-        rep.checks = list(result.get("checks", []))  # type: ignore[arg-type]
+        rep.checks = list(result.get("checks", []))  # type: ignore[call-overload]
         rep.gpus = result.get("gpus")  # type: ignore[assignment]
     rep.duration = round(monotonic() - t0, 3)
     if "checks" in result and done.is_set() and rep.gpus:
@@ -347,7 +384,12 @@ class SlurmNode:
         if action == DRAINED:
             if info.get("Reason", "") == rep.reason and "DRAIN" in info.get("State", ""):
                 return DRAINED  # already drained with this reason
-            args = ("update", f"NodeName={self.node}", "State=DRAIN", f"Reason={rep.reason}")
+            args: tuple[str, ...] = (
+                "update",
+                f"NodeName={self.node}",
+                "State=DRAIN",
+                f"Reason={rep.reason}",
+            )
         elif action == CLEARED:
             args = ("update", f"NodeName={self.node}", "State=RESUME")
         else:
@@ -376,8 +418,11 @@ def prometheus(rep: Report) -> str:
         f"nodeforge_health_last_run_timestamp_seconds {rep.started:.0f}",
     ]
     if rep.gpus is not None:
-        lines += ["# HELP nodeforge_health_gpus GPUs that answered NVML in the last run.",
-                  "# TYPE nodeforge_health_gpus gauge", f"nodeforge_health_gpus {rep.gpus}"]
+        lines += [
+            "# HELP nodeforge_health_gpus GPUs that answered NVML in the last run.",
+            "# TYPE nodeforge_health_gpus gauge",
+            f"nodeforge_health_gpus {rep.gpus}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -393,14 +438,18 @@ def node_config(paths: Paths) -> tuple[str, Config]:
     try:
         raw = json.loads(paths.params_json.read_text())
     except FileNotFoundError:
-        raise NodeforgeError(f"{paths.params_json}: missing; run `nodeforge node init` first") from None
+        raise NodeforgeError(
+            f"{paths.params_json}: missing; run `nodeforge node init` first"
+        ) from None
     except json.JSONDecodeError as exc:
         raise NodeforgeError(f"{paths.params_json}: not valid JSON ({exc})") from exc
     node = raw.get("node") if isinstance(raw, dict) else None
     if not isinstance(node, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", node):
         raise NodeforgeError(f"{paths.params_json}: node: missing or not a node name")
     exp = raw.get("expected_gpus")
-    if exp is not None and (isinstance(exp, bool) or not isinstance(exp, int) or not 0 <= exp <= 64):
+    if exp is not None and (
+        isinstance(exp, bool) or not isinstance(exp, int) or not 0 <= exp <= 64
+    ):
         raise NodeforgeError(f"{paths.params_json}: expected_gpus: expected an integer 0..64")
     root = paths.root
     cfg = Config(
@@ -412,8 +461,14 @@ def node_config(paths: Paths) -> tuple[str, Config]:
     return node, cfg
 
 
-def run(host: Host, paths: Paths, cfg: Config | None = None, *, slurm: bool = True,
-        now: Callable[[], float] = time.time) -> Report:
+def run(
+    host: Host,
+    paths: Paths,
+    cfg: Config | None = None,
+    *,
+    slurm: bool = True,
+    now: Callable[[], float] = time.time,
+) -> Report:
     """One health run: checks, then (slurm) drain/clear, then the reports."""
     node, default_cfg = node_config(paths)
     rep = run_checks(host, cfg or default_cfg, node, now=now)
@@ -430,8 +485,10 @@ HEALTH_WRAPPER = Path("/usr/local/sbin/nodeforge-health")
 
 def install_wrapper(paths: Paths) -> bool:
     """Slurm runs HealthCheckProgram without arguments: a wrapper on every slurmd node."""
-    text = ("#!/bin/sh\n# written by nodeforge node init: Slurm's HealthCheckProgram\n"
-            "# slurmd runs it with an almost empty environment.\n"
-            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
-            "exec /usr/local/bin/nodeforge node health --quiet\n")
+    text = (
+        "#!/bin/sh\n# written by nodeforge node init: Slurm's HealthCheckProgram\n"
+        "# slurmd runs it with an almost empty environment.\n"
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
+        "exec /usr/local/bin/nodeforge node health --quiet\n"
+    )
     return write_atomic(paths.root / HEALTH_WRAPPER.relative_to("/"), text, 0o755)

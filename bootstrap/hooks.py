@@ -38,7 +38,6 @@ from pathlib import Path
 
 from nodeforge import download, proc
 from nodeforge.errors import NodeforgeError
-from nodeforge.fsutil import write_atomic
 
 from .params import Params
 from .paths import Paths
@@ -134,11 +133,15 @@ def _trusted_owner(uid: int) -> bool:
 
 def _check_owner_mode(st: os.stat_result, what: str, path: Path) -> None:
     if not _trusted_owner(st.st_uid):
-        raise HookError(f"{what}: {path} is owned by uid {st.st_uid}, not root; refused "
-                        f"(chown root:root {path})")
+        raise HookError(
+            f"{what}: {path} is owned by uid {st.st_uid}, not root; refused "
+            f"(chown root:root {path})"
+        )
     if st.st_mode & 0o022:
-        raise HookError(f"{what}: {path} is group- or world-writable (mode "
-                        f"{stat.S_IMODE(st.st_mode):04o}); refused (chmod go-w {path})")
+        raise HookError(
+            f"{what}: {path} is group- or world-writable (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); refused (chmod go-w {path})"
+        )
 
 
 def _baked(paths: Paths, params: Params) -> Iterator[Hook]:
@@ -194,12 +197,22 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
                 f"hook {name} refused: {download.display_url(spec.uri)} is plain http without a "
                 f"sha256; serve it over https:// or set hooks[{i}].sha256 (sha256sum <script>)"
             )
-        hooks.append((name, 1, Hook(
-            name, None,
-            spec.timeout if spec.timeout is not None else params.hook_timeout,
-            spec.retries if spec.retries is not None else params.hook_retries,
-            spec.uri, spec.sha256, spec.script, params.s3_endpoint_url,
-        )))
+        hooks.append(
+            (
+                name,
+                1,
+                Hook(
+                    name,
+                    None,
+                    spec.timeout if spec.timeout is not None else params.hook_timeout,
+                    spec.retries if spec.retries is not None else params.hook_retries,
+                    spec.uri,
+                    spec.sha256,
+                    spec.script,
+                    params.s3_endpoint_url,
+                ),
+            )
+        )
     seen: dict[str, str] = {}
     for name, _, h in hooks:
         if name in seen:
@@ -219,8 +232,9 @@ def _uri_name(uri: str) -> str:
 
 
 # -- fetching ----------------------------------------------------------------------------------
-_FETCH_POLICY = download.Policy(timeout=FETCH_TIMEOUT, deadline=FETCH_DEADLINE, attempts=1,
-                                max_bytes=MAX_SCRIPT_BYTES)  # the runner retries, with backoff
+_FETCH_POLICY = download.Policy(
+    timeout=FETCH_TIMEOUT, deadline=FETCH_DEADLINE, attempts=1, max_bytes=MAX_SCRIPT_BYTES
+)  # the runner retries, with backoff
 
 
 def fetch(hook: Hook, cache: Path) -> Path:
@@ -238,8 +252,14 @@ def fetch(hook: Hook, cache: Path) -> Path:
             bucket, key = _s3_split(hook, uri)
             return _s3_get(hook, _s3_client(hook), bucket, key, cache / hook.name, hook.sha256)
         if uri.startswith(("file://", "http://", "https://")):
-            return download.fetch(uri, cache / hook.name, label=label, policy=_FETCH_POLICY,
-                                  sha256=hook.sha256, mode=0o700).path
+            return download.fetch(
+                uri,
+                cache / hook.name,
+                label=label,
+                policy=_FETCH_POLICY,
+                sha256=hook.sha256,
+                mode=0o700,
+            ).path
     except download.ChecksumMismatch as exc:
         raise ShaMismatch(
             f"hook {hook.name}: sha256 mismatch for {download.display_url(uri)}: expected "
@@ -252,7 +272,7 @@ def fetch(hook: Hook, cache: Path) -> Path:
 
 
 def _s3_split(hook: Hook, uri: str) -> tuple[str, str]:
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, _, key = uri[len("s3://") :].partition("/")
     if not bucket or (not key and hook.script is None):
         raise HookError(f"hook {hook.name}: {uri!r} is not s3://bucket/key")
     return bucket, key
@@ -280,18 +300,24 @@ def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
     return HookError(f"hook {hook.name}: cannot fetch {what}: {type(exc).__name__}: {exc}")
 
 
-def _s3_get(hook: Hook, client, bucket: str, key: str, dest: Path,
-            sha256: str | None) -> Path:
+def _s3_get(hook: Hook, client, bucket: str, key: str, dest: Path, sha256: str | None) -> Path:
     uri = f"s3://{bucket}/{key}"
     try:
         obj = client.get_object(Bucket=bucket, Key=key)
         body = obj["Body"]
         length = obj.get("ContentLength")
         chunks = iter(lambda: body.read(download.CHUNK), b"")
-        return download.save(chunks, dest, label=f"hook {hook.name}", url=uri,
-                             expected_length=length, sha256=sha256, mode=0o700,
-                             max_bytes=MAX_SCRIPT_BYTES,
-                             deadline=time.monotonic() + FETCH_DEADLINE).path
+        return download.save(
+            chunks,
+            dest,
+            label=f"hook {hook.name}",
+            url=uri,
+            expected_length=length,
+            sha256=sha256,
+            mode=0o700,
+            max_bytes=MAX_SCRIPT_BYTES,
+            deadline=time.monotonic() + FETCH_DEADLINE,
+        ).path
     except download.DownloadError:
         raise
     except Exception as exc:  # botocore's errors are many; each is a failed attempt
@@ -315,26 +341,32 @@ def _sync_s3_prefix(hook: Hook, cache: Path) -> Path:
         except Exception as exc:
             raise _s3_error(hook, hook.origin, exc) from exc
         for o in objects:
-            rel = o["Key"][len(prefix):]
+            rel = o["Key"][len(prefix) :]
             if not rel or rel.endswith("/"):
                 continue  # the "folder" marker objects consoles create
             parts = rel.split("/")
             if any(p in (".", "..") or not _S3_KEY_PART.fullmatch(p) for p in parts):
-                raise HookError(f"hook {hook.name}: s3://{bucket}/{o['Key']}: key {rel!r} is not "
-                                "a safe relative path; refused")
+                raise HookError(
+                    f"hook {hook.name}: s3://{bucket}/{o['Key']}: key {rel!r} is not "
+                    "a safe relative path; refused"
+                )
             count += 1
             total += int(o.get("Size", 0))
             if count > MAX_PREFIX_OBJECTS or total > MAX_PREFIX_BYTES:
-                raise HookError(f"hook {hook.name}: {hook.origin} holds more than "
-                                f"{MAX_PREFIX_OBJECTS} objects or {MAX_PREFIX_BYTES} bytes")
+                raise HookError(
+                    f"hook {hook.name}: {hook.origin} holds more than "
+                    f"{MAX_PREFIX_OBJECTS} objects or {MAX_PREFIX_BYTES} bytes"
+                )
             dest = work.joinpath(*parts)
             dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _s3_get(hook, client, bucket, o["Key"], dest,
-                    hook.sha256 if rel == hook.script else None)
+            _s3_get(
+                hook, client, bucket, o["Key"], dest, hook.sha256 if rel == hook.script else None
+            )
         script = work / str(hook.script)
         if not script.is_file():
-            raise HookError(f"hook {hook.name}: {hook.origin} has no {hook.script!r} (found "
-                            f"{count} objects)")
+            raise HookError(
+                f"hook {hook.name}: {hook.origin} has no {hook.script!r} (found {count} objects)"
+            )
         old = cache / f".{hook.name}.d.old"
         if old.exists():
             shutil.rmtree(old)
@@ -396,8 +428,11 @@ class Runner:
                     res.duration = time.monotonic() - start
                     return res
                 except HookError as exc:
-                    _append(logpath, f"=== {_now()} {hook.name} attempt {attempt}/{attempts}: "
-                            f"FETCH FAILED: {exc}\n")
+                    _append(
+                        logpath,
+                        f"=== {_now()} {hook.name} attempt {attempt}/{attempts}: "
+                        f"FETCH FAILED: {exc}\n",
+                    )
                     res.status = Status.FETCH_FAILED
                     why = str(exc).removeprefix(f"hook {hook.name}: ").splitlines()[0]
                     res.reason = f"hook {hook.name} could not be fetched: {why}"
@@ -427,13 +462,16 @@ class Runner:
         res.duration = time.monotonic() - start
         return res
 
-    def _attempt(self, hook: Hook, path: Path, attempt: int, attempts: int,
-                 logpath: Path) -> proc.GroupResult:
+    def _attempt(
+        self, hook: Hook, path: Path, attempt: int, attempts: int, logpath: Path
+    ) -> proc.GroupResult:
         # An S3 prefix hook runs in its synced directory (lifecycle scripts use ./siblings).
         cwd = str(path.parent) if hook.script is not None else "/"
         with open(logpath, "a") as out:
-            out.write(f"=== {_now()} {hook.name} attempt {attempt}/{attempts} "
-                      f"(timeout {hook.timeout:g}s) {path}\n")
+            out.write(
+                f"=== {_now()} {hook.name} attempt {attempt}/{attempts} "
+                f"(timeout {hook.timeout:g}s) {path}\n"
+            )
             out.flush()
             gr = proc.run_group(
                 [str(path)],
@@ -450,10 +488,14 @@ class Runner:
             if gr.dropped:
                 extra += f"; {gr.dropped} bytes of output dropped (hook_output_max)"
             if gr.leftovers and not gr.timed_out:
-                extra += (f"; processes it left running were stopped ({gr.containment}): "
-                          "install a systemd unit for a long-lived service")
-            out.write(f"=== {hook.name} attempt {attempt}: {_describe(gr, hook.timeout)} "
-                      f"after {gr.duration:.1f}s{extra}\n")
+                extra += (
+                    f"; processes it left running were stopped ({gr.containment}): "
+                    "install a systemd unit for a long-lived service"
+                )
+            out.write(
+                f"=== {hook.name} attempt {attempt}: {_describe(gr, hook.timeout)} "
+                f"after {gr.duration:.1f}s{extra}\n"
+            )
         return gr
 
     def _env(self, hook: Hook, attempt: int) -> dict[str, str]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from nodeforge.fsutil import write_atomic
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 
 from .host import Host, private_dir
 from .params import Params, is_hostname, is_ip, is_node_name

@@ -25,7 +25,9 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _NODE_RE = re.compile(_LABEL)
 # A DNS name: dot-separated labels, no trailing dot, <= 253 chars, last label not all digits
 # (so "1.2.3.999" is neither an IP nor a name).
-_HOSTNAME_RE = re.compile(rf"(?=.{{1,253}}\Z)(?:{_LABEL}\.)*(?=[A-Za-z0-9-]*[A-Za-z-]){_LABEL}", re.DOTALL)
+_HOSTNAME_RE = re.compile(
+    rf"(?=.{{1,253}}\Z)(?:{_LABEL}\.)*(?=[A-Za-z0-9-]*[A-Za-z-]){_LABEL}", re.DOTALL
+)
 _PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _FEATURE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -143,7 +145,9 @@ class Params:
     partitions: tuple[Partition, ...] = (Partition("main", True, "INFINITE"),)
     max_node_count: int = 1024
     accounting: bool = True
-    docker: bool = True  # compute: run dockerd + containerd (off where the host cannot, e.g. nspawn)
+    docker: bool = (
+        True  # compute: run dockerd + containerd (off where the host cannot, e.g. nspawn)
+    )
     hooks: tuple[HookSpec, ...] = ()
     hook_timeout: float = 600.0
     hook_retries: int = 2
@@ -321,8 +325,10 @@ def parse_params(data: Any, source: str) -> Params:
 
     if d.get("node_name") is not None:
         kw["node_name"] = v.string(
-            d["node_name"], "node_name", _NODE_RE, "a node name (one hostname label: a-z, 0-9, "
-            "inner '-', at most 63 characters)"
+            d["node_name"],
+            "node_name",
+            _NODE_RE,
+            "a node name (one hostname label: a-z, 0-9, inner '-', at most 63 characters)",
         )
 
     if d.get("node_address") is not None:
@@ -552,8 +558,11 @@ def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
             if not _FILE_NAME.fullmatch(script) or script in (".", ".."):
                 v.fail(f"{path}.script", f"{script!r} is not a file name (A-Z a-z 0-9 _ . -)")
             if scheme != "s3" or not uri.endswith("/"):
-                v.fail(f"{path}.script", "only with an s3:// prefix uri ending in / (HyperPod's "
-                       "SourceS3Uri + OnCreate shape)")
+                v.fail(
+                    f"{path}.script",
+                    "only with an s3:// prefix uri ending in / (HyperPod's "
+                    "SourceS3Uri + OnCreate shape)",
+                )
         elif uri.endswith("/"):
             v.fail(f"{path}.script", f"{uri!r} is a prefix; name the script to run in it")
         out.append(HookSpec(uri, sha, timeout, retries, name, script))
@@ -573,9 +582,14 @@ def _s3_endpoint(v: _V, raw: Any) -> str:
     if m is None:
         v.fail("s3_endpoint_url", f"{url!r} is not https://host[:port]")
     host = m.group(2).strip("[]")
-    if m.group(1) == "http" and host != "localhost" and not (
-        is_ip(host) and ipaddress.ip_address(host).is_loopback
+    if (
+        m.group(1) == "http"
+        and host != "localhost"
+        and not (is_ip(host) and ipaddress.ip_address(host).is_loopback)
     ):
-        v.fail("s3_endpoint_url", f"{url!r}: plain http:// is only accepted to this machine "
-               "(127.0.0.1, ::1, localhost); use https://")
+        v.fail(
+            "s3_endpoint_url",
+            f"{url!r}: plain http:// is only accepted to this machine "
+            "(127.0.0.1, ::1, localhost); use https://",
+        )
     return url.rstrip("/")

@@ -186,7 +186,7 @@ def kernel_args(text: str) -> list[tuple[str, str | None]]:
                 vstart += 1
                 if not quoted and j > 0 and text[j - 1] == '"' and vend > vstart:
                     vend = j - 1
-            val = text[vstart:max(vstart, vend)]
+            val = text[vstart : max(vstart, vend)]
         if val is None and param == "--":
             return out
         out.append((param, val))
@@ -240,7 +240,9 @@ def cmdline_params(
             data[k] = int(val)
         elif k in _CMDLINE_FLOATS:
             if not _FLOAT_RE.fullmatch(val):
-                raise ParamsError(f"{path}: expected a number of seconds (e.g. 30 or 2.5), got {val!r}")
+                raise ParamsError(
+                    f"{path}: expected a number of seconds (e.g. 30 or 2.5), got {val!r}"
+                )
             data[k] = float(val)
         elif k in _CMDLINE_BOOLS:
             if val not in ("0", "1", "true", "false", "yes", "no"):
@@ -282,8 +284,9 @@ def _from_cmdline(cfg: SourceConfig) -> Loaded | None:
 
 # A params document is small; a bigger body is not one. Retries heal a network that is still
 # coming up at boot (1 s, then 2 s).
-PARAMS_URL_POLICY = download.Policy(timeout=10.0, deadline=60.0, attempts=3, backoff=1.0,
-                                    max_bytes=strict_yaml.MAX_BYTES)
+PARAMS_URL_POLICY = download.Policy(
+    timeout=10.0, deadline=60.0, attempts=3, backoff=1.0, max_bytes=strict_yaml.MAX_BYTES
+)
 
 
 def _fetch_text(url: str, label: str) -> str:
@@ -433,7 +436,9 @@ def load_hyperpod(rc_path: Path, pp_path: Path, addrs: set[str], hostname: str) 
 def _json(path: Path) -> tuple[Any, str | None]:
     text, exposed = _read_params_file(path, str(path))
     try:
-        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_dup(path)), exposed
+        return json.loads(
+            text, parse_constant=_no_constant, object_pairs_hook=_no_dup(path)
+        ), exposed
     except json.JSONDecodeError as exc:
         raise ParamsError(f"{path}: not valid JSON: {exc}") from exc
 
@@ -490,7 +495,11 @@ def hyperpod_params(
         raise ParamsError(f"{pp_label}: worker_groups: expected a list, got {_tn(workers)}")
     partition_of: dict[str, str] = {}
     for i, w in enumerate(workers):
-        if not isinstance(w, dict) or not w.get("instance_group_name") or not w.get("partition_name"):
+        if (
+            not isinstance(w, dict)
+            or not w.get("instance_group_name")
+            or not w.get("partition_name")
+        ):
             raise ParamsError(
                 f"{pp_label}: worker_groups[{i}]: expected {{instance_group_name, partition_name}}"
             )
@@ -498,7 +507,9 @@ def hyperpod_params(
         part = _hp_str(w["partition_name"], pp_label, f"worker_groups[{i}].partition_name")
         assert g is not None and part is not None
         if g in partition_of:
-            raise ParamsError(f"{pp_label}: worker_groups[{i}].instance_group_name: {g!r} given twice")
+            raise ParamsError(
+                f"{pp_label}: worker_groups[{i}].instance_group_name: {g!r} given twice"
+            )
         partition_of[g] = part
 
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -523,7 +534,9 @@ def hyperpod_params(
             ipath = f"{gpath}.Instances[{ii}]"
             if not isinstance(inst, dict):
                 raise ParamsError(f"{rc_label}: {ipath}: expected an object, got {_tn(inst)}")
-            addr = _hp_str(inst.get("CustomerIpAddress"), rc_label, f"{ipath}.CustomerIpAddress", False)
+            addr = _hp_str(
+                inst.get("CustomerIpAddress"), rc_label, f"{ipath}.CustomerIpAddress", False
+            )
             iname = _hp_str(inst.get("InstanceName"), rc_label, f"{ipath}.InstanceName", False)
             if addr is not None:
                 if addr in group_of_addr and group_of_addr[addr] != name:
@@ -552,7 +565,7 @@ def hyperpod_params(
             f"{rc_label}: this node's {what} match {len(matches)} instances "
             f"(groups {', '.join(repr(g) for g, _ in matches)}); each instance must be listed once"
         )
-    ctl = [i for i in groups.get(ctl_group, []) if i.get("CustomerIpAddress")]
+    ctl = [i for i in groups.get(ctl_group or "", []) if i.get("CustomerIpAddress")]
     if not ctl:
         raise ParamsError(
             f"{rc_label}: controller group {ctl_group!r} has no instance with a CustomerIpAddress"
@@ -588,7 +601,9 @@ def hyperpod_params(
     for k, val in extra_section.items():
         if k == "extra":
             if not isinstance(val, dict):
-                raise ParamsError(f"{pp_label}: nodeforge.extra: expected a mapping, got {_tn(val)}")
+                raise ParamsError(
+                    f"{pp_label}: nodeforge.extra: expected a mapping, got {_tn(val)}"
+                )
             data["extra"].update(val)
         elif k == "features" and role == "compute":
             if isinstance(val, str):

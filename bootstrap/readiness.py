@@ -148,7 +148,7 @@ def from_json(text: str) -> dict[str, NodeState]:
     doc = json.loads(text)  # json.JSONDecodeError is a ValueError
     nodes = doc.get("nodes") if isinstance(doc, dict) else None
     if not isinstance(nodes, list):
-        raise ValueError("no 'nodes' list")  # noqa: TRY004 - callers catch ValueError (bad body)
+        raise ValueError("no 'nodes' list")
     out: dict[str, NodeState] = {}
     for n in nodes:
         name = n.get("name") if isinstance(n, dict) else None

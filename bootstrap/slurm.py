@@ -135,7 +135,9 @@ def dropin(paths: Paths, unit: str, exec_start: list[str]) -> bool:
     return write_atomic(paths.systemd_etc / f"{unit}.d" / DROPIN_NAME, text, 0o644)
 
 
-_SD_ENV_RE = re.compile(r"\$[A-Z_][A-Z0-9_]{0,63}")  # "$SLURMD_OPTIONS": an EnvironmentFile= variable
+_SD_ENV_RE = re.compile(
+    r"\$[A-Z_][A-Z0-9_]{0,63}"
+)  # "$SLURMD_OPTIONS": an EnvironmentFile= variable
 _SD_PLAIN_RE = re.compile(r"[A-Za-z0-9_./:=,@+\[\]-]+")
 
 
@@ -149,7 +151,9 @@ def _sd_quote(arg: str) -> str:
     if _SD_ENV_RE.fullmatch(arg):
         return arg
     if not arg or control_char(arg) is not None:
-        raise NodeforgeError(f"systemd ExecStart: argument {arg!r} is empty or has a control character")
+        raise NodeforgeError(
+            f"systemd ExecStart: argument {arg!r} is empty or has a control character"
+        )
     if _SD_PLAIN_RE.fullmatch(arg):
         return arg
     quoted = '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'

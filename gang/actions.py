@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class ActionKind(str, Enum):
+class ActionKind(str, Enum):  # noqa: UP042 - StrEnum would change str() of members in events
     """str-valued: events and tests compare and serialize the plain names."""
 
     REQUEUE = "requeue"

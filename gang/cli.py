@@ -16,7 +16,9 @@ def register(subparsers) -> None:
     sub.required = True
 
     r = sub.add_parser("run", help="run the governor daemon (nodeforge-gang.service)")
-    r.add_argument("--config", default=DEFAULT_CONFIG, help="governor config file (default: %(default)s)")
+    r.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="governor config file (default: %(default)s)"
+    )
     r.add_argument("--once", action="store_true", help="one cycle, then exit")
     r.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     r.set_defaults(func=_run)
@@ -25,20 +27,28 @@ def register(subparsers) -> None:
         "status",
         help="list gang jobs (phase, counter, next eligible time) and struck/drained nodes",
     )
-    s.add_argument("--config", default=DEFAULT_CONFIG, help="governor config file (default: %(default)s)")
+    s.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="governor config file (default: %(default)s)"
+    )
     s.add_argument("--json", action="store_true", help="print the gangs as JSON")
     s.add_argument("--all", action="store_true", help="include finished jobs")
     s.set_defaults(func=_status)
 
     q = sub.add_parser("ready", help="app readiness probe: run inside a job (batch script)")
-    q.add_argument("--config", default=DEFAULT_CONFIG, help="governor config file (default: %(default)s)")
+    q.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="governor config file (default: %(default)s)"
+    )
     q.add_argument(
         "--local",
         action="store_true",
         help="only check this node (what the job-wide probe runs on every node)",
     )
-    q.add_argument("--timeout", type=float, default=None,
-                   help="seconds to wait for readiness (default: from the config)")
+    q.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for readiness (default: from the config)",
+    )
     q.set_defaults(func=_ready)
 
 

@@ -37,7 +37,9 @@ def _sources() -> list[tuple[str, Path]]:
         out += [
             (f"{arc}/{f.relative_to(pkg).as_posix()}", f)
             for f in pkg.rglob("*")
-            if f.is_file() and all(_wanted(p) for p in f.relative_to(pkg).parents[:-1]) and _wanted(f)
+            if f.is_file()
+            and all(_wanted(p) for p in f.relative_to(pkg).parents[:-1])
+            and _wanted(f)
         ]
     return sorted(out)
 
@@ -79,8 +81,11 @@ def write(dest: Path) -> Path:
     ]
     files += [
         (f"{info}/METADATA", ("\n".join(meta) + "\n").encode()),
-        (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: nodeforge.images.agent_wheel\n"
-                          b"Root-Is-Purelib: true\nTag: py3-none-any\n"),
+        (
+            f"{info}/WHEEL",
+            b"Wheel-Version: 1.0\nGenerator: nodeforge.images.agent_wheel\n"
+            b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+        ),
         (f"{info}/entry_points.txt", b"[console_scripts]\nnodeforge = nodeforge.cli:main\n"),
         (f"{info}/top_level.txt", b"nodeforge\n"),
     ]

@@ -72,7 +72,9 @@ def spec_for(base: Base, arch: str, variant: str = "cpu") -> BaseSpec:
     return BaseSpec(base.suite, base.mirror, arch, "minbase", pkgs, version, COMPONENTS[variant])
 
 
-def ensure_base(spec: BaseSpec, cache_dir: Path, keyring: str, logfile: IO[str]) -> tuple[Path, bool]:
+def ensure_base(
+    spec: BaseSpec, cache_dir: Path, keyring: str, logfile: IO[str]
+) -> tuple[Path, bool]:
     """Return (path of the base tarball, whether it came from the cache)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     tar = cache_dir / f"base-{spec.suite}-{spec.arch}-{spec.key()}.tar"
@@ -91,16 +93,20 @@ def ensure_base(spec: BaseSpec, cache_dir: Path, keyring: str, logfile: IO[str])
         # Written into the image's sources.list too, so the roles' apt sees these components.
         f"--components={','.join(spec.components)}",
         # Recommends stay off for a lean image; roles add what they need by name.
-        "--aptopt=APT::Install-Recommends \"false\"",
+        '--aptopt=APT::Install-Recommends "false"',
         spec.suite,
         str(tmp),
         spec.mirror,
     ]
     try:
-        proc.stream(argv, logfile=logfile, timeout=1800,
-                    hint=f"mmdebstrap could not bootstrap {spec.suite} ({','.join(spec.components)}) "
-                         f"from {spec.mirror}; a mirror for a gpu build must carry contrib, "
-                         "non-free and non-free-firmware")
+        proc.stream(
+            argv,
+            logfile=logfile,
+            timeout=1800,
+            hint=f"mmdebstrap could not bootstrap {spec.suite} ({','.join(spec.components)}) "
+            f"from {spec.mirror}; a mirror for a gpu build must carry contrib, "
+            "non-free and non-free-firmware",
+        )
         (tar.with_suffix(".json")).write_text(json.dumps(asdict(spec), indent=2))
         os.replace(tmp, tar)
     finally:

@@ -25,11 +25,30 @@ from .pipeline import (
 )
 from .template import TARGETS
 
-__all__ = ["REPO_ROOT", "BuildOptions", "BuildResult", "Phases", "build_wheel", "preflight",
-           "repo_paths", "run_build"]
+__all__ = [
+    "REPO_ROOT",
+    "BuildOptions",
+    "BuildResult",
+    "Phases",
+    "build_wheel",
+    "preflight",
+    "repo_paths",
+    "run_build",
+]
 
-LOCAL_TOOLS = ("packer", "mmdebstrap", "systemd-nspawn", "mkfs.ext4", "qemu-img", "ssh-keygen",
-               "ssh", "tar", "zstd", "dpkg-query", "ansible-playbook")
+LOCAL_TOOLS = (
+    "packer",
+    "mmdebstrap",
+    "systemd-nspawn",
+    "mkfs.ext4",
+    "qemu-img",
+    "ssh-keygen",
+    "ssh",
+    "tar",
+    "zstd",
+    "dpkg-query",
+    "ansible-playbook",
+)
 
 
 def preflight(opts: BuildOptions) -> None:
@@ -40,7 +59,8 @@ def preflight(opts: BuildOptions) -> None:
     if opts.target == "qemu" and os.geteuid() != 0:
         raise NodeforgeError(
             "the qemu target needs root (the base disk is made with real ownership and the "
-            "built disk is loop-mounted to seal it); run it with sudo")
+            "built disk is loop-mounted to seal it); run it with sudo"
+        )
     if opts.target != "local":
         return  # remote.run_packer_target checks its own tools and credentials
     for tool in LOCAL_TOOLS:
@@ -52,8 +72,11 @@ def preflight(opts: BuildOptions) -> None:
         )
 
 
-def run_build(opts: BuildOptions, reporter: Callable[[str, str], None],
-              on_line: Callable[[str], None] | None = None) -> BuildResult:
+def run_build(
+    opts: BuildOptions,
+    reporter: Callable[[str, str], None],
+    on_line: Callable[[str], None] | None = None,
+) -> BuildResult:
     preflight(opts)
     inp = resolve_inputs(opts)
     if opts.target != "local":

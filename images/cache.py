@@ -42,7 +42,8 @@ DEFAULT_MAX_BYTES = 20 << 30
 # Any other variable (config files, limits, names) is applied by the pass over the layer.
 INSTALL_VAR = re.compile(
     r"[a-z][a-z0-9_]*_(packages|packages_[a-z0-9_]+|source|url|key_url|version|prefix"
-    r"|plugin_dir|stage_dir|build_dir|remove_build_packages|time_sync)")
+    r"|plugin_dir|stage_dir|build_dir|remove_build_packages|time_sync)"
+)
 # Sources whose change makes a build differ (no-change detection, see build_key).
 SOURCE_DIRS = ("nodeforge", "images", "bootstrap", "gang", "lab", "extensions", "roles")
 SOURCE_FILES = ("pyproject.toml", "ansible.cfg")
@@ -52,6 +53,7 @@ _HASH_CHUNK = 1 << 20
 
 
 # -- keys -----------------------------------------------------------------------------------
+
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -75,8 +77,14 @@ def files_digest(root: Path, files: Iterable[Path]) -> str:
 
 
 def _source_files(d: Path) -> list[Path]:
-    return [p for p in d.rglob("*") if p.is_file() and not (_SKIP_PARTS & set(p.parts))
-            and p.suffix != ".pyc" and not any(x.endswith(".egg-info") for x in p.parts)]
+    return [
+        p
+        for p in d.rglob("*")
+        if p.is_file()
+        and not (_SKIP_PARTS & set(p.parts))
+        and p.suffix != ".pyc"
+        and not any(x.endswith(".egg-info") for x in p.parts)
+    ]
 
 
 def role_install_digests(roles_dir: Path) -> dict[str, str]:
@@ -108,12 +116,23 @@ class LayerInputs:
         return sha256_bytes(blob.encode())
 
 
-def layer_inputs(*, base_key: str, roles_dir: Path, playbook: Path, versions_file: Path,
-                 artifacts: dict[str, str], ansible_vars: dict[str, object]) -> LayerInputs:
-    return LayerInputs(base_key=base_key, roles=role_install_digests(roles_dir),
-                       playbook=_file_sha(playbook), versions_file=_file_sha(versions_file),
-                       artifacts=dict(sorted(artifacts.items())),
-                       install_vars=install_vars(ansible_vars))
+def layer_inputs(
+    *,
+    base_key: str,
+    roles_dir: Path,
+    playbook: Path,
+    versions_file: Path,
+    artifacts: dict[str, str],
+    ansible_vars: dict[str, object],
+) -> LayerInputs:
+    return LayerInputs(
+        base_key=base_key,
+        roles=role_install_digests(roles_dir),
+        playbook=_file_sha(playbook),
+        versions_file=_file_sha(versions_file),
+        artifacts=dict(sorted(artifacts.items())),
+        install_vars=install_vars(ansible_vars),
+    )
 
 
 # The agent wheel is built from these (pyproject's package-dir mapping) plus the unit file
@@ -121,8 +140,9 @@ def layer_inputs(*, base_key: str, roles_dir: Path, playbook: Path, versions_fil
 AGENT_SOURCE_DIRS = ("nodeforge", "images", "bootstrap", "gang", "lab")
 
 
-def config_inputs(*, roles_dir: Path, repo: Path,
-                  ansible_vars: dict[str, object]) -> dict[str, object]:
+def config_inputs(
+    *, roles_dir: Path, repo: Path, ansible_vars: dict[str, object]
+) -> dict[str, object]:
     """What a pass over a cached layer applies: each role's templates, the configuration
     variables and the agent's sources. Recorded with the layer, compared on reuse."""
     templates = {}
@@ -131,9 +151,11 @@ def config_inputs(*, roles_dir: Path, repo: Path,
         templates[role.name] = files_digest(t, _source_files(t)) if t.is_dir() else ""
     agent = [f for d in AGENT_SOURCE_DIRS if (repo / d).is_dir() for f in _source_files(repo / d)]
     agent += [repo / "pyproject.toml"] if (repo / "pyproject.toml").is_file() else []
-    return {"templates": templates,
-            "vars": {k: v for k, v in sorted(ansible_vars.items()) if not INSTALL_VAR.fullmatch(k)},
-            "agent": files_digest(repo, agent)}
+    return {
+        "templates": templates,
+        "vars": {k: v for k, v in sorted(ansible_vars.items()) if not INSTALL_VAR.fullmatch(k)},
+        "agent": files_digest(repo, agent),
+    }
 
 
 def roles_to_reapply(old: dict, new: dict, roles: list[str]) -> list[str] | None:
@@ -163,18 +185,33 @@ def sources_digest(repo: Path) -> str:
     return files_digest(repo, files)
 
 
-def build_key(*, layer_key: str, repo: Path, playbook: Path, user_vars: dict[str, object],
-              options: dict[str, object]) -> str:
+def build_key(
+    *,
+    layer_key: str,
+    repo: Path,
+    playbook: Path,
+    user_vars: dict[str, object],
+    options: dict[str, object],
+) -> str:
     """Key of the whole build: the layer key plus every source the build reads (roles with
     their templates, the agent and build code, extensions), the playbook, every var-file
     value and the build options. Equal keys mean an identical build."""
-    blob = json.dumps({"layer": layer_key, "sources": sources_digest(repo),
-                       "playbook": _file_sha(playbook), "vars": user_vars, "options": options},
-                      sort_keys=True, default=str)
+    blob = json.dumps(
+        {
+            "layer": layer_key,
+            "sources": sources_digest(repo),
+            "playbook": _file_sha(playbook),
+            "vars": user_vars,
+            "options": options,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return sha256_bytes(blob.encode())
 
 
 # -- tree digest ----------------------------------------------------------------------------
+
 
 def tree_digest(tree: Path) -> tuple[str, int, int]:
     """(sha256, bytes, entries) over every entry of *tree*: path, type, mode, owner, size,
@@ -189,8 +226,11 @@ def tree_digest(tree: Path) -> tuple[str, int, int]:
             p = os.path.join(dirpath, name)
             st = os.lstat(p)
             rel = os.path.relpath(p, root)
-            h.update(f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0".encode(
-                "utf-8", "surrogateescape"))
+            h.update(
+                f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0".encode(
+                    "utf-8", "surrogateescape"
+                )
+            )
             if stat.S_ISLNK(st.st_mode):
                 h.update(os.readlink(p).encode("utf-8", "surrogateescape"))
             elif stat.S_ISREG(st.st_mode):
@@ -205,6 +245,7 @@ def tree_digest(tree: Path) -> tuple[str, int, int]:
 
 # -- the lock -------------------------------------------------------------------------------
 
+
 @contextmanager
 def locked(cache_dir: Path) -> Iterator[None]:
     """Hold the cache dir's lock for one build or prune; a second one fails at once, naming
@@ -214,8 +255,10 @@ def locked(cache_dir: Path) -> Iterator[None]:
         cache_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise NodeforgeError(f"cannot lock the build cache {cache_dir}: {e.strerror}; builds "
-                             "run as root, or pass a --cache-dir you can write") from None
+        raise NodeforgeError(
+            f"cannot lock the build cache {cache_dir}: {e.strerror}; builds "
+            "run as root, or pass a --cache-dir you can write"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -225,7 +268,8 @@ def locked(cache_dir: Path) -> Iterator[None]:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             raise NodeforgeError(
                 f"the build cache {cache_dir} is in use by another nodeforge build or prune "
-                f"(pid {holder}); wait for it to finish, or pass another --cache-dir") from None
+                f"(pid {holder}); wait for it to finish, or pass another --cache-dir"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
@@ -234,6 +278,7 @@ def locked(cache_dir: Path) -> Iterator[None]:
 
 
 # -- the layer store ------------------------------------------------------------------------
+
 
 @dataclass
 class Layer:
@@ -258,8 +303,13 @@ class LayerInfo:
 class LayerStore:
     """Layers under `<cache>/layers`; callers hold locked(cache_dir)."""
 
-    def __init__(self, cache_dir: Path, *, clock: Callable[[], float] = time.time,
-                 log: Callable[[str], None] = lambda msg: None):
+    def __init__(
+        self,
+        cache_dir: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        log: Callable[[str], None] = lambda msg: None,
+    ):
         self.root = cache_dir / "layers"
         self.clock = clock
         self.log = log
@@ -300,8 +350,12 @@ class LayerStore:
             meta = json.loads((path / LAYER_META).read_text())
         except (OSError, ValueError) as e:
             return f"no readable {LAYER_META}: {e}"
-        if not isinstance(meta, dict) or meta.get("schema") != LAYER_SCHEMA \
-                or meta.get("key") != key or not KEY_RE.fullmatch(str(meta.get("digest", ""))):
+        if (
+            not isinstance(meta, dict)
+            or meta.get("schema") != LAYER_SCHEMA
+            or meta.get("key") != key
+            or not KEY_RE.fullmatch(str(meta.get("digest", "")))
+        ):
             return f"{LAYER_META} is not a schema-{LAYER_SCHEMA} record of this key"
         if not (path / "tree").is_dir():
             return "its tree is missing"
@@ -310,8 +364,7 @@ class LayerStore:
             return "its content digest does not match (corrupt or altered tree)"
         return ""
 
-    def store(self, key: str, tree: Path, inputs: LayerInputs,
-              config: dict | None = None) -> Layer:
+    def store(self, key: str, tree: Path, inputs: LayerInputs, config: dict | None = None) -> Layer:
         """Move *tree* into the cache as the layer for *key*: written under a temp name and
         renamed into place once its digest is recorded, so an interrupted write leaves no
         entry. *tree* must be on the cache's filesystem (the build's work dir is)."""
@@ -323,10 +376,20 @@ class LayerStore:
         os.rename(tree, tmp / "tree")
         digest, size, entries = tree_digest(tmp / "tree")
         now = self.clock()
-        write_json_atomic(tmp / LAYER_META, {
-            "schema": LAYER_SCHEMA, "key": key, "digest": digest, "bytes": size,
-            "entries": entries, "created": now, "last_used": now, "inputs": inputs.__dict__,
-            "config": config or {}})
+        write_json_atomic(
+            tmp / LAYER_META,
+            {
+                "schema": LAYER_SCHEMA,
+                "key": key,
+                "digest": digest,
+                "bytes": size,
+                "entries": entries,
+                "created": now,
+                "last_used": now,
+                "inputs": inputs.__dict__,
+                "config": config or {},
+            },
+        )
         final = self.root / key
         if final.exists():
             shutil.rmtree(final)
@@ -342,8 +405,15 @@ class LayerStore:
                 continue
             try:
                 m = json.loads((p / LAYER_META).read_text())
-                out.append(LayerInfo(p.name, int(m["bytes"]), int(m["entries"]),
-                                     float(m["created"]), float(m["last_used"])))
+                out.append(
+                    LayerInfo(
+                        p.name,
+                        int(m["bytes"]),
+                        int(m["entries"]),
+                        float(m["created"]),
+                        float(m["last_used"]),
+                    )
+                )
             except (OSError, ValueError, KeyError, TypeError):
                 out.append(LayerInfo(p.name, 0, 0, 0.0, 0.0))  # unusable: pruned first
         return out
@@ -369,6 +439,7 @@ def parse_size(value: str) -> int:
     """A size with an optional K/M/G/T suffix (powers of 1024); bare means bytes."""
     m = re.fullmatch(r"([0-9]{1,15})([KMGT]?)i?B?", value, re.IGNORECASE)
     if not m:
-        raise NodeforgeError(f"size {value!r} is not a size: use a number with K, M, G or T "
-                             "(e.g. 20G)")
+        raise NodeforgeError(
+            f"size {value!r} is not a size: use a number with K, M, G or T (e.g. 20G)"
+        )
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]

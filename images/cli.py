@@ -12,32 +12,66 @@ TARGET_CHOICES = ("local", "qemu", "amazon-ebs")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="bake the node image (default target: local)")
-    p.add_argument("--target", default="local", choices=TARGET_CHOICES,
-                   help="where to build (default: %(default)s)")
+    p.add_argument(
+        "--target",
+        default="local",
+        choices=TARGET_CHOICES,
+        help="where to build (default: %(default)s)",
+    )
     p.add_argument("--base", help="base from the versions file (default: debian13; also debian12)")
-    p.add_argument("--variant", default="cpu", choices=("cpu", "gpu"),
-                   help="image variant: cpu (default) or gpu (NVIDIA driver, NVML, NCCL, "
-                        "container toolkit; needs contrib/non-free in the Debian mirror)")
-    p.add_argument("--var-file", action="append", default=[], type=Path, metavar="F.pkrvars.hcl",
-                   help="Packer variables (repeatable)")
-    p.add_argument("--artifact-mirror", metavar="DIR|URL",
-                   help="serve the pinned artifacts from a directory or URL (air-gapped builds)")
-    p.add_argument("--allow-unpinned", action="store_true",
-                   help="build even though some artifacts have no recorded sha256")
+    p.add_argument(
+        "--variant",
+        default="cpu",
+        choices=("cpu", "gpu"),
+        help="image variant: cpu (default) or gpu (NVIDIA driver, NVML, NCCL, "
+        "container toolkit; needs contrib/non-free in the Debian mirror)",
+    )
+    p.add_argument(
+        "--var-file",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="F.pkrvars.hcl",
+        help="Packer variables (repeatable)",
+    )
+    p.add_argument(
+        "--artifact-mirror",
+        metavar="DIR|URL",
+        help="serve the pinned artifacts from a directory or URL (air-gapped builds)",
+    )
+    p.add_argument(
+        "--allow-unpinned",
+        action="store_true",
+        help="build even though some artifacts have no recorded sha256",
+    )
     p.add_argument("--output", type=Path, help="artifact directory (default: output/<target>)")
-    p.add_argument("--cache-dir", type=Path, default=Path("/var/cache/nodeforge"),
-                   help="base tarballs, apt archives and artifacts (default: %(default)s)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path("/var/cache/nodeforge"),
+        help="base tarballs, apt archives and artifacts (default: %(default)s)",
+    )
     p.add_argument("--name", help="image name (default: nodeforge-<base>-<arch>)")
     p.add_argument("--versions-file", type=Path, help="alternative versions file")
     p.add_argument("--keep-work", action="store_true", help="keep the work tree (debugging)")
-    p.add_argument("--playbook", type=Path,
-                   help="provision with another playbook (default: images/site.yml); for "
-                        "testing the build machinery, the result is not a node image")
-    p.add_argument("--force", action="store_true",
-                   help="rebuild even when no input changed since the build in --output")
-    p.add_argument("--cache-max-size", default="20G", metavar="SIZE",
-                   help="cap of the layer cache; least recently used layers beyond it are "
-                        "pruned (default: %(default)s)")
+    p.add_argument(
+        "--playbook",
+        type=Path,
+        help="provision with another playbook (default: images/site.yml); for "
+        "testing the build machinery, the result is not a node image",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild even when no input changed since the build in --output",
+    )
+    p.add_argument(
+        "--cache-max-size",
+        default="20G",
+        metavar="SIZE",
+        help="cap of the layer cache; least recently used layers beyond it are "
+        "pruned (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print the result summary as JSON")
     p.set_defaults(func=cmd_build)
 
@@ -45,29 +79,54 @@ def register(sub: argparse._SubParsersAction) -> None:
     cs = p.add_subparsers(dest="cache_cmd", metavar="ACTION")
     cs.required = True
     s = cs.add_parser("ls", help="list the cached layers and base tarballs")
-    s.add_argument("--cache-dir", type=Path, default=Path("/var/cache/nodeforge"),
-                   help="the build cache (default: %(default)s)")
+    s.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path("/var/cache/nodeforge"),
+        help="the build cache (default: %(default)s)",
+    )
     s.add_argument("--json", action="store_true", help="print the list as JSON")
     s.set_defaults(func=cmd_cache_ls)
     s = cs.add_parser("prune", help="remove unfinished entries and layers beyond a size")
-    s.add_argument("--cache-dir", type=Path, default=Path("/var/cache/nodeforge"),
-                   help="the build cache (default: %(default)s)")
-    s.add_argument("--max-size", default="20G", metavar="SIZE",
-                   help="keep at most this much, most recently used first (default: "
-                        "%(default)s)")
+    s.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path("/var/cache/nodeforge"),
+        help="the build cache (default: %(default)s)",
+    )
+    s.add_argument(
+        "--max-size",
+        default="20G",
+        metavar="SIZE",
+        help="keep at most this much, most recently used first (default: %(default)s)",
+    )
     s.add_argument("--all", action="store_true", help="remove every layer")
     s.set_defaults(func=cmd_cache_prune)
 
     p = sub.add_parser("render", help="print the Packer template of a target")
-    p.add_argument("--target", default="local", choices=TARGET_CHOICES,
-                   help="the target (default: %(default)s)")
+    p.add_argument(
+        "--target",
+        default="local",
+        choices=TARGET_CHOICES,
+        help="the target (default: %(default)s)",
+    )
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("validate", help="run `packer validate` on every target's template")
-    p.add_argument("--target", action="append", choices=TARGET_CHOICES,
-                   help="only this target (repeatable; default: all)")
-    p.add_argument("--var-file", action="append", default=[], type=Path, metavar="F.pkrvars.hcl",
-                   help="Packer variables to validate with (repeatable)")
+    p.add_argument(
+        "--target",
+        action="append",
+        choices=TARGET_CHOICES,
+        help="only this target (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--var-file",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="F.pkrvars.hcl",
+        help="Packer variables to validate with (repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="print {target: packer output} as JSON")
     p.set_defaults(func=cmd_validate)
 
@@ -79,13 +138,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print the artifacts as JSON")
     s.set_defaults(func=cmd_versions_show)
     s = vs.add_parser("lock", help="download every artifact and record its sha256")
-    s.add_argument("--artifact-mirror", metavar="DIR|URL",
-                   help="read the artifacts from a directory or URL instead of upstream")
+    s.add_argument(
+        "--artifact-mirror",
+        metavar="DIR|URL",
+        help="read the artifacts from a directory or URL instead of upstream",
+    )
     s.add_argument("--versions-file", type=Path, help="alternative versions file (edited in place)")
     s.add_argument("--only-missing", action="store_true", help="only artifacts without a sha256")
-    s.add_argument("--arch", metavar="ARCH",
-                   help="pin only this architecture's artifacts (what the mirror holds); the "
-                        "other architectures stay unpinned")
+    s.add_argument(
+        "--arch",
+        metavar="ARCH",
+        help="pin only this architecture's artifacts (what the mirror holds); the "
+        "other architectures stay unpinned",
+    )
     s.add_argument("--json", action="store_true", help="print {url: sha256} and the file as JSON")
     s.set_defaults(func=cmd_versions_lock)
 
@@ -98,11 +163,18 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True, highlight=False)
     opts = BuildOptions(
-        force=args.force, cache_max_bytes=parse_size(args.cache_max_size),
-        target=args.target, base=args.base, var_files=list(args.var_file),
-        artifact_mirror=args.artifact_mirror, allow_unpinned=args.allow_unpinned,
-        output=args.output, cache_dir=args.cache_dir, name=args.name,
-        versions_file=args.versions_file, keep_work=args.keep_work,
+        force=args.force,
+        cache_max_bytes=parse_size(args.cache_max_size),
+        target=args.target,
+        base=args.base,
+        var_files=list(args.var_file),
+        artifact_mirror=args.artifact_mirror,
+        allow_unpinned=args.allow_unpinned,
+        output=args.output,
+        cache_dir=args.cache_dir,
+        name=args.name,
+        versions_file=args.versions_file,
+        keep_work=args.keep_work,
         playbook=args.playbook.resolve() if args.playbook else None,
         variant=args.variant,
     )
@@ -133,11 +205,22 @@ def cmd_build(args: argparse.Namespace) -> int:
             status.stop()
     m = result.manifest
     if args.json:
-        print(json.dumps({"output": str(result.output), "name": m["name"],
-                          "phases": m["phases"], "artifacts": m["artifacts"],
-                          "variant": m.get("variant", "cpu"), "gpu": m.get("gpu"),
-                          "components": m.get("components", {}), "reused": result.reused,
-                          "cache": m.get("cache", {})}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "output": str(result.output),
+                    "name": m["name"],
+                    "phases": m["phases"],
+                    "artifacts": m["artifacts"],
+                    "variant": m.get("variant", "cpu"),
+                    "gpu": m.get("gpu"),
+                    "components": m.get("components", {}),
+                    "reused": result.reused,
+                    "cache": m.get("cache", {}),
+                },
+                indent=2,
+            )
+        )
     elif result.reused:
         err.print(f"unchanged: {m['name']} built {m['created']} → {result.output}")
     else:
@@ -173,8 +256,15 @@ def cmd_versions_show(args: argparse.Namespace) -> int:
 
     v = versions.load(args.versions_file)
     rows = [
-        {"artifact": a.name, "arch": a.arch, "version": a.version, "file": a.file,
-         "url": a.url, "sha256": a.sha256, "pinned": a.pinned}
+        {
+            "artifact": a.name,
+            "arch": a.arch,
+            "version": a.version,
+            "file": a.file,
+            "url": a.url,
+            "sha256": a.sha256,
+            "pinned": a.pinned,
+        }
         for a in v.all_artifacts()
     ]
     if args.json:
@@ -194,9 +284,15 @@ def cmd_versions_lock(args: argparse.Namespace) -> int:
 
     v = versions.load(args.versions_file)
     err = Console(stderr=True, highlight=False)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                   TransferSpeedColumn(), console=err, transient=True,
-                   disable=not err.is_terminal)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
 
     def progress(art: versions.Artifact):
         task = bar.add_task(f"{art.file} ({art.arch})", total=None)
@@ -207,8 +303,13 @@ def cmd_versions_lock(args: argparse.Namespace) -> int:
         return update
 
     with bar:
-        res = versions.lock(v, mirror=args.artifact_mirror, only_missing=args.only_missing,
-                            arch=args.arch, progress=progress)
+        res = versions.lock(
+            v,
+            mirror=args.artifact_mirror,
+            only_missing=args.only_missing,
+            arch=args.arch,
+            progress=progress,
+        )
     if args.json:
         print(json.dumps({"versions_file": str(v.path), "pinned": res}, indent=2))
         return 0
@@ -217,10 +318,13 @@ def cmd_versions_lock(args: argparse.Namespace) -> int:
     print(f"pinned {len(res)} artifacts in {v.path}", file=sys.stderr)
     left = [a for a in versions.load(v.path).all_artifacts() if not a.pinned]
     if left:
-        print(f"still unpinned ({len(left)}): "
-              + ", ".join(f"{a.name} [{a.arch}]" for a in left)
-              + "; pin them with 'nodeforge versions lock --arch ARCH' from a mirror that "
-                "holds them", file=sys.stderr)
+        print(
+            f"still unpinned ({len(left)}): "
+            + ", ".join(f"{a.name} [{a.arch}]" for a in left)
+            + "; pin them with 'nodeforge versions lock --arch ARCH' from a mirror that "
+            "holds them",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -230,18 +334,32 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
     from .cache import LayerStore
 
     layers = LayerStore(args.cache_dir).entries()
-    bases = sorted((args.cache_dir / "base").glob("base-*.tar")) \
-        if (args.cache_dir / "base").is_dir() else []
-    rows = [{"kind": "layer", "key": i.key, "bytes": i.bytes, "entries": i.entries,
-             "last_used": dt.datetime.fromtimestamp(i.last_used, dt.UTC).isoformat(
-                 timespec="seconds")} for i in layers]
+    bases = (
+        sorted((args.cache_dir / "base").glob("base-*.tar"))
+        if (args.cache_dir / "base").is_dir()
+        else []
+    )
+    rows = [
+        {
+            "kind": "layer",
+            "key": i.key,
+            "bytes": i.bytes,
+            "entries": i.entries,
+            "last_used": dt.datetime.fromtimestamp(i.last_used, dt.UTC).isoformat(
+                timespec="seconds"
+            ),
+        }
+        for i in layers
+    ]
     rows += [{"kind": "base", "key": b.name, "bytes": b.stat().st_size} for b in bases]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
-        print(f"{r['kind']:<6} {r['key'][:40]:<40} {r['bytes'] / 2**20:9.1f} MiB"
-              f"  {r.get('last_used', '')}")
+        print(
+            f"{r['kind']:<6} {r['key'][:40]:<40} {r['bytes'] / 2**20:9.1f} MiB"
+            f"  {r.get('last_used', '')}"
+        )
     total = sum(r["bytes"] for r in rows)
     print(f"{len(rows)} entries, {total / 2**30:.2f} GiB in {args.cache_dir}", file=sys.stderr)
     return 0

@@ -67,8 +67,7 @@ def loop_mounted(raw: Path, mountpoint: Path):
             proc.run(["umount", "--lazy", mountpoint], check=False, timeout=120)
 
 
-def seal_tree(tree: Path, stub: dict, boot_out: Path, logfile: IO[str],
-              started: float) -> dict:
+def seal_tree(tree: Path, stub: dict, boot_out: Path, logfile: IO[str], started: float) -> dict:
     """Steps 1-4 on a mounted tree; returns the image manifest written into it."""
     seal.seal_and_scan(tree, logfile)
     image = manifest_mod.with_packages(stub, export.dpkg_versions(tree))
@@ -84,19 +83,19 @@ def seal_disk(disk: Path, stub: dict, boot_out: Path, logfile: IO[str]) -> dict:
     raw = work / "disk.raw"
     work.mkdir(parents=True, exist_ok=True)
     try:
-        proc.run([proc.require_tool("qemu-img"), "convert", "-O", "raw", disk, raw],
-                 timeout=1800)
+        proc.run([proc.require_tool("qemu-img"), "convert", "-O", "raw", disk, raw], timeout=1800)
         with loop_mounted(raw, work / "mnt") as tree:
             image = seal_tree(tree, stub, boot_out, logfile, started)
             # ext4 frees deleted blocks only when the journal commits: commit first, or
             # fstrim sees them still in use and the deleted data stays on the disk.
             proc.run(["sync", "--file-system", tree], timeout=600)
             trimmed = proc.run([proc.require_tool("fstrim"), "-v", tree], timeout=600).stdout
-            logfile.write(f"seal: discard free blocks — deleted files must not be recoverable: "
-                          f"{trimmed.strip()}\n")
+            logfile.write(
+                f"seal: discard free blocks — deleted files must not be recoverable: "
+                f"{trimmed.strip()}\n"
+            )
         tmp = disk.with_name(disk.name + ".sealed")
-        proc.run([proc.require_tool("qemu-img"), "convert", "-O", "qcow2", raw, tmp],
-                 timeout=1800)
+        proc.run([proc.require_tool("qemu-img"), "convert", "-O", "qcow2", raw, tmp], timeout=1800)
         os.replace(tmp, disk)
         return image
     finally:

@@ -34,8 +34,21 @@ def write_fstab(tree: Path) -> None:
 
 def export_rootfs(tree: Path, dest: Path) -> None:
     proc.run(
-        ["tar", "-C", tree, "--numeric-owner", "--xattrs", "--xattrs-include=*", "--acls",
-         "--one-file-system", "-I", "zstd -T0 -3", "-cf", dest, "."],
+        [
+            "tar",
+            "-C",
+            tree,
+            "--numeric-owner",
+            "--xattrs",
+            "--xattrs-include=*",
+            "--acls",
+            "--one-file-system",
+            "-I",
+            "zstd -T0 -3",
+            "-cf",
+            dest,
+            ".",
+        ],
         timeout=1800,
     )
 
@@ -51,15 +64,20 @@ def export_disk(tree: Path, dest_dir: Path, size_mib: int | None = None) -> list
     if size_mib is not None and size_mib < fits:
         raise NodeforgeError(
             f"disk_size {size_mib} MiB is smaller than the base tree needs ({fits} MiB): "
-            "raise disk_size in the var file")
+            "raise disk_size in the var file"
+        )
     size_mib = size_mib or fits + DISK_EXTRA_MIB
     raw = dest_dir / "disk.raw"
     proc.run(["truncate", "-s", f"{size_mib}M", raw])
     try:
-        proc.run([proc.require_tool("mkfs.ext4"), "-q", "-F", "-L", FS_LABEL, "-d", tree, raw],
-                 timeout=1800)
-        proc.run([proc.require_tool("qemu-img"), "convert", "-O", "qcow2", raw,
-                  dest_dir / DISK], timeout=1800)
+        proc.run(
+            [proc.require_tool("mkfs.ext4"), "-q", "-F", "-L", FS_LABEL, "-d", tree, raw],
+            timeout=1800,
+        )
+        proc.run(
+            [proc.require_tool("qemu-img"), "convert", "-O", "qcow2", raw, dest_dir / DISK],
+            timeout=1800,
+        )
     finally:
         raw.unlink(missing_ok=True)
     return [dest_dir / DISK, *copy_boot_files(tree, dest_dir)]
@@ -82,8 +100,12 @@ def copy_boot_files(tree: Path, dest_dir: Path) -> list[Path]:
 
 def dpkg_versions(tree: Path) -> dict[str, str]:
     out = proc.run(
-        ["dpkg-query", f"--admindir={tree}/var/lib/dpkg", "-W",
-         "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"],
+        [
+            "dpkg-query",
+            f"--admindir={tree}/var/lib/dpkg",
+            "-W",
+            "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n",
+        ],
         timeout=120,
     ).stdout
     versions = {}

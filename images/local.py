@@ -67,17 +67,29 @@ def playbook_roles(playbook: Path) -> list[str] | None:
     return None
 
 
-def build_keys(inp: Inputs, base_key: str, seen: dict[str, str]) -> tuple[cache.LayerInputs,
-                                                                           str]:
+def build_keys(inp: Inputs, base_key: str, seen: dict[str, str]) -> tuple[cache.LayerInputs, str]:
     """(layer inputs, build key) of this build."""
-    li = cache.layer_inputs(base_key=base_key, roles_dir=data.path("roles"),
-                            playbook=inp.playbook, versions_file=inp.vers.path,
-                            artifacts=seen, ansible_vars=inp.ansible_vars)
-    bk = cache.build_key(layer_key=li.key(), repo=REPO_ROOT, playbook=inp.playbook,
-                         user_vars=inp.user_vars,
-                         options={"target": inp.opts.target, "name": inp.name,
-                                  "base": inp.base.name, "arch": inp.arch,
-                                  "variant": inp.opts.variant})
+    li = cache.layer_inputs(
+        base_key=base_key,
+        roles_dir=data.path("roles"),
+        playbook=inp.playbook,
+        versions_file=inp.vers.path,
+        artifacts=seen,
+        ansible_vars=inp.ansible_vars,
+    )
+    bk = cache.build_key(
+        layer_key=li.key(),
+        repo=REPO_ROOT,
+        playbook=inp.playbook,
+        user_vars=inp.user_vars,
+        options={
+            "target": inp.opts.target,
+            "name": inp.name,
+            "base": inp.base.name,
+            "arch": inp.arch,
+            "variant": inp.opts.variant,
+        },
+    )
     return li, bk
 
 
@@ -95,8 +107,11 @@ def published_unchanged(output: Path, build_key: str) -> dict | None:
         return None
     for name, a in arts.items():
         f = output / name
-        if not f.is_file() or f.stat().st_size != a.get("bytes") \
-                or versions.sha256_file(f) != a.get("sha256"):
+        if (
+            not f.is_file()
+            or f.stat().st_size != a.get("bytes")
+            or versions.sha256_file(f) != a.get("sha256")
+        ):
             return None
     return m
 
@@ -107,10 +122,19 @@ def mount_overlay(lower: Path, work: Path) -> Path:
     upper, scratch, merged = work / "upper", work / "overlay-work", work / "rootfs"
     for d in (upper, scratch, merged):
         d.mkdir(parents=True, exist_ok=True)
-    proc.run(["mount", "-t", "overlay", "overlay", "-o",
-              f"lowerdir={lower},upperdir={upper},workdir={scratch}", merged],
-             hint="the layered build cache needs overlayfs (modprobe overlay); "
-                  "or build with another --cache-dir on a local filesystem")
+    proc.run(
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={lower},upperdir={upper},workdir={scratch}",
+            merged,
+        ],
+        hint="the layered build cache needs overlayfs (modprobe overlay); "
+        "or build with another --cache-dir on a local filesystem",
+    )
     return merged
 
 
@@ -121,8 +145,13 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
     arts = inp.vers.for_arch(inp.arch, inp.opts.variant)
 
     def fetch() -> dict[str, str]:
-        return versions.fetch(arts, inp.art_dir, mirror=opts.artifact_mirror,
-                              allow_unpinned=opts.allow_unpinned, versions_path=inp.vers.path)
+        return versions.fetch(
+            arts,
+            inp.art_dir,
+            mirror=opts.artifact_mirror,
+            allow_unpinned=opts.allow_unpinned,
+            versions_path=inp.vers.path,
+        )
 
     if not opts.force:
         try:
@@ -132,8 +161,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         if seen is not None:
             m = published_unchanged(output, build_keys(inp, spec.key(), seen)[1])
             if m is not None:
-                reporter("cache", f"no input changed: {output} is this build "
-                                  "(--force rebuilds)")
+                reporter("cache", f"no input changed: {output} is this build (--force rebuilds)")
                 return BuildResult(output, m, output / "build.log", reused=True)
     started = now_iso()
     with output_session(output, reporter) as s:
@@ -148,23 +176,27 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         s.on_cleanup("release mounts", lambda: release_mounts(work))
         if not opts.keep_work:
             s.on_cleanup("remove work tree", lambda: work.exists() and shutil.rmtree(work))
-        store = cache.LayerStore(cache_dir, log=lambda msg: (logfile.write(msg + "\n"),
-                                                             reporter("cache", msg)))
+        store = cache.LayerStore(
+            cache_dir, log=lambda msg: (logfile.write(msg + "\n"), reporter("cache", msg))
+        )
         # An interrupted layer write (only this build's, under the lock) is no entry: drop it.
         s.on_cleanup("drop an unfinished layer", store.drop_unfinished)
         phases = Phases(reporter)
-        logfile.write(f"nodeforge {__version__} build {name} target={opts.target} "
-                      f"base={inp.base.name}\n")
+        logfile.write(
+            f"nodeforge {__version__} build {name} target={opts.target} base={inp.base.name}\n"
+        )
         with phases.phase("preflight"):
             seen = fetch()
             layer_in, bkey = build_keys(inp, spec.key(), seen)
             lkey = layer_in.key()
-            config = cache.config_inputs(roles_dir=data.path("roles"), repo=REPO_ROOT,
-                                         ansible_vars=inp.ansible_vars)
+            config = cache.config_inputs(
+                roles_dir=data.path("roles"), repo=REPO_ROOT, ansible_vars=inp.ansible_vars
+            )
             logfile.write(f"cache keys: layer {lkey} build {bkey}\n")
             fetched = Fetched(tool_versions(), arts, seen)
-            wheel = cached_wheel(cache_dir / "wheels", cache.sources_digest(REPO_ROOT), work,
-                                 logfile)
+            wheel = cached_wheel(
+                cache_dir / "wheels", cache.sources_digest(REPO_ROOT), work, logfile
+            )
             ev = work / "extra-vars.json"
             ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
             tpl = work / "local.pkr.hcl"
@@ -174,8 +206,13 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         tree = work / "rootfs"
 
         def boot() -> None:
-            sb = Sandbox(tree, work, logfile, name=f"nfbuild-{os.getpid()}",
-                         binds=[(apt_cache, "/var/cache/apt/archives")])
+            sb = Sandbox(
+                tree,
+                work,
+                logfile,
+                name=f"nfbuild-{os.getpid()}",
+                binds=[(apt_cache, "/var/cache/apt/archives")],
+            )
             sandbox.append(sb)
             access = sb.prepare()
             sb.start()
@@ -183,8 +220,9 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
 
         def provision(env: dict[str, str]) -> None:
             logfile.write(f"provision pass: {env or 'all tags'}\n")
-            packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
-                         ansible_env=env)
+            packer.build(
+                tpl, values, opts.var_files, logfile=logfile, on_line=on_line, ansible_env=env
+            )
 
         values: dict[str, object] = {
             "playbook_file": inp.playbook,
@@ -198,8 +236,9 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             layer = store.lookup(lkey)
             base_cached = True
             if layer is None:
-                base_tar, base_cached = base_mod.ensure_base(spec, cache_dir / "base",
-                                                             inp.base.keyring, logfile)
+                base_tar, base_cached = base_mod.ensure_base(
+                    spec, cache_dir / "base", inp.base.keyring, logfile
+                )
                 extract(base_tar, tree)
             else:
                 reporter("cache", f"reusing layer {lkey[:16]}")
@@ -221,11 +260,15 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             reapplied: list[str] | None = []
         else:
             roles = playbook_roles(inp.playbook)
-            reapplied = None if roles is None else cache.roles_to_reapply(layer.config, config,
-                                                                           roles)
-            reporter("cache", "re-applying "
-                     + ("every role" if reapplied is None else ", ".join(reapplied) or "no role")
-                     + " over the layer, then seal")
+            reapplied = (
+                None if roles is None else cache.roles_to_reapply(layer.config, config, roles)
+            )
+            reporter(
+                "cache",
+                "re-applying "
+                + ("every role" if reapplied is None else ", ".join(reapplied) or "no role")
+                + " over the layer, then seal",
+            )
             with phases.phase("provision"):
                 provision({} if reapplied is None else pass_roles(reapplied))
         with phases.phase("seal"):
@@ -234,18 +277,25 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             seal.seal_and_scan(tree, logfile)
         with phases.phase("export"):
             manifest = manifest_mod.with_packages(
-                manifest_header(inp, fetched, created=started, base_key=spec.key(),
-                                base_cached=base_cached),
-                export.dpkg_versions(tree))
-            if inp.opts.variant == "gpu":  # driver, module and kernel versions the gpu role recorded
+                manifest_header(
+                    inp, fetched, created=started, base_key=spec.key(), base_cached=base_cached
+                ),
+                export.dpkg_versions(tree),
+            )
+            if (
+                inp.opts.variant == "gpu"
+            ):  # driver, module and kernel versions the gpu role recorded
                 manifest["gpu"] = json.loads((tree / "etc/nodeforge/gpu.json").read_text())
             manifest["phases"] = dict(phases.durations)
             export.write_image_json(tree, manifest)
             export_parallel(tree, s.partial)
         manifest["phases"] = dict(phases.durations)
-        manifest["cache"] = {"build_key": bkey, "layer_key": lkey,
-                             "layer_reused": layer_reused,
-                             "reapplied": "all" if reapplied is None else reapplied}
+        manifest["cache"] = {
+            "build_key": bkey,
+            "layer_key": lkey,
+            "layer_reused": layer_reused,
+            "reapplied": "all" if reapplied is None else reapplied,
+        }
         manifest["artifacts"] = manifest_mod.artifact_sums(s.partial)
         manifest_mod.require_valid(manifest)
         export.write_json_atomic(s.partial / "manifest.json", manifest)
@@ -275,8 +325,10 @@ def export_parallel(tree: Path, dest: Path) -> None:
     """The rootfs archive (zstd on all cores) and the disk image are made at the same time:
     both only read the sealed tree."""
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="export") as pool:
-        jobs = [pool.submit(export.export_rootfs, tree, dest / export.ROOTFS),
-                pool.submit(export.export_disk, tree, dest)]
+        jobs = [
+            pool.submit(export.export_rootfs, tree, dest / export.ROOTFS),
+            pool.submit(export.export_disk, tree, dest),
+        ]
         errors = [j.exception() for j in jobs]
     for e in errors:
         if e is not None:

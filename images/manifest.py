@@ -11,9 +11,23 @@ from pathlib import Path
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 # Components whose installed versions the manifest summarises (all packages are listed too).
-COMPONENT_PACKAGES = ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "sackd", "munge",
-                      "mariadb-server", "docker.io", "docker-ce", "enroot", "enroot+caps",
-                      "openssh-server", "systemd", "logrotate", "python3")
+COMPONENT_PACKAGES = (
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "slurm-client",
+    "sackd",
+    "munge",
+    "mariadb-server",
+    "docker.io",
+    "docker-ce",
+    "enroot",
+    "enroot+caps",
+    "openssh-server",
+    "systemd",
+    "logrotate",
+    "python3",
+)
 
 # key -> type; nested dicts are checked by check().
 TOP_LEVEL = {
@@ -31,8 +45,10 @@ TOP_LEVEL = {
 }
 REQUIRED_TOOLS = ("nodeforge", "packer", "ansible-core")
 # The qemu target provisions a VM, not an nspawn sandbox.
-REQUIRED_PHASES_IMAGE = {"local": ("preflight", "base", "sandbox", "provision", "seal"),
-                         "qemu": ("preflight", "base", "provision", "seal")}
+REQUIRED_PHASES_IMAGE = {
+    "local": ("preflight", "base", "sandbox", "provision", "seal"),
+    "qemu": ("preflight", "base", "provision", "seal"),
+}
 
 
 def check(m: dict, *, outer: bool = True) -> list[str]:
@@ -79,31 +95,65 @@ def check(m: dict, *, outer: bool = True) -> list[str]:
     return errs
 
 
-def header(*, name: str, target: str, created: str, arch: str, base, base_key: str,
-           base_cached: bool, arts, seen: dict[str, str], tools: dict) -> dict:
+def header(
+    *,
+    name: str,
+    target: str,
+    created: str,
+    arch: str,
+    base,
+    base_key: str,
+    base_cached: bool,
+    arts,
+    seen: dict[str, str],
+    tools: dict,
+) -> dict:
     """What every target's manifest starts with: the image, its base and its inputs."""
     return {
-        "schema": 1, "name": name, "target": target, "created": created, "arch": arch,
-        "base": {"name": base.name, "suite": base.suite, "mirror": base.mirror,
-                 "key": base_key, "cached": base_cached},
-        "inputs": {a.name: {"component": a.component, "version": a.version, "file": a.file,
-                            "sha256": seen[a.name], "pinned": a.pinned} for a in arts},
+        "schema": 1,
+        "name": name,
+        "target": target,
+        "created": created,
+        "arch": arch,
+        "base": {
+            "name": base.name,
+            "suite": base.suite,
+            "mirror": base.mirror,
+            "key": base_key,
+            "cached": base_cached,
+        },
+        "inputs": {
+            a.name: {
+                "component": a.component,
+                "version": a.version,
+                "file": a.file,
+                "sha256": seen[a.name],
+                "pinned": a.pinned,
+            }
+            for a in arts
+        },
         "tools": tools,
     }
 
 
 def with_packages(m: dict, pkgs: dict[str, str]) -> dict:
     """*m* plus the dpkg versions of the image and the summary of its components."""
-    return {**m, "components": {p: pkgs[p] for p in COMPONENT_PACKAGES if p in pkgs},
-            "packages": pkgs}
+    return {
+        **m,
+        "components": {p: pkgs[p] for p in COMPONENT_PACKAGES if p in pkgs},
+        "packages": pkgs,
+    }
 
 
 def artifact_sums(directory: Path) -> dict[str, dict]:
     """sha256 and size of every artifact in a build's output directory (not its log)."""
     from .versions import sha256_file
 
-    return {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(directory.iterdir()) if p.is_file() and p.name != "build.log"}
+    return {
+        p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != "build.log"
+    }
 
 
 def require_valid(m: dict, *, outer: bool = True) -> None:

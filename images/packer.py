@@ -99,9 +99,7 @@ def validate(template_file: Path, values: dict[str, object], var_files: list[Pat
         timeout=120,
     )
     if cp.returncode != 0:
-        raise NodeforgeError(
-            f"packer validate failed for {template_file}:\n{cp.stdout.strip()}"
-        )
+        raise NodeforgeError(f"packer validate failed for {template_file}:\n{cp.stdout.strip()}")
     return cp.stdout
 
 
@@ -129,11 +127,16 @@ def build(
         # user ran nodeforge from.
         env["PACKER_CACHE_DIR"] = str(cache_dir)
     proc.stream(
-        [proc.require_tool("packer"), "build", "-color=false",
-         # cleanup (not abort): a failed qemu or amazon-ebs build must not leave a VM,
-         # an EC2 instance or a temporary key pair behind.
-         "-on-error=cleanup",
-         *var_args(values, var_files), template_file],
+        [
+            proc.require_tool("packer"),
+            "build",
+            "-color=false",
+            # cleanup (not abort): a failed qemu or amazon-ebs build must not leave a VM,
+            # an EC2 instance or a temporary key pair behind.
+            "-on-error=cleanup",
+            *var_args(values, var_files),
+            template_file,
+        ],
         logfile=logfile,
         on_line=on_line,
         env=env,

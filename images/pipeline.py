@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,9 +25,9 @@ from typing import IO
 from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
 
+from . import agent_wheel, packer, varfile, versions
 from . import base as base_mod
 from . import manifest as manifest_mod
-from . import agent_wheel, packer, varfile, versions
 
 log = logging.getLogger("nodeforge.build")
 
@@ -111,6 +110,7 @@ def build_wheel(dest: Path, logfile: IO[str]) -> Path:
 
 # -- inputs ---------------------------------------------------------------------------------
 
+
 @dataclass
 class Inputs:
     """What a build is made from, resolved once for every target."""
@@ -143,17 +143,26 @@ def resolve_inputs(opts: BuildOptions) -> Inputs:
         user_vars.update(varfile.load(vf, opts.target))
     if opts.variant not in versions.VARIANTS:
         raise NodeforgeError(
-            f"--variant {opts.variant!r}: choose one of {', '.join(versions.VARIANTS)}")
+            f"--variant {opts.variant!r}: choose one of {', '.join(versions.VARIANTS)}"
+        )
     if opts.variant != "cpu" and opts.target != "local":
         raise NodeforgeError(
-            f"--variant {opts.variant} is built by the local target only (for now)")
+            f"--variant {opts.variant} is built by the local target only (for now)"
+        )
     # The cpu image keeps its name; other variants are nodeforge-<base>-<variant>-<arch>.
     vtag = "" if opts.variant == "cpu" else f"-{opts.variant}"
     playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)
-    return Inputs(opts=opts, vers=vers, base=base, arch=arch,
-                  name=opts.name or f"nodeforge-{base.name}{vtag}-{arch}",
-                  output=(opts.output or Path("output") / opts.target).resolve(),
-                  user_vars=user_vars, playbook=opts.playbook or playbook, ansible_cfg=cfg)
+    return Inputs(
+        opts=opts,
+        vers=vers,
+        base=base,
+        arch=arch,
+        name=opts.name or f"nodeforge-{base.name}{vtag}-{arch}",
+        output=(opts.output or Path("output") / opts.target).resolve(),
+        user_vars=user_vars,
+        playbook=opts.playbook or playbook,
+        ansible_cfg=cfg,
+    )
 
 
 @dataclass
@@ -168,8 +177,13 @@ class Fetched:
 def fetch_inputs(inp: Inputs) -> Fetched:
     tools = tool_versions()
     arts = inp.vers.for_arch(inp.arch, inp.opts.variant)
-    seen = versions.fetch(arts, inp.art_dir, mirror=inp.opts.artifact_mirror,
-                          allow_unpinned=inp.opts.allow_unpinned, versions_path=inp.vers.path)
+    seen = versions.fetch(
+        arts,
+        inp.art_dir,
+        mirror=inp.opts.artifact_mirror,
+        allow_unpinned=inp.opts.allow_unpinned,
+        versions_path=inp.vers.path,
+    )
     return Fetched(tools, arts, seen)
 
 
@@ -186,12 +200,24 @@ def extra_vars(inp: Inputs, fetched: Fetched, wheel: Path) -> dict[str, object]:
     }
 
 
-def manifest_header(inp: Inputs, fetched: Fetched, *, created: str, base_key: str,
-                    base_cached: bool) -> dict:
-    return {**manifest_mod.header(
-        name=inp.name, target=inp.opts.target, created=created, arch=inp.arch, base=inp.base,
-        base_key=base_key, base_cached=base_cached, arts=fetched.arts, seen=fetched.seen,
-        tools=fetched.tools), "variant": inp.opts.variant}
+def manifest_header(
+    inp: Inputs, fetched: Fetched, *, created: str, base_key: str, base_cached: bool
+) -> dict:
+    return {
+        **manifest_mod.header(
+            name=inp.name,
+            target=inp.opts.target,
+            created=created,
+            arch=inp.arch,
+            base=inp.base,
+            base_key=base_key,
+            base_cached=base_cached,
+            arts=fetched.arts,
+            seen=fetched.seen,
+            tools=fetched.tools,
+        ),
+        "variant": inp.opts.variant,
+    }
 
 
 def now_iso() -> str:
@@ -199,6 +225,7 @@ def now_iso() -> str:
 
 
 # -- the output session ---------------------------------------------------------------------
+
 
 @dataclass
 class Session:
@@ -232,7 +259,7 @@ def output_session(output: Path, reporter: Reporter) -> Iterator[Session]:
         shutil.rmtree(partial)  # a leftover of an earlier interrupted build
     partial.mkdir(parents=True)
     log_path = partial / "build.log"
-    logfile = open(log_path, "w", buffering=1)  # noqa: SIM115 (the session closes it)
+    logfile = open(log_path, "w", buffering=1)
     s = Session(output, partial, log_path, logfile)
     old_term = signal.signal(signal.SIGTERM, _interrupt)
     failure: BaseException | None = None
@@ -265,8 +292,9 @@ def _cleanup(s: Session, failure: BaseException | None, reporter: Reporter) -> N
                 shutil.move(s.log_path, s.failed_log)
 
         steps.append(("keep the build log", keep_log))
-        steps.append(("remove partial output",
-                      lambda: shutil.rmtree(s.partial, ignore_errors=True)))
+        steps.append(
+            ("remove partial output", lambda: shutil.rmtree(s.partial, ignore_errors=True))
+        )
     elif not s.logfile.closed:
         s.logfile.close()
     problems = []

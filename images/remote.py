@@ -78,11 +78,13 @@ def check_qemu_vars(user_vars: dict[str, object]) -> int:
             raise NodeforgeError(
                 "base_disk_checksum is required with a base_disk of your own: set it to "
                 "sha256:<hex> (or sha512:<hex>) of the cloud image in the var file; the "
-                "image's SHA512SUMS file publishes it")
+                "image's SHA512SUMS file publishes it"
+            )
         if "kernel" in user_vars or "initrd" in user_vars:
             raise NodeforgeError(
                 "kernel/initrd are set by nodeforge for its own base disk; with base_disk "
-                "(a cloud image that boots with its own loader) remove them from the var file")
+                "(a cloud image that boots with its own loader) remove them from the var file"
+            )
     return disk_size_mib(str(user_vars.get("disk_size", "8G")))
 
 
@@ -110,8 +112,9 @@ def disk_size_mib(value: str) -> int:
     return mib
 
 
-def make_base_disk(base_tar: Path, dest: Path, key_pub: str,
-                   size_mib: int) -> tuple[Path, Path, Path]:
+def make_base_disk(
+    base_tar: Path, dest: Path, key_pub: str, size_mib: int
+) -> tuple[Path, Path, Path]:
     """A bootable qcow2 (+ kernel, initrd) from the base tarball, reachable by the build key.
 
     Its filesystem is made at the full *size_mib* (sparse, so the qcow2 stays small)."""
@@ -149,7 +152,8 @@ def check_target(target: str, user_vars: dict[str, object]) -> int:
         raise NodeforgeError(
             "target amazon-ebs needs AWS credentials: set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY) or configure ~/.aws; `nodeforge validate` checks the "
-            "template without them")
+            "template without them"
+        )
     return check_qemu_vars(user_vars) if target == "qemu" else 0
 
 
@@ -159,8 +163,9 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
     target = opts.target
     size_mib = check_target(target, user_vars)
     # Source AMI of --base for the artifacts' architecture: refused before anything starts.
-    ami = (template.amazon_source(user_vars, inp.base.name, inp.arch)
-           if target == "amazon-ebs" else {})
+    ami = (
+        template.amazon_source(user_vars, inp.base.name, inp.arch) if target == "amazon-ebs" else {}
+    )
     phases = Phases(reporter)
     with output_session(inp.output, reporter) as s:
         partial, logfile = s.partial, s.logfile
@@ -173,32 +178,48 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         arts = fetched.arts
         base_key, base_cached = str(user_vars.get("base_disk", "source AMI")), False
         values: dict[str, object] = {
-            "playbook_file": inp.playbook, "ansible_config": inp.ansible_cfg, "image_name": name,
+            "playbook_file": inp.playbook,
+            "ansible_config": inp.ansible_cfg,
+            "image_name": name,
             "ansible_playbook": proc.require_tool("ansible-playbook"),
         }
         if target == "qemu":
             with phases.phase("base"):
                 key = work / "build_ed25519"
-                proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                          "nodeforge-build", "-f", key])
+                proc.run(
+                    [
+                        "ssh-keygen",
+                        "-q",
+                        "-t",
+                        "ed25519",
+                        "-N",
+                        "",
+                        "-C",
+                        "nodeforge-build",
+                        "-f",
+                        key,
+                    ]
+                )
                 values["ssh_private_key_file"] = key
                 if "base_disk" not in user_vars:
                     spec = base_mod.spec_for(inp.base, inp.arch)
                     tar, base_cached = base_mod.ensure_base(
-                        spec, opts.cache_dir / "base", inp.base.keyring, logfile)
+                        spec, opts.cache_dir / "base", inp.base.keyring, logfile
+                    )
                     base_key = spec.key()
                     disk, kernel, initrd = make_base_disk(
-                        tar, work / "base", Path(f"{key}.pub").read_text(), size_mib)
+                        tar, work / "base", Path(f"{key}.pub").read_text(), size_mib
+                    )
                     values.update(base_disk=disk, kernel=kernel, initrd=initrd)
                 else:
                     values["seed_directory"] = write_nocloud_seed(
-                        work / "seed", Path(f"{key}.pub").read_text(), name)
+                        work / "seed", Path(f"{key}.pub").read_text(), name
+                    )
                 if "accelerator" not in user_vars:
                     from nodeforge.lab.vm import probe_accel
 
                     kern = values.get("kernel")
-                    acc = probe_accel(Path(kern), Path(values["initrd"]), work) if kern \
-                        else None
+                    acc = probe_accel(Path(kern), Path(values["initrd"]), work) if kern else None
                     values["accelerator"] = acc.accel if acc else "tcg"
                     logfile.write(f"accelerator: {values['accelerator']}\n")
                 values["output_directory"] = work / "packer-out"
@@ -209,39 +230,62 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 # A cloud image boots its own loader; the local base disk needs the
                 # box to carry and boot its kernel.
                 values["box_vagrantfile"] = (
-                    BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER)
+                    BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER
+                )
         else:
             values.update(ami)  # source AMI of --base, the artifacts' architecture
             comps = {a.component: a.version for a in arts}
             # Tags carry the versions, so an AMI says what it holds.
-            values["ami_tags"] = _hcl_map({
-                **{f"nodeforge:{k}": v for k, v in comps.items()},
-                "nodeforge:slurm": inp.base.slurm,
-                **dict(user_vars.get("ami_tags", {}) or {}),
-            })
+            values["ami_tags"] = _hcl_map(
+                {
+                    **{f"nodeforge:{k}": v for k, v in comps.items()},
+                    "nodeforge:slurm": inp.base.slurm,
+                    **dict(user_vars.get("ami_tags", {}) or {}),
+                }
+            )
         ev = work / "extra-vars.json"
         ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
         values["extra_vars_file"] = ev
         tpl = work / f"{target}.pkr.hcl"
         tpl.write_text(packer.render(target))
-        manifest = manifest_header(inp, fetched, created=now_iso(), base_key=base_key,
-                                   base_cached=base_cached)
+        manifest = manifest_header(
+            inp, fetched, created=now_iso(), base_key=base_key, base_cached=base_cached
+        )
         sealed = work / "image.json"
         if target == "qemu":
             stub = work / "manifest-stub.json"
-            export.write_json_atomic(stub, {**manifest, "phases": {
-                **phases.durations, "provision_started": time.time()}})
-            values["seal_command"] = shlex.join([
-                sys.executable, "-m", "nodeforge.images.disk_seal",
-                "--disk", str(Path(values["output_directory"]) / "nodeforge.qcow2"),
-                "--manifest-stub", str(stub), "--boot-out", str(partial),
-                "--result", str(sealed)])
+            export.write_json_atomic(
+                stub, {**manifest, "phases": {**phases.durations, "provision_started": time.time()}}
+            )
+            values["seal_command"] = shlex.join(
+                [
+                    sys.executable,
+                    "-m",
+                    "nodeforge.images.disk_seal",
+                    "--disk",
+                    str(Path(values["output_directory"]) / "nodeforge.qcow2"),
+                    "--manifest-stub",
+                    str(stub),
+                    "--boot-out",
+                    str(partial),
+                    "--result",
+                    str(sealed),
+                ]
+            )
         with phases.phase("provision"):
             t_packer = time.monotonic()
             try:
-                packer.build(tpl, values, opts.var_files, logfile=logfile, on_line=on_line,
-                             timeout=4 * 3600, cache_dir=opts.cache_dir / "packer", cwd=work,
-                             kill_grace=300 if target == "amazon-ebs" else 30)
+                packer.build(
+                    tpl,
+                    values,
+                    opts.var_files,
+                    logfile=logfile,
+                    on_line=on_line,
+                    timeout=4 * 3600,
+                    cache_dir=opts.cache_dir / "packer",
+                    cwd=work,
+                    kill_grace=300 if target == "amazon-ebs" else 30,
+                )
             except NodeforgeError as e:
                 if target != "qemu":
                     raise
@@ -252,15 +296,17 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 waited = time.monotonic() - t_packer
                 raise NodeforgeError(
                     f"{e}\nbuild VM console (accelerator {values['accelerator']}, Packer "
-                    f"ran {waited:.0f}s; SSH wait limit 20m), last lines:\n{tail}") from e
+                    f"ran {waited:.0f}s; SSH wait limit 20m), last lines:\n{tail}"
+                ) from e
         with phases.phase("export"):
             if target == "qemu":
                 # Sealed, scanned and given its image.json by images/disk_seal.py, which
                 # Packer ran before packing the box.
                 image = json.loads(sealed.read_text())
                 manifest.update(components=image["components"], packages=image["packages"])
-                shutil.move(str(Path(values["output_directory"]) / "nodeforge.qcow2"),
-                            partial / export.DISK)
+                shutil.move(
+                    str(Path(values["output_directory"]) / "nodeforge.qcow2"), partial / export.DISK
+                )
             else:
                 pm = work / "packer-manifest.json"
                 if pm.is_file():
@@ -269,8 +315,9 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         manifest["phases"] = dict(phases.durations)
         if target == "qemu":
             # Packer's run holds both: the VM's provisioning and the host-side seal.
-            manifest["phases"].update(provision=image["phases"]["provision"],
-                                      seal=image["phases"]["seal"])
+            manifest["phases"].update(
+                provision=image["phases"]["provision"], seal=image["phases"]["seal"]
+            )
             manifest_mod.require_valid({**manifest, "artifacts": artifacts})
         manifest["artifacts"] = artifacts
         export.write_json_atomic(partial / "manifest.json", manifest)

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from nodeforge.lab.vm import free_port
-
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.lab.vm import free_port
 
 log = logging.getLogger("nodeforge.sandbox")
 
@@ -31,8 +30,10 @@ STOP_TIMEOUT = 90.0
 
 def extract(tarball: Path, tree: Path) -> None:
     tree.mkdir(parents=True, exist_ok=False)
-    proc.run(["tar", "-C", tree, "--numeric-owner", "--xattrs", "--xattrs-include=*",
-              "-xf", tarball], timeout=900)
+    proc.run(
+        ["tar", "-C", tree, "--numeric-owner", "--xattrs", "--xattrs-include=*", "-xf", tarball],
+        timeout=900,
+    )
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -65,8 +66,15 @@ class SandboxAccess:
 
 
 class Sandbox:
-    def __init__(self, tree: Path, workdir: Path, logfile: IO[str], *, name: str,
-                 binds: list[tuple[Path, str]] | None = None):
+    def __init__(
+        self,
+        tree: Path,
+        workdir: Path,
+        logfile: IO[str],
+        *,
+        name: str,
+        binds: list[tuple[Path, str]] | None = None,
+    ):
         self.tree = tree
         self.workdir = workdir
         self.logfile = logfile
@@ -83,8 +91,20 @@ class Sandbox:
         if self.key_file.exists():
             self.key_file.unlink()
             Path(f"{self.key_file}.pub").unlink(missing_ok=True)
-        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nodeforge-build",
-                  "-f", self.key_file])
+        proc.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "nodeforge-build",
+                "-f",
+                self.key_file,
+            ]
+        )
         (t / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
         (t / BUILD_SSHD_CONF).write_text(
             "# nodeforge build access; removed before the image is sealed\n"
@@ -105,7 +125,8 @@ class Sandbox:
         argv = [
             proc.require_tool("systemd-nspawn"),
             "--quiet",
-            "-D", str(self.tree),
+            "-D",
+            str(self.tree),
             "--boot",
             "--register=no",  # the host has no systemd-machined
             "--keep-unit",
@@ -122,7 +143,10 @@ class Sandbox:
         self.logfile.write(f"$ {' '.join(argv)}\n")
         self.logfile.flush()
         self._proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=self.logfile, stderr=subprocess.STDOUT,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self.logfile,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         # A SIGKILLed build runs no cleanup: the watcher powers the sandbox off then.
@@ -131,11 +155,24 @@ class Sandbox:
 
     def ssh_argv(self, *cmd: str) -> list[str]:
         return [
-            "ssh", "-i", str(self.key_file), "-p", str(self.port),
-            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "ssh",
+            "-i",
+            str(self.key_file),
+            "-p",
+            str(self.port),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
             # The sandbox's host key is throwaway; don't record it in the operator's file.
-            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            "-o", "ConnectTimeout=5", "root@127.0.0.1", *cmd,
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=5",
+            "root@127.0.0.1",
+            *cmd,
         ]
 
     def _wait_ssh(self) -> None:
@@ -150,13 +187,19 @@ class Sandbox:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=2):
                     pass
-                cp = proc.run(self.ssh_argv("systemctl", "is-system-running", "--wait"),
-                              check=False, timeout=120)
+                cp = proc.run(
+                    self.ssh_argv("systemctl", "is-system-running", "--wait"),
+                    check=False,
+                    timeout=120,
+                )
                 state = cp.stdout.strip()
                 if state in ("running", "degraded"):
                     if state == "degraded":
-                        failed = proc.run(self.ssh_argv("systemctl", "--failed", "--no-legend"),
-                                          check=False, timeout=30).stdout
+                        failed = proc.run(
+                            self.ssh_argv("systemctl", "--failed", "--no-legend"),
+                            check=False,
+                            timeout=30,
+                        ).stdout
                         self.logfile.write(f"sandbox booted degraded; failed units:\n{failed}\n")
                     return
                 last = state

@@ -35,8 +35,13 @@ def _found(item: SealItem, path: Path, is_dir: bool) -> bool:
             return any(path.iterdir())
         return path.is_file() and not path.is_symlink() and path.stat().st_size > 0
     if item.find == "match":
-        return (not is_dir and path.is_file() and not path.is_symlink() and item.pattern is not None
-                and sealed_items.content_matches(path, item.pattern) is not None)
+        return (
+            not is_dir
+            and path.is_file()
+            and not path.is_symlink()
+            and item.pattern is not None
+            and sealed_items.content_matches(path, item.pattern) is not None
+        )
     return False
 
 
@@ -56,8 +61,17 @@ def scan(tree: Path, sealed: SealList | None = None) -> list[Finding]:
     for rel, path, is_dir in sealed_items.walk(tree):
         a = "/" + rel
         public = _public(a, owned)
-        hit = next((i for i in sl.items if i.find != "never" and i.matches(rel)
-                    and (i.owned or not public) and _found(i, path, is_dir)), None)
+        hit = next(
+            (
+                i
+                for i in sl.items
+                if i.find != "never"
+                and i.matches(rel)
+                and (i.owned or not public)
+                and _found(i, path, is_dir)
+            ),
+            None,
+        )
         if hit is not None:
             out.append(Finding(a, hit.id, hit.reason))
             continue

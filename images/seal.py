@@ -47,8 +47,12 @@ def _selected(item: SealItem, rel: str, path: Path, is_dir: bool, owned: set[str
     if not item.owned and "/" + rel in owned:
         return False  # a file a Debian package ships is public
     if item.pattern is not None:
-        return (not is_dir and path.is_file() and not path.is_symlink()
-                and sealed_items.content_matches(path, item.pattern) is not None)
+        return (
+            not is_dir
+            and path.is_file()
+            and not path.is_symlink()
+            and sealed_items.content_matches(path, item.pattern) is not None
+        )
     return True
 
 
@@ -76,5 +80,6 @@ def seal_and_scan(tree: Path, logfile: IO[str]) -> list[str]:
     if findings:
         raise NodeforgeError(
             "the sealed image still holds secrets or per-node identity; refusing to publish:\n  "
-            + "\n  ".join(str(f) for f in findings))
+            + "\n  ".join(str(f) for f in findings)
+        )
     return done

@@ -93,8 +93,17 @@ def load(path: Path = SEALED_FILE) -> SealList:
         w = f"items[{n}]"
         if not isinstance(it, dict):
             _fail(path, w, "expected a mapping")
-        unknown = set(it) - {"id", "paths", "action", "reason", "find", "pattern", "content",
-                             "owned", "live"}
+        unknown = set(it) - {
+            "id",
+            "paths",
+            "action",
+            "reason",
+            "find",
+            "pattern",
+            "content",
+            "owned",
+            "live",
+        }
         if unknown:
             _fail(path, w, f"unknown keys {sorted(unknown)}")
         iid = it.get("id")
@@ -102,8 +111,11 @@ def load(path: Path = SEALED_FILE) -> SealList:
             _fail(path, f"{w}.id", f"{iid!r} is missing, not [a-z0-9-] or a duplicate")
         ids.add(iid)
         paths = it.get("paths")
-        if (not isinstance(paths, list) or not paths
-                or not all(isinstance(p, str) and p and not p.startswith("/") for p in paths)):
+        if (
+            not isinstance(paths, list)
+            or not paths
+            or not all(isinstance(p, str) and p and not p.startswith("/") for p in paths)
+        ):
             _fail(path, f"{iid}.paths", "expected a list of globs relative to the image root")
         if it.get("action") not in ACTIONS:
             _fail(path, f"{iid}.action", f"one of {', '.join(ACTIONS)}")
@@ -115,20 +127,33 @@ def load(path: Path = SEALED_FILE) -> SealList:
         pat = it.get("pattern")
         if find == "match" and not pat:
             _fail(path, f"{iid}.pattern", "find: match needs a pattern")
-        items.append(SealItem(
-            id=iid, paths=tuple(paths), action=it["action"], reason=it["reason"].strip(),
-            find=find, pattern=re.compile(pat.encode()) if pat else None,
-            content=str(it.get("content", "")), owned=bool(it.get("owned", False)),
-            live=bool(it.get("live", False)),
-            regex=re.compile("|".join(f"(?:{glob_regex(p)})" for p in paths)),
-        ))
+        items.append(
+            SealItem(
+                id=iid,
+                paths=tuple(paths),
+                action=it["action"],
+                reason=it["reason"].strip(),
+                find=find,
+                pattern=re.compile(pat.encode()) if pat else None,
+                content=str(it.get("content", "")),
+                owned=bool(it.get("owned", False)),
+                live=bool(it.get("live", False)),
+                regex=re.compile("|".join(f"(?:{glob_regex(p)})" for p in paths)),
+            )
+        )
     rules = []
     for n, r in enumerate(raw.get("content_rules") or []):
-        if not isinstance(r, dict) or r.get("files") not in ("any", "config") \
-                or not r.get("pattern") or not r.get("reason") or not r.get("id"):
+        if (
+            not isinstance(r, dict)
+            or r.get("files") not in ("any", "config")
+            or not r.get("pattern")
+            or not r.get("reason")
+            or not r.get("id")
+        ):
             _fail(path, f"content_rules[{n}]", "expected {id, files: any|config, pattern, reason}")
-        rules.append(ContentRule(r["id"], r["files"], re.compile(r["pattern"].encode()),
-                                 r["reason"]))
+        rules.append(
+            ContentRule(r["id"], r["files"], re.compile(r["pattern"].encode()), r["reason"])
+        )
     return SealList(tuple(items), tuple(rules))
 
 

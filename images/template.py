@@ -52,10 +52,14 @@ def _common_vars() -> list[Variable]:
     return [
         Variable("image_name", "string", "nodeforge", "name of the image (prefix of the AMI name)"),
         Variable("playbook_file", "string", None, "path of images/site.yml"),
-        Variable("extra_vars_file", "string", None, "JSON file of Ansible variables from nodeforge"),
+        Variable(
+            "extra_vars_file", "string", None, "JSON file of Ansible variables from nodeforge"
+        ),
         Variable("ansible_playbook", "string", "ansible-playbook", "ansible-playbook executable"),
         Variable("ansible_config", "string", None, "path of the repository's ansible.cfg"),
-        Variable("ansible_vars", "map(string)", {}, "extra role variables (see meta/argument_specs.yml)"),
+        Variable(
+            "ansible_vars", "map(string)", {}, "extra role variables (see meta/argument_specs.yml)"
+        ),
     ]
 
 
@@ -65,12 +69,34 @@ TARGET_VARS: dict[str, list[Variable]] = {
         Variable("ssh_private_key_file", "string", None, "throwaway build key"),
     ],
     "qemu": [
-        Variable("base_disk", "string", None, "base qcow2: made from the mmdebstrap base, or a cloud image URL"),
-        Variable("base_disk_checksum", "string", "none", "sha256:<hex> of a downloaded base disk; 'none' for a local file"),
-        Variable("kernel", "string", "", "direct-boot kernel for a base disk without a boot loader"),
-        Variable("seed_directory", "string", "", "NoCloud seed (user-data, meta-data) served to a cloud image; set by nodeforge"),
+        Variable(
+            "base_disk",
+            "string",
+            None,
+            "base qcow2: made from the mmdebstrap base, or a cloud image URL",
+        ),
+        Variable(
+            "base_disk_checksum",
+            "string",
+            "none",
+            "sha256:<hex> of a downloaded base disk; 'none' for a local file",
+        ),
+        Variable(
+            "kernel", "string", "", "direct-boot kernel for a base disk without a boot loader"
+        ),
+        Variable(
+            "seed_directory",
+            "string",
+            "",
+            "NoCloud seed (user-data, meta-data) served to a cloud image; set by nodeforge",
+        ),
         Variable("initrd", "string", "", "direct-boot initrd beside kernel"),
-        Variable("accelerator", "string", "tcg", "kvm or tcg (nodeforge probes KVM and falls back to tcg)"),
+        Variable(
+            "accelerator",
+            "string",
+            "tcg",
+            "kvm or tcg (nodeforge probes KVM and falls back to tcg)",
+        ),
         Variable("disk_size", "string", "8G", "size of the built disk"),
         Variable("memory", "number", 2048, "guest memory in MiB"),
         Variable("cpus", "number", 2, "guest vCPUs"),
@@ -78,21 +104,54 @@ TARGET_VARS: dict[str, list[Variable]] = {
         Variable("ssh_private_key_file", "string", None, "key authorized in the base disk"),
         Variable("output_directory", "string", "output-qemu", "where Packer writes the qcow2"),
         Variable("box_output", "string", "nodeforge-libvirt.box", "Vagrant box path"),
-        Variable("console_log", "string", "console.log", "file that receives the guest's serial console"),
-        Variable("seal_command", "string", None, "host command that seals the powered-off disk (set by nodeforge)"),
-        Variable("kernel_out", "string", None, "kernel copied out of the sealed disk, packed into the box"),
-        Variable("initrd_out", "string", None, "initrd copied out of the sealed disk, packed into the box"),
-        Variable("box_vagrantfile", "string", None, "the box's own Vagrantfile (images/box/Vagrantfile)"),
+        Variable(
+            "console_log", "string", "console.log", "file that receives the guest's serial console"
+        ),
+        Variable(
+            "seal_command",
+            "string",
+            None,
+            "host command that seals the powered-off disk (set by nodeforge)",
+        ),
+        Variable(
+            "kernel_out",
+            "string",
+            None,
+            "kernel copied out of the sealed disk, packed into the box",
+        ),
+        Variable(
+            "initrd_out",
+            "string",
+            None,
+            "initrd copied out of the sealed disk, packed into the box",
+        ),
+        Variable(
+            "box_vagrantfile", "string", None, "the box's own Vagrantfile (images/box/Vagrantfile)"
+        ),
     ],
     "amazon-ebs": [
         Variable("region", "string", "us-east-1", "AWS region"),
         Variable("instance_type", "string", "c6i.xlarge", "builder instance type"),
         Variable("subnet_id", "string", "", "subnet for the builder (default VPC when empty)"),
-        Variable("source_os", "string", "debian-13", "debian-13 or debian-12 (official Debian AMIs); nodeforge sets it from --base"),
-        Variable("arch", "string", "amd64", "amd64 or arm64; nodeforge sets it to the build host's (the artifacts' architecture)"),
+        Variable(
+            "source_os",
+            "string",
+            "debian-13",
+            "debian-13 or debian-12 (official Debian AMIs); nodeforge sets it from --base",
+        ),
+        Variable(
+            "arch",
+            "string",
+            "amd64",
+            "amd64 or arm64; nodeforge sets it to the build host's (the artifacts' architecture)",
+        ),
         Variable("root_volume_size", "number", 30, "GiB of the encrypted gp3 root volume"),
-        Variable("kms_key_id", "string", "", "KMS key for EBS encryption (AWS-managed key when empty)"),
-        Variable("ami_tags", "map(string)", {}, "extra tags; nodeforge adds the manifest's versions"),
+        Variable(
+            "kms_key_id", "string", "", "KMS key for EBS encryption (AWS-managed key when empty)"
+        ),
+        Variable(
+            "ami_tags", "map(string)", {}, "extra tags; nodeforge adds the manifest's versions"
+        ),
         Variable("ami_regions", "list(string)", [], "regions to copy the AMI to"),
     ],
 }
@@ -191,12 +250,12 @@ def _qemu(b: hcl2.Builder) -> None:
         # serial console in a file so a guest that never answers can be diagnosed. The
         # locally made base disk has no boot loader: its kernel is booted directly.
         qemuargs=(
-            "${concat([[\"-netdev\", \"user,id=user.0,hostfwd=tcp:127.0.0.1:{{ .SSHHostPort }}-:22\"], "
-            "[\"-serial\", \"file:${var.console_log}\"]], "
-            "var.kernel == \"\" ? "
-            "[[\"-smbios\", \"type=1,serial=ds=nocloud-net;s=http://{{ .HTTPIP }}:{{ .HTTPPort }}/\"]] : "
-            "[[\"-kernel\", var.kernel], [\"-initrd\", var.initrd], "
-            "[\"-append\", \"root=/dev/vda rw console=ttyS0 net.ifnames=0\"]])}"
+            '${concat([["-netdev", "user,id=user.0,hostfwd=tcp:127.0.0.1:{{ .SSHHostPort }}-:22"], '
+            '["-serial", "file:${var.console_log}"]], '
+            'var.kernel == "" ? '
+            '[["-smbios", "type=1,serial=ds=nocloud-net;s=http://{{ .HTTPIP }}:{{ .HTTPPort }}/"]] : '
+            '[["-kernel", var.kernel], ["-initrd", var.initrd], '
+            '["-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0"]])}'
         ),
     )
     build = b.block("build", name=q("nodeforge-qemu"), sources=[q("source.qemu.node")])
@@ -213,7 +272,7 @@ def _qemu(b: hcl2.Builder) -> None:
         keep_input_artifact=True,
         # The disk has no boot loader: the box carries the kernel and initrd, and its
         # Vagrantfile boots them (vagrant-libvirt's direct kernel boot).
-        include="${var.kernel == \"\" ? [] : [var.kernel_out, var.initrd_out]}",
+        include='${var.kernel == "" ? [] : [var.kernel_out, var.initrd_out]}',
         vagrantfile_template="${var.box_vagrantfile}",
     )
 
@@ -239,30 +298,34 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
         instance_type="${var.instance_type}",
         subnet_id="${var.subnet_id}",
         # Unique per build: AMI names must be unique within an account and region.
-        ami_name="${\"${var.image_name}-${var.source_os}-${var.arch}-${local.build_stamp}\"}",
+        ami_name='${"${var.image_name}-${var.source_os}-${var.arch}-${local.build_stamp}"}',
         ami_description=q("nodeforge Slurm node image (controller/login/compute)"),
         ami_regions="${var.ami_regions}",
         ssh_username="${local.source_amis[var.source_os].user}",
         encrypt_boot=True,
         kms_key_id="${var.kms_key_id}",
         **({"imds_support": q("v2.0")} if modern else {}),
-        tags="${merge(var.ami_tags, {\"Name\" = \"${var.image_name}-${local.build_stamp}\", \"nodeforge:image\" = var.image_name, \"nodeforge:source_os\" = var.source_os})}",
+        tags='${merge(var.ami_tags, {"Name" = "${var.image_name}-${local.build_stamp}", "nodeforge:image" = var.image_name, "nodeforge:source_os" = var.source_os})}',
     )
     src.block(
         "source_ami_filter",
         filters={
-            "name": "${format(local.source_amis[var.source_os].name, var.arch == \"amd64\" ? \"amd64\" : \"arm64\")}",
+            "name": '${format(local.source_amis[var.source_os].name, var.arch == "amd64" ? "amd64" : "arm64")}',
             q("virtualization-type"): q("hvm"),
             q("root-device-type"): q("ebs"),
-            "architecture": "${var.arch == \"amd64\" ? \"x86_64\" : \"arm64\"}",
+            "architecture": '${var.arch == "amd64" ? "x86_64" : "arm64"}',
         },
         owners=["${local.source_amis[var.source_os].owner}"],
         most_recent=True,
     )
     if modern:
         # IMDSv2 only: on the builder instance, and registered on the AMI for its instances.
-        src.block("metadata_options", http_endpoint=q("enabled"), http_tokens=q("required"),
-                  http_put_response_hop_limit=1)
+        src.block(
+            "metadata_options",
+            http_endpoint=q("enabled"),
+            http_tokens=q("required"),
+            http_put_response_hop_limit=1,
+        )
     src.block(
         "launch_block_device_mappings",
         device_name="${local.source_amis[var.source_os].root_device}",
@@ -277,8 +340,9 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
     build = b.block("build", name=q("nodeforge-ami"), sources=[q("source.amazon-ebs.node")])
     _ansible(build, user="${local.source_amis[var.source_os].user}", become=True)
     # The AMI id, recorded beside manifest.json (nodeforge runs Packer in its work dir).
-    build.block("post-processor", [q("manifest")], output=q("packer-manifest.json"),
-                strip_path=True)
+    build.block(
+        "post-processor", [q("manifest")], output=q("packer-manifest.json"), strip_path=True
+    )
     if not modern:
         # Packer 1.6's built-in amazon builder cannot set IMDS options; require IMDSv2 on
         # the AMI afterwards with the AWS CLI, from the AMI id Packer's manifest records.
@@ -288,7 +352,9 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
             inline=[
                 q("set -eu"),
                 q("ami=$(jq -r '.builds[-1].artifact_id' packer-manifest.json | cut -d: -f2)"),
-                q("aws ec2 modify-image-attribute --region ${var.region} --image-id \"$ami\" --imds-support v2.0"),
+                q(
+                    'aws ec2 modify-image-attribute --region ${var.region} --image-id "$ami" --imds-support v2.0'
+                ),
             ],
         )
 
@@ -324,13 +390,15 @@ def amazon_source(user_vars: dict[str, object], base: str, arch: str) -> dict[st
         raise NodeforgeError(
             f"amazon-ebs: source_os = {got!r} is not built: {why}. The source AMI follows "
             f"--base (debian12 -> debian-12, debian13 -> debian-13); remove source_os from the "
-            "var file and choose the base with --base")
+            "var file and choose the base with --base"
+        )
     ami_arch = user_vars.get("arch", arch)
     if ami_arch != arch:
         raise NodeforgeError(
             f"amazon-ebs: arch = {ami_arch!r}, but this build host is {arch} and the Enroot "
             f"artifacts are fetched for {arch}; build a {ami_arch} AMI from a {ami_arch} host "
-            "(or remove arch from the var file)")
+            "(or remove arch from the var file)"
+        )
     return {"source_os": want, "arch": arch}
 
 

@@ -37,9 +37,14 @@ def validate_targets(targets: list[str], var_files: list[Path]) -> dict[str, str
         }
         per_target = {
             "local": {"ssh_port": 22, "ssh_private_key_file": key},
-            "qemu": {"base_disk": disk, "ssh_private_key_file": key,
-                     "seal_command": "exit 1  # stand-in: validation never runs post-processors",
-                     "kernel_out": disk, "initrd_out": disk, "box_vagrantfile": BOX_VAGRANTFILE},
+            "qemu": {
+                "base_disk": disk,
+                "ssh_private_key_file": key,
+                "seal_command": "exit 1  # stand-in: validation never runs post-processors",
+                "kernel_out": disk,
+                "initrd_out": disk,
+                "box_vagrantfile": BOX_VAGRANTFILE,
+            },
             "amazon-ebs": {},
         }
         for target in targets:

@@ -11,8 +11,14 @@ from nodeforge.errors import NodeforgeError
 from .template import variables_for
 
 # Set by nodeforge itself for every build; a var file may not override them.
-INTERNAL = {"playbook_file", "extra_vars_file", "ansible_playbook", "ansible_config",
-            "ssh_port", "ssh_private_key_file"}
+INTERNAL = {
+    "playbook_file",
+    "extra_vars_file",
+    "ansible_playbook",
+    "ansible_config",
+    "ssh_port",
+    "ssh_private_key_file",
+}
 
 
 def _strip(v: object) -> object:
@@ -47,7 +53,9 @@ def load(path: Path, target: str) -> dict[str, object]:
     known = {v.name: v for v in variables_for(target)}
     for name, value in values.items():
         if name in INTERNAL:
-            raise NodeforgeError(f"{path}: variable '{name}' is set by nodeforge; remove it from the var file")
+            raise NodeforgeError(
+                f"{path}: variable '{name}' is set by nodeforge; remove it from the var file"
+            )
         if name not in known:
             allowed = ", ".join(sorted(set(known) - INTERNAL))
             raise NodeforgeError(

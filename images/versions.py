@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import tempfile
 import time
@@ -201,11 +200,19 @@ def _download(
                     f"{_label(art)}: '{art.file}' is not in the mirror directory {mirror}; copy "
                     "it there or fix --artifact-mirror"
                 )
-            return download.copy_file(Path(src), dest, label=_label(art), sha256=sha256,
-                                      progress=progress).sha256
+            return download.copy_file(
+                Path(src), dest, label=_label(art), sha256=sha256, progress=progress
+            ).sha256
         log.info("download %s", download.display_url(src))
-        return download.fetch(src, dest, label=_label(art), policy=DOWNLOAD_POLICY,
-                              sha256=sha256, progress=progress, sleep=sleep).sha256
+        return download.fetch(
+            src,
+            dest,
+            label=_label(art),
+            policy=DOWNLOAD_POLICY,
+            sha256=sha256,
+            progress=progress,
+            sleep=sleep,
+        ).sha256
     except download.ChecksumMismatch as exc:
         raise NodeforgeError(
             f"checksum mismatch for artifact {art.name} ({art.file}) from "
@@ -252,8 +259,15 @@ def fetch(
             continue
         try:
             # The sha256 is checked before the file is renamed into place.
-            got = _download(_source(art, mirror), dest, art, mirror, sha256=art.sha256,
-                            progress=progress, sleep=sleep)
+            got = _download(
+                _source(art, mirror),
+                dest,
+                art,
+                mirror,
+                sha256=art.sha256,
+                progress=progress,
+                sleep=sleep,
+            )
         except NodeforgeError:
             dest.unlink(missing_ok=True)  # a stale file that failed the check above
             raise
@@ -263,8 +277,9 @@ def fetch(
     return seen
 
 
-def lock_targets(versions: Versions, *, arch: str | None = None,
-                 only_missing: bool = False) -> list[Artifact]:
+def lock_targets(
+    versions: Versions, *, arch: str | None = None, only_missing: bool = False
+) -> list[Artifact]:
     """What `versions lock` downloads: every entry, or with *arch* just that architecture's
     (its own entry, else 'all'), so a mirror holding one architecture pins just that."""
     if arch is None:
@@ -303,9 +318,14 @@ def lock(
     with tempfile.TemporaryDirectory(prefix="nodeforge-lock-") as tmp:
         for art in lock_targets(versions, arch=arch, only_missing=only_missing):
             dest = Path(tmp) / art.file
-            results[art.url] = _download(_source(art, mirror), dest, art, mirror,
-                                         progress=progress(art) if progress else None,
-                                         sleep=sleep)
+            results[art.url] = _download(
+                _source(art, mirror),
+                dest,
+                art,
+                mirror,
+                progress=progress(art) if progress else None,
+                sleep=sleep,
+            )
             dest.unlink()
     for url, sha in results.items():
         pat = re.compile(

@@ -9,37 +9,72 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cluster", help="a local Slurm cluster of systemd-nspawn nodes from a built image")
+    p = sub.add_parser(
+        "cluster", help="a local Slurm cluster of systemd-nspawn nodes from a built image"
+    )
     cs = p.add_subparsers(dest="cluster_cmd", metavar="ACTION")
     cs.required = True
 
     def common(sp, with_nodes: bool = True):
         sp.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
         if with_nodes:
-            sp.add_argument("--params", type=Path, metavar="FILE.yaml",
-                            help="extra node params merged into each new node's node.yaml")
-            sp.add_argument("--copy", action="append", default=[], metavar="SRC:DEST",
-                            help="copy a host file into each new node before it boots")
-            sp.add_argument("--join-interval", type=float, default=0.0, metavar="S",
-                            help="seconds between two joining computes")
-            sp.add_argument("--timeout", type=float, default=300.0,
-                            help="bound for nodes to become ready (default: %(default)ss)")
+            sp.add_argument(
+                "--params",
+                type=Path,
+                metavar="FILE.yaml",
+                help="extra node params merged into each new node's node.yaml",
+            )
+            sp.add_argument(
+                "--copy",
+                action="append",
+                default=[],
+                metavar="SRC:DEST",
+                help="copy a host file into each new node before it boots",
+            )
+            sp.add_argument(
+                "--join-interval",
+                type=float,
+                default=0.0,
+                metavar="S",
+                help="seconds between two joining computes",
+            )
+            sp.add_argument(
+                "--timeout",
+                type=float,
+                default=300.0,
+                help="bound for nodes to become ready (default: %(default)ss)",
+            )
             sp.add_argument("--no-wait", action="store_true", help="return once nodes are started")
-            sp.add_argument("--json", action="store_true",
-                            help="print the final status as JSON (progress lines go to stderr)")
+            sp.add_argument(
+                "--json",
+                action="store_true",
+                help="print the final status as JSON (progress lines go to stderr)",
+            )
 
     s = cs.add_parser("up", help="start a controller and N computes")
-    s.add_argument("--image", type=Path, default=Path("output/local"),
-                   help="output directory of `nodeforge build` (default: %(default)s)")
-    s.add_argument("--computes", type=int, default=2,
-                   help="compute nodes to start after the controller (default: %(default)s)")
+    s.add_argument(
+        "--image",
+        type=Path,
+        default=Path("output/local"),
+        help="output directory of `nodeforge build` (default: %(default)s)",
+    )
+    s.add_argument(
+        "--computes",
+        type=int,
+        default=2,
+        help="compute nodes to start after the controller (default: %(default)s)",
+    )
     common(s)
     s.set_defaults(func=cmd_up)
 
     s = cs.add_parser("add", help="join K more computes to a running cluster")
     s.add_argument("count", type=int, help="how many nodes to join")
-    s.add_argument("--role", default="compute", choices=("compute", "login"),
-                   help="role of the new nodes (default: %(default)s)")
+    s.add_argument(
+        "--role",
+        default="compute",
+        choices=("compute", "login"),
+        help="role of the new nodes (default: %(default)s)",
+    )
     common(s)
     s.set_defaults(func=cmd_add)
 
@@ -89,12 +124,16 @@ def _print_status(st: dict, as_json: bool) -> None:
         print(json.dumps(st, indent=2))
         return
     print(f"cluster {st['cluster']}  image {st['image']}")
-    print(f"{'NODE':<10} {'ROLE':<11} {'ADDRESS':<13} {'AGENT':<9} {'SLURM':<14} {'READY_S':>8}  REASON")
+    print(
+        f"{'NODE':<10} {'ROLE':<11} {'ADDRESS':<13} {'AGENT':<9} {'SLURM':<14} {'READY_S':>8}  REASON"
+    )
     # READY_S: nspawn start -> first seen ready (IDLE/MIXED with no flag such as `*`)
     for n in st["nodes"]:
         ttr = f"{n['time_to_ready_s']:.1f}" if n["time_to_ready_s"] is not None else "-"
-        print(f"{n['name']:<10} {n['role']:<11} {n['address']:<13} {n['agent']:<9} "
-              f"{n['slurm_state']:<14} {ttr:>8}  {n['reason']}")
+        print(
+            f"{n['name']:<10} {n['role']:<11} {n['address']:<13} {n['agent']:<9} "
+            f"{n['slurm_state']:<14} {ttr:>8}  {n['reason']}"
+        )
 
 
 def _progress(msg: str) -> None:
@@ -109,8 +148,15 @@ def cmd_up(args) -> int:
 
     params, copies = _inputs(args)
     lc = LocalCluster(args.name, progress=_progress)
-    lc.up(args.image, args.computes, join_interval=args.join_interval, params=params,
-          copies=copies, wait=not args.no_wait, timeout=args.timeout)
+    lc.up(
+        args.image,
+        args.computes,
+        join_interval=args.join_interval,
+        params=params,
+        copies=copies,
+        wait=not args.no_wait,
+        timeout=args.timeout,
+    )
     _print_status(lc.status(), args.json)
     return 0
 
@@ -120,8 +166,15 @@ def cmd_add(args) -> int:
 
     params, copies = _inputs(args)
     lc = LocalCluster(args.name, progress=_progress)
-    lc.add(args.count, join_interval=args.join_interval, params=params, copies=copies,
-           wait=not args.no_wait, timeout=args.timeout, role=args.role)
+    lc.add(
+        args.count,
+        join_interval=args.join_interval,
+        params=params,
+        copies=copies,
+        wait=not args.no_wait,
+        timeout=args.timeout,
+        role=args.role,
+    )
     _print_status(lc.status(), args.json)
     return 0
 
@@ -139,8 +192,10 @@ def cmd_down(args) -> int:
     removed = LocalCluster(args.name).down()
     if args.json:
         print(json.dumps({"cluster": args.name, "removed": removed}, indent=2))
-    print(f"removed cluster {args.name}: {', '.join(removed) or 'nothing was running'}",
-          file=sys.stderr)
+    print(
+        f"removed cluster {args.name}: {', '.join(removed) or 'nothing was running'}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -148,7 +203,8 @@ def cmd_exec(args) -> int:
     from .localcluster import Cluster, node_exec
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    cp = node_exec(Cluster.load(args.name).node(args.node), argv or ["sh"], check=False,
-                   timeout=600)
+    cp = node_exec(
+        Cluster.load(args.name).node(args.node), argv or ["sh"], check=False, timeout=600
+    )
     sys.stdout.write(cp.stdout)
     return cp.returncode

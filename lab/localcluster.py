@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
+
+from nodeforge import proc
 from nodeforge.bootstrap import readiness
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.readiness import NodeState
 from nodeforge.bootstrap.slurm import read_features
-
-from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
 from nodeforge.slurm import controller_up, has
@@ -80,8 +80,10 @@ class Cluster:
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise NodeforgeError(f"cluster {self.name} has no node '{name}' "
-                             f"(nodes: {', '.join(n.name for n in self.nodes)})")
+        raise NodeforgeError(
+            f"cluster {self.name} has no node '{name}' "
+            f"(nodes: {', '.join(n.name for n in self.nodes)})"
+        )
 
     @property
     def controller(self) -> Node:
@@ -112,8 +114,10 @@ class Cluster:
 # -- helpers ----------------------------------------------------------------------------
 def _require_root_and_tools() -> None:
     if os.geteuid() != 0:
-        raise NodeforgeError("local clusters need root (network namespaces, overlay mounts, "
-                             "systemd-nspawn); run with sudo")
+        raise NodeforgeError(
+            "local clusters need root (network namespaces, overlay mounts, "
+            "systemd-nspawn); run with sudo"
+        )
     for t in ("systemd-nspawn", "ip", "nsenter", "mount", "umount", "tar", "zstd"):
         proc.require_tool(t)
 
@@ -147,17 +151,37 @@ def leader_pid(node: Node) -> int:
                 if comm in ("systemd", "init"):
                     return int(k)
         time.sleep(0.1)
-    raise NodeforgeError(f"cannot find the init process of node {node.name} (nspawn pid {node.pid})")
+    raise NodeforgeError(
+        f"cannot find the init process of node {node.name} (nspawn pid {node.pid})"
+    )
 
 
-def node_exec(node: Node, argv: list[str], *, check: bool = True, timeout: float = 60,
-              input: str | None = None) -> subprocess.CompletedProcess:
+def node_exec(
+    node: Node,
+    argv: list[str],
+    *,
+    check: bool = True,
+    timeout: float = 60,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
     """Run a command inside a node (all its namespaces, its root filesystem)."""
     pid = leader_pid(node)
     return proc.run(
-        ["nsenter", "-t", str(pid), "-a", "--", "env", "-i", f"PATH={NODE_PATH}", "LANG=C.UTF-8",
-         *argv],
-        check=check, timeout=timeout, input=input,
+        [
+            "nsenter",
+            "-t",
+            str(pid),
+            "-a",
+            "--",
+            "env",
+            "-i",
+            f"PATH={NODE_PATH}",
+            "LANG=C.UTF-8",
+            *argv,
+        ],
+        check=check,
+        timeout=timeout,
+        input=input,
     )
 
 
@@ -167,8 +191,10 @@ def ensure_lower(image_dir: Path) -> Path:
     rootfs = image_dir / "rootfs.tar.zst"
     for p in (manifest, rootfs):
         if not p.is_file():
-            raise NodeforgeError(f"{p} not found: --image must be the output directory of "
-                                 "`nodeforge build` (default output/local)")
+            raise NodeforgeError(
+                f"{p} not found: --image must be the output directory of "
+                "`nodeforge build` (default output/local)"
+            )
     m = json.loads(manifest.read_text())
     sha = m["artifacts"]["rootfs.tar.zst"]["sha256"]
     lower = IMAGE_CACHE / sha[:16] / "rootfs"
@@ -178,8 +204,21 @@ def ensure_lower(image_dir: Path) -> Path:
     if lower.exists():
         shutil.rmtree(lower)
     lower.mkdir(parents=True)
-    proc.run(["tar", "-C", lower, "--numeric-owner", "--xattrs", "--xattrs-include=*", "-I", "zstd",
-              "-xf", rootfs], timeout=900)
+    proc.run(
+        [
+            "tar",
+            "-C",
+            lower,
+            "--numeric-owner",
+            "--xattrs",
+            "--xattrs-include=*",
+            "-I",
+            "zstd",
+            "-xf",
+            rootfs,
+        ],
+        timeout=900,
+    )
     done.write_text(sha)
     return lower
 
@@ -190,15 +229,26 @@ def _mount_overlay(lower: Path, node_dir: Path) -> None:
     merged = node_dir / "merged"
     if os.path.ismount(merged):
         return
-    proc.run(["mount", "-t", "overlay", f"nf-{node_dir.name}", "-o",
-              f"lowerdir={lower},upperdir={node_dir / 'upper'},workdir={node_dir / 'work'}",
-              merged])
+    proc.run(
+        [
+            "mount",
+            "-t",
+            "overlay",
+            f"nf-{node_dir.name}",
+            "-o",
+            f"lowerdir={lower},upperdir={node_dir / 'upper'},workdir={node_dir / 'work'}",
+            merged,
+        ]
+    )
 
 
 def _hosts_text(cluster: Cluster) -> str:
     """Every node's /etc/hosts: localhost plus all cluster nodes (rewritten when nodes join)."""
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-             "# nodeforge local cluster: managed block, rewritten when nodes join"]
+    lines = [
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        "# nodeforge local cluster: managed block, rewritten when nodes join",
+    ]
     lines += [f"{n.address}\t{n.name}" for n in cluster.nodes]
     return "\n".join(lines) + "\n"
 
@@ -238,8 +288,9 @@ def parse_nodes_sinfo(text: str) -> dict[str, SlurmNode]:
     for line in text.splitlines():
         parts = line.split("|", 2)
         if len(parts) == 3 and parts[0]:
-            out[parts[0]] = SlurmNode(readiness.from_sinfo(parts[1]), parts[1],
-                                      parts[2] if parts[2] != "none" else "")
+            out[parts[0]] = SlurmNode(
+                readiness.from_sinfo(parts[1]), parts[1], parts[2] if parts[2] != "none" else ""
+            )
     return out
 
 
@@ -248,23 +299,36 @@ class LocalCluster:
 
     def __init__(self, name: str = "nf", progress: Progress | None = None):
         if not name.isalnum() or len(name) > 8:
-            raise NodeforgeError(f"cluster name '{name}' must be 1-8 letters/digits "
-                                 "(it prefixes namespace and interface names)")
+            raise NodeforgeError(
+                f"cluster name '{name}' must be 1-8 letters/digits "
+                "(it prefixes namespace and interface names)"
+            )
         self.name = name
         self.progress = progress or (lambda msg: log.info("%s", msg))
 
     # -- lifecycle ----------------------------------------------------------------------
-    def up(self, image: Path, computes: int, *, join_interval: float = 0.0,
-           params: dict | None = None, copies: list[tuple[Path, str]] | None = None,
-           wait: bool = True, timeout: float = 300.0) -> Cluster:
+    def up(
+        self,
+        image: Path,
+        computes: int,
+        *,
+        join_interval: float = 0.0,
+        params: dict | None = None,
+        copies: list[tuple[Path, str]] | None = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+    ) -> Cluster:
         _require_root_and_tools()
         if (STATE_ROOT / self.name / "cluster.json").exists():
-            raise NodeforgeError(f"cluster '{self.name}' already exists; add nodes with "
-                                 f"`nodeforge cluster add`, or remove it with "
-                                 f"`nodeforge cluster down --name {self.name}`")
+            raise NodeforgeError(
+                f"cluster '{self.name}' already exists; add nodes with "
+                f"`nodeforge cluster add`, or remove it with "
+                f"`nodeforge cluster down --name {self.name}`"
+            )
         lower = ensure_lower(Path(image).resolve())
-        cluster = Cluster(self.name, str(Path(image).resolve()), str(lower),
-                          f"nfc-{self.name}", time.time())
+        cluster = Cluster(
+            self.name, str(Path(image).resolve()), str(lower), f"nfc-{self.name}", time.time()
+        )
         cluster.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(cluster.dir, 0o700)
         # The cluster's munge key: generated here, root-only, handed to nodes as params.
@@ -284,15 +348,24 @@ class LocalCluster:
             raise
         return cluster
 
-    def add(self, count: int, *, join_interval: float = 0.0, params: dict | None = None,
-            copies: list[tuple[Path, str]] | None = None, wait: bool = True,
-            timeout: float = 300.0, role: str = "compute") -> list[str]:
+    def add(
+        self,
+        count: int,
+        *,
+        join_interval: float = 0.0,
+        params: dict | None = None,
+        copies: list[tuple[Path, str]] | None = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+        role: str = "compute",
+    ) -> list[str]:
         _require_root_and_tools()
         cluster = Cluster.load(self.name)
         return self._add(cluster, count, join_interval, params, copies, wait, timeout, role)
 
-    def _add(self, cluster, count, join_interval, params, copies, wait, timeout,
-             role: str = "compute") -> list[str]:
+    def _add(
+        self, cluster, count, join_interval, params, copies, wait, timeout, role: str = "compute"
+    ) -> list[str]:
         prefix = "c" if role == "compute" else "login"
         used = {n.name for n in cluster.nodes}
         names = []
@@ -310,10 +383,18 @@ class LocalCluster:
             self.wait_ready(cluster, names, timeout)
         return names
 
-    def _start(self, cluster: Cluster, role: str, name: str, params: dict | None,
-               copies: list[tuple[Path, str]] | None, *, lower: Path | None = None,
-               prepare: Callable[[Node], None] | None = None,
-               nspawn_args: list[str] | None = None) -> Node:
+    def _start(
+        self,
+        cluster: Cluster,
+        role: str,
+        name: str,
+        params: dict | None,
+        copies: list[tuple[Path, str]] | None,
+        *,
+        lower: Path | None = None,
+        prepare: Callable[[Node], None] | None = None,
+        nspawn_args: list[str] | None = None,
+    ) -> Node:
         used_idx = {n.index for n in cluster.nodes}
         index = next(i for i in range(2, 250) if i not in used_idx)
         address = str(SUBNET.network_address + index)
@@ -354,16 +435,30 @@ class LocalCluster:
         cluster.fabric().attach(node.netns, index, ipaddress.ip_address(address))
         console = open(node_dir / "console.log", "ab")
         argv = [
-            proc.require_tool("systemd-nspawn"), "--quiet", "-D", str(merged), "--boot",
-            "--register=no", "--keep-unit", f"--machine={name}",
+            proc.require_tool("systemd-nspawn"),
+            "--quiet",
+            "-D",
+            str(merged),
+            "--boot",
+            "--register=no",
+            "--keep-unit",
+            f"--machine={name}",
             f"--network-namespace-path=/run/netns/{node.netns}",
-            "--link-journal=no", "--resolv-conf=off", "--timezone=off", "--console=read-only",
+            "--link-journal=no",
+            "--resolv-conf=off",
+            "--timezone=off",
+            "--console=read-only",
             "--setenv=SYSTEMD_COLORS=0",
             *(nspawn_args or []),
         ]
         log.info("run: %s", " ".join(argv))
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         console.close()
         node.pid = p.pid
         node.started = time.time()
@@ -374,10 +469,17 @@ class LocalCluster:
         return node
 
     # -- single nodes (bench/time_to_ready.py) -----------------------------------------
-    def start_node(self, name: str, role: str = "compute", *, params: dict | None = None,
-                   copies: list[tuple[Path, str]] | None = None, lower: Path | None = None,
-                   prepare: Callable[[Node], None] | None = None,
-                   nspawn_args: list[str] | None = None) -> Node:
+    def start_node(
+        self,
+        name: str,
+        role: str = "compute",
+        *,
+        params: dict | None = None,
+        copies: list[tuple[Path, str]] | None = None,
+        lower: Path | None = None,
+        prepare: Callable[[Node], None] | None = None,
+        nspawn_args: list[str] | None = None,
+    ) -> Node:
         """Start one node by name without waiting; the same path as `cluster add`.
 
         Hooks for benchmarks: *lower* boots another tree (e.g. the bare base) through the
@@ -389,8 +491,16 @@ class LocalCluster:
         cluster = Cluster.load(self.name)
         if any(n.name == name for n in cluster.nodes):
             raise NodeforgeError(f"cluster {self.name} already has a node '{name}'")
-        return self._start(cluster, role, name, params, copies, lower=lower, prepare=prepare,
-                           nspawn_args=nspawn_args)
+        return self._start(
+            cluster,
+            role,
+            name,
+            params,
+            copies,
+            lower=lower,
+            prepare=prepare,
+            nspawn_args=nspawn_args,
+        )
 
     def remove_node(self, name: str) -> None:
         """Stop one node and remove its overlay, namespace, record and Slurm node."""
@@ -408,15 +518,20 @@ class LocalCluster:
         fabric.detach(node.netns)
         # The bridge side of the veth goes away only when the node's namespace is freed, which
         # can lag behind `ip netns delete`; the next node may reuse this index at once.
-        proc.run(["ip", "-n", fabric.ns, "link", "del", f"nfv{node.index}"], check=False,
-                 timeout=30)
+        proc.run(
+            ["ip", "-n", fabric.ns, "link", "del", f"nfv{node.index}"], check=False, timeout=30
+        )
         shutil.rmtree(node.dir, ignore_errors=True)
         cluster.nodes.remove(node)
         cluster.save()
         if node.role == "compute" and _alive(cluster.controller.pid):
             try:  # a dynamic node; deleting it keeps sinfo to the nodes that exist
-                node_exec(cluster.controller, ["scontrol", "delete", f"NodeName={name}"],
-                          check=False, timeout=20)
+                node_exec(
+                    cluster.controller,
+                    ["scontrol", "delete", f"NodeName={name}"],
+                    check=False,
+                    timeout=20,
+                )
             except NodeforgeError as exc:
                 log.warning("could not delete Slurm node %s: %s", name, exc)
 
@@ -445,8 +560,11 @@ class LocalCluster:
         the image's Slurm has it (>= 23.02), else `sinfo -h -N -o %N|%t|%E`. {} if slurmctld
         does not answer."""
         use_json = slurm_json(cluster.lower)
-        argv = (["scontrol", "show", "node", "--json"] if use_json
-                else ["sinfo", "-h", "-N", "-o", "%N|%t|%E"])
+        argv = (
+            ["scontrol", "show", "node", "--json"]
+            if use_json
+            else ["sinfo", "-h", "-N", "-o", "%N|%t|%E"]
+        )
         try:
             cp = node_exec(cluster.controller, argv, check=False, timeout=20)
         except NodeforgeError:
@@ -506,8 +624,10 @@ class LocalCluster:
                     pending.remove(name)
                     cluster.save()
                     secs = _agent_seconds(agent)
-                    self.progress(f"{name}: ready after {node.ready_at - node.started:.1f}s "
-                                  f"({shown}; agent {secs if secs is not None else '?'}s)")
+                    self.progress(
+                        f"{name}: ready after {node.ready_at - node.started:.1f}s "
+                        f"({shown}; agent {secs if secs is not None else '?'}s)"
+                    )
             if not pending:
                 break
             if time.monotonic() > deadline:
@@ -515,11 +635,13 @@ class LocalCluster:
                 raise NodeforgeError(
                     f"nodes not ready after {timeout:.0f}s: {waiting}; see "
                     f"`nodeforge cluster status --name {cluster.name}` and "
-                    f"{cluster.dir}/nodes/<node>/console.log")
+                    f"{cluster.dir}/nodes/<node>/console.log"
+                )
             if time.monotonic() > next_note:
                 next_note = time.monotonic() + 10.0
-                self.progress("waiting for " + "; ".join(f"{n} ({last.get(n, '?')})"
-                                                         for n in pending))
+                self.progress(
+                    "waiting for " + "; ".join(f"{n} ({last.get(n, '?')})" for n in pending)
+                )
             time.sleep(0.25)
 
     def status(self) -> dict:
@@ -529,19 +651,22 @@ class LocalCluster:
         for n in cluster.nodes:
             ast = self.agent_state(n)
             slurm = sn.get(n.name)
-            rows.append({
-                "name": n.name,
-                "role": n.role,
-                "address": n.address,
-                "running": _alive(n.pid),
-                "agent": ast.get("status", "unknown"),
-                "slurm_state": slurm.shown if slurm else
-                ("-" if n.role != "compute" else "unregistered"),
-                "slurm_ready": slurm.state.ready if slurm else None,
-                "reason": (slurm.reason if slurm else "") or ast.get("last_error") or "",
-                "time_to_ready_s": round(n.ready_at - n.started, 2) if n.ready_at else None,
-                "agent_seconds": _agent_seconds(ast),
-            })
+            rows.append(
+                {
+                    "name": n.name,
+                    "role": n.role,
+                    "address": n.address,
+                    "running": _alive(n.pid),
+                    "agent": ast.get("status", "unknown"),
+                    "slurm_state": slurm.shown
+                    if slurm
+                    else ("-" if n.role != "compute" else "unregistered"),
+                    "slurm_ready": slurm.state.ready if slurm else None,
+                    "reason": (slurm.reason if slurm else "") or ast.get("last_error") or "",
+                    "time_to_ready_s": round(n.ready_at - n.started, 2) if n.ready_at else None,
+                    "agent_seconds": _agent_seconds(ast),
+                }
+            )
         return {"cluster": cluster.name, "image": cluster.image, "nodes": rows}
 
     # -- teardown -----------------------------------------------------------------------

@@ -50,8 +50,19 @@ class Fabric:
             return  # already wired (idempotent re-attach after a partial failure)
         peer = f"nfv{index}"
         # Created inside the fabric namespace so no interface ever appears on the host.
-        _ip("link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", node_ns,
-            ns=self.ns)
+        _ip(
+            "link",
+            "add",
+            peer,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            node_ns,
+            ns=self.ns,
+        )
         _ip("link", "set", peer, "master", self.bridge, ns=self.ns)
         _ip("link", "set", peer, "up", ns=self.ns)
         _ip("addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", "eth0", ns=node_ns)

@@ -64,7 +64,9 @@ def parse_host_spec(text: str, ssh_key: str | None = None) -> HostSpec:
         )
     scheme, rest = raw.split("://", 1)
     if scheme not in SCHEMES:
-        raise HostSpecError(f"host spec {raw!r}: unknown scheme {scheme!r} (use {', '.join(SCHEMES)})")
+        raise HostSpecError(
+            f"host spec {raw!r}: unknown scheme {scheme!r} (use {', '.join(SCHEMES)})"
+        )
     body, _, query = rest.partition("?")
     opts = tuple(urllib.parse.parse_qsl(query, keep_blank_values=True))
     od = dict(opts)
@@ -86,7 +88,9 @@ def parse_host_spec(text: str, ssh_key: str | None = None) -> HostSpec:
         return HostSpec("nsenter", od.get("name") or f"pid{body}", pid=int(body), options=opts)
     if scheme == "nspawn":
         if not body:
-            raise HostSpecError(f"host spec {raw!r}: expected nspawn://CLUSTER[/NODE] or nspawn://PID")
+            raise HostSpecError(
+                f"host spec {raw!r}: expected nspawn://CLUSTER[/NODE] or nspawn://PID"
+            )
         if body.isdigit():
             return HostSpec("nsenter", od.get("name") or f"pid{body}", pid=int(body), options=opts)
         cluster, _, node = body.partition("/")
@@ -94,7 +98,9 @@ def parse_host_spec(text: str, ssh_key: str | None = None) -> HostSpec:
         return HostSpec("nspawn", label, cluster=cluster, node=node or None, options=opts)
     # vm
     if not body:
-        raise HostSpecError(f"host spec {raw!r}: expected vm://IMAGE_DIR (a `nodeforge build` output)")
+        raise HostSpecError(
+            f"host spec {raw!r}: expected vm://IMAGE_DIR (a `nodeforge build` output)"
+        )
     name = od.get("name") or od.get("role") or "vm"
     return HostSpec("vm", f"vm:{name}", image_dir=body, options=opts)
 
@@ -110,7 +116,9 @@ def parse_host_specs(values: Iterable[str], ssh_key: str | None = None) -> list[
     labels = [h.label for h in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
-        raise HostSpecError(f"duplicate host label(s) {', '.join(dup)}: add ?name=LABEL to tell them apart")
+        raise HostSpecError(
+            f"duplicate host label(s) {', '.join(dup)}: add ?name=LABEL to tell them apart"
+        )
     return out
 
 
@@ -123,7 +131,12 @@ def expand_nspawn(spec: HostSpec) -> list[HostSpec]:
     cluster = localcluster.Cluster.load(spec.cluster or "")
     nodes = [cluster.node(spec.node)] if spec.node else list(cluster.nodes)
     return [
-        HostSpec("nsenter", f"{cluster.name}/{n.name}", pid=localcluster.leader_pid(n), options=spec.options)
+        HostSpec(
+            "nsenter",
+            f"{cluster.name}/{n.name}",
+            pid=localcluster.leader_pid(n),
+            options=spec.options,
+        )
         for n in nodes
     ]
 
@@ -232,7 +245,11 @@ def format_failure(r: CheckResult, max_lines: int = 30) -> str:
     """One failure as the operator reads it: host, role, check, then the evidence."""
     lines = (r.message or "(no output)").strip().splitlines()
     if len(lines) > max_lines:
-        lines = lines[:5] + [f"… ({len(lines) - max_lines + 5} lines cut) …"] + lines[-(max_lines - 6):]
+        lines = (
+            lines[:5]
+            + [f"… ({len(lines) - max_lines + 5} lines cut) …"]
+            + lines[-(max_lines - 6) :]
+        )
     body = "\n".join("    " + ln for ln in lines)
     return f"FAIL  host={r.host}  role={r.role}  check={r.check}\n{body}"
 
@@ -277,7 +294,10 @@ def format_report(results: list[CheckResult], durations: dict[str, float] | None
     out.append(f"{'host':<28} {'role':<11} {'pass':>5} {'fail':>5} {'skip':>5} {'seconds':>8}")
     for host, rs in by_host.items():
         role = next((r.role for r in rs if r.role and r.role != "?"), "?")
-        n = {k: sum(1 for r in rs if r.outcome == k) for k in ("passed", "failed", "skipped", "error")}
+        n = {
+            k: sum(1 for r in rs if r.outcome == k)
+            for k in ("passed", "failed", "skipped", "error")
+        }
         secs = (durations or {}).get(host, sum(r.duration for r in rs))
         out.append(f"{host:<28} {role:<11} {n['passed']:>5} {n['failed'] + n['error']:>5} "
                    f"{n['skipped']:>5} {secs:>8.1f}")  # fmt: skip
@@ -305,7 +325,11 @@ class _Collector:
             role = props.get("nf_role", "?")
             check = report.nodeid.split("/")[-1].split("[")[0]
             if report.outcome == "skipped":
-                msg = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                msg = (
+                    report.longrepr[2]
+                    if isinstance(report.longrepr, tuple)
+                    else str(report.longrepr)
+                )
                 outcome = "skipped"
             elif report.outcome == "failed":
                 msg = _failure_text(report)

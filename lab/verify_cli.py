@@ -20,19 +20,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "nsenter://PID, nspawn://CLUSTER[/NODE], vm://IMAGE_DIR[?role=…&params=node.yaml]."
         ),
     )
-    p.add_argument("--hosts", action="append", required=True, metavar="SPEC[,SPEC…]",
-                   help="hosts to check (repeatable; schemes above)")
-    p.add_argument("--json", action="store_true",
-                   help="print the results as JSON on stdout instead of the text report")
-    p.add_argument("--junitxml", type=Path, metavar="FILE",
-                   help="also write the results as JUnit XML (for CI systems)")
+    p.add_argument(
+        "--hosts",
+        action="append",
+        required=True,
+        metavar="SPEC[,SPEC…]",
+        help="hosts to check (repeatable; schemes above)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as JSON on stdout instead of the text report",
+    )
+    p.add_argument(
+        "--junitxml",
+        type=Path,
+        metavar="FILE",
+        help="also write the results as JUnit XML (for CI systems)",
+    )
     p.add_argument("--ssh-key", help="private key for ssh:// hosts without ?key=")
     p.add_argument("-k", dest="select", metavar="EXPR", help="only checks matching (pytest -k)")
     p.add_argument("--boot-timeout", type=float, default=480.0, help="vm://: seconds to SSH login")
     p.add_argument("--ready-timeout", type=float, default=300.0,
                    help="vm://: seconds for nodeforge-init to finish after login")  # fmt: skip
     p.add_argument("--keep-vm", action="store_true", help="vm://: keep the work dir (console log)")
-    p.add_argument("-v", dest="verbose_pytest", action="store_true", help="show pytest's own output")
+    p.add_argument(
+        "-v", dest="verbose_pytest", action="store_true", help="show pytest's own output"
+    )
     p.set_defaults(func=_verify)
 
 
@@ -158,7 +172,10 @@ def _boot_vm(spec, args: argparse.Namespace):
         print(f"{spec.label}: SSH login after {waited:.1f}s ({vm.accel.accel}: {vm.accel.reason})",
               file=sys.stderr)  # fmt: skip
         state = vm.wait_unit("nodeforge-init.service", timeout=args.ready_timeout)
-        print(f"{spec.label}: nodeforge-init.service {state} after {vm.elapsed():.1f}s", file=sys.stderr)
+        print(
+            f"{spec.label}: nodeforge-init.service {state} after {vm.elapsed():.1f}s",
+            file=sys.stderr,
+        )
     except BaseException:
         vm.stop()
         raise

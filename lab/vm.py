@@ -193,7 +193,10 @@ def probe_accel(
         ]  # fmt: skip
         if initrd:
             argv += ["-initrd", str(initrd)]
-        argv += ["-append", "console=ttyS0 panic=-1 rdinit=/nodeforge-probe-init init=/nodeforge-probe-init"]
+        argv += [
+            "-append",
+            "console=ttyS0 panic=-1 rdinit=/nodeforge-probe-init init=/nodeforge-probe-init",
+        ]
         timed_out = False
         exited = False
         try:
@@ -437,7 +440,9 @@ class VM:
             if not cfg.compat_net:
                 words.append("systemd.wants=systemd-network-generator.service")
         if cfg.compat_keygen:
-            words.append(credential_arg("systemd.extra-unit.nodeforge-vm-keygen.service", VM_KEYGEN_UNIT))
+            words.append(
+                credential_arg("systemd.extra-unit.nodeforge-vm-keygen.service", VM_KEYGEN_UNIT)
+            )
             words.append("systemd.wants=nodeforge-vm-keygen.service")
         if cfg.cmdline_params:
             words += cmdline_from_params(cfg.cmdline_params)

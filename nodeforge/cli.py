@@ -28,7 +28,7 @@ _CLI_MODULES = (
 
 
 def version_text() -> str:
-    """"nodeforge X.Y.Z", plus the git revision when this runs from a source checkout."""
+    """ "nodeforge X.Y.Z", plus the git revision when this runs from a source checkout."""
     from . import data
 
     text = f"nodeforge {__version__}"

@@ -54,8 +54,9 @@ class ChecksumMismatch(DownloadError):
 
     def __init__(self, label: str, url: str, expected: str, got: str):
         self.expected, self.got = expected, got
-        super().__init__(label, url, f"sha256 mismatch: expected {expected}, got {got}",
-                         retryable=False)
+        super().__init__(
+            label, url, f"sha256 mismatch: expected {expected}, got {got}", retryable=False
+        )
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         new = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, newurl)).scheme
         if old == "https" and new != "https":
             raise DownloadError(
-                self.label, req.full_url,
+                self.label,
+                req.full_url,
                 f"redirect from https to {new}:// ({display_url(newurl)}) refused",
                 retryable=False,
             )
@@ -191,22 +193,31 @@ def save(
             for chunk in chunks:
                 n += len(chunk)
                 if max_bytes is not None and n > max_bytes:
-                    raise DownloadError(label, url, f"larger than the limit of {max_bytes} bytes",
-                                        retryable=False)
+                    raise DownloadError(
+                        label, url, f"larger than the limit of {max_bytes} bytes", retryable=False
+                    )
                 if expected_length is not None and n > expected_length:
-                    raise DownloadError(label, url, f"body longer than its Content-Length "
-                                        f"({expected_length})", retryable=True)
+                    raise DownloadError(
+                        label,
+                        url,
+                        f"body longer than its Content-Length ({expected_length})",
+                        retryable=True,
+                    )
                 if deadline is not None and time.monotonic() > deadline:
-                    raise DownloadError(label, url, f"too slow: {n} bytes before the deadline",
-                                        retryable=True)
+                    raise DownloadError(
+                        label, url, f"too slow: {n} bytes before the deadline", retryable=True
+                    )
                 h.update(chunk)
                 f.write(chunk)
                 if progress is not None:
                     progress(n, expected_length)
             if expected_length is not None and n != expected_length:
                 raise DownloadError(
-                    label, url, f"truncated body: got {n} of {expected_length} bytes "
-                    "(Content-Length)", retryable=True)
+                    label,
+                    url,
+                    f"truncated body: got {n} of {expected_length} bytes (Content-Length)",
+                    retryable=True,
+                )
             got = h.hexdigest()
             if size is not None and n != size:
                 raise DownloadError(label, url, f"size {n} bytes, expected {size}", retryable=False)
@@ -241,16 +252,25 @@ def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Resul
         src = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
         try:
             with open(src, "rb") as fh:
-                length = os.fstat(fh.fileno()).st_size
-                return save(iter(lambda: fh.read(CHUNK), b""), dest, label=label, url=url,
-                            expected_length=length, max_bytes=policy.max_bytes,
-                            deadline=deadline, **check)
+                size = os.fstat(fh.fileno()).st_size
+                return save(
+                    iter(lambda: fh.read(CHUNK), b""),
+                    dest,
+                    label=label,
+                    url=url,
+                    expected_length=size,
+                    max_bytes=policy.max_bytes,
+                    deadline=deadline,
+                    **check,
+                )
         except OSError as exc:
-            raise DownloadError(label, url, f"cannot read {src}: {exc.strerror}",
-                                retryable=False) from exc
+            raise DownloadError(
+                label, url, f"cannot read {src}: {exc.strerror}", retryable=False
+            ) from exc
     if scheme not in ("http", "https"):
-        raise DownloadError(label, url, "only file://, http:// and https:// can be downloaded",
-                            retryable=False)
+        raise DownloadError(
+            label, url, "only file://, http:// and https:// can be downloaded", retryable=False
+        )
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     try:
         with _opener(label, policy.context).open(req, timeout=policy.timeout) as resp:
@@ -261,11 +281,22 @@ def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Resul
                     raise DownloadError(label, url, f"bad Content-Length {cl!r}", retryable=True)
                 length = int(cl)
                 if policy.max_bytes is not None and length > policy.max_bytes:
-                    raise DownloadError(label, url, f"Content-Length {length} is over the limit "
-                                        f"of {policy.max_bytes} bytes", retryable=False)
-            res = save(_read_chunks(resp, deadline), dest, label=label, url=url,
-                       expected_length=length, max_bytes=policy.max_bytes, deadline=deadline,
-                       **check)
+                    raise DownloadError(
+                        label,
+                        url,
+                        f"Content-Length {length} is over the limit of {policy.max_bytes} bytes",
+                        retryable=False,
+                    )
+            res = save(
+                _read_chunks(resp, deadline),
+                dest,
+                label=label,
+                url=url,
+                expected_length=length,
+                max_bytes=policy.max_bytes,
+                deadline=deadline,
+                **check,
+            )
             return Result(res.path, res.sha256, res.size, resp.geturl())
     except DownloadError:
         raise
@@ -295,8 +326,9 @@ def fetch(
     attempt = 1
     while True:
         try:
-            return _attempt(url, dest, label, policy, sha256=sha256, size=size, mode=mode,
-                            progress=progress)
+            return _attempt(
+                url, dest, label, policy, sha256=sha256, size=size, mode=mode, progress=progress
+            )
         except DownloadError as exc:
             if not exc.retryable or attempt >= policy.attempts:
                 if attempt > 1:
@@ -309,17 +341,28 @@ def fetch(
             attempt += 1
 
 
-def fetch_bytes(url: str, *, label: str, policy: Policy, sleep: Callable[[float], None] = time.sleep,
-                sha256: str | None = None) -> bytes:
+def fetch_bytes(
+    url: str,
+    *,
+    label: str,
+    policy: Policy,
+    sleep: Callable[[float], None] = time.sleep,
+    sha256: str | None = None,
+) -> bytes:
     """Small documents (a params file): same checks, returned as bytes (policy.max_bytes bounds it)."""
     with tempfile.TemporaryDirectory(prefix="nodeforge-dl-") as tmp:
-        res = fetch(url, Path(tmp) / "body", label=label, policy=policy, sleep=sleep,
-                    sha256=sha256, mode=0o600)
+        res = fetch(
+            url,
+            Path(tmp) / "body",
+            label=label,
+            policy=policy,
+            sleep=sleep,
+            sha256=sha256,
+            mode=0o600,
+        )
         return res.path.read_bytes()
 
 
 def copy_file(src: Path, dest: Path, *, label: str, **check) -> Result:
     """A local file (mirror directory) into *dest* with the same checks and atomic rename."""
     return fetch(src.resolve().as_uri(), dest, label=label, policy=Policy(attempts=1), **check)
-
-

@@ -110,8 +110,9 @@ def run(
         out = exc.output or ""
         if isinstance(out, bytes):
             out = out.decode(errors="replace")
-        err = CommandError([shown], -1, _redact(out, redact),
-                           hint=f"timed out after {timeout}s. {hint}".strip())
+        err = CommandError(
+            [shown], -1, _redact(out, redact), hint=f"timed out after {timeout}s. {hint}".strip()
+        )
         if redact:  # the cause holds the raw argv and output: do not chain it
             raise err from None
         raise err from exc
@@ -195,7 +196,9 @@ def stream(
         while True:
             if deadline is not None and time.monotonic() > deadline:
                 stop_group(proc, kill_grace)
-                raise CommandError(args, -1, "".join(tail), hint=f"timed out after {timeout}s. {hint}")
+                raise CommandError(
+                    args, -1, "".join(tail), hint=f"timed out after {timeout}s. {hint}"
+                )
             if not sel.select(timeout=1.0):
                 if proc.poll() is not None:
                     break
@@ -227,8 +230,15 @@ class GroupResult:
 
     __slots__ = ("containment", "dropped", "duration", "leftovers", "returncode", "timed_out")
 
-    def __init__(self, returncode: int, timed_out: bool, duration: float,
-                 containment: str = "group", dropped: int = 0, leftovers: bool = False):
+    def __init__(
+        self,
+        returncode: int,
+        timed_out: bool,
+        duration: float,
+        containment: str = "group",
+        dropped: int = 0,
+        leftovers: bool = False,
+    ):
         self.returncode = returncode  # negative = killed by that signal (subprocess convention)
         self.timed_out = timed_out
         self.duration = duration
@@ -241,7 +251,9 @@ class GroupResult:
         return -self.returncode if self.returncode < 0 and not self.timed_out else None
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return f"GroupResult(rc={self.returncode}, timed_out={self.timed_out}, {self.duration:.2f}s)"
+        return (
+            f"GroupResult(rc={self.returncode}, timed_out={self.timed_out}, {self.duration:.2f}s)"
+        )
 
 
 def run_group(
@@ -286,8 +298,13 @@ def run_group(
         proc = subprocess.Popen(
             box.wrap(args),
             stdin=subprocess.DEVNULL,
-            stdout=(subprocess.PIPE if output_cap is not None
-                    else output if output is not None else subprocess.DEVNULL),
+            stdout=(
+                subprocess.PIPE
+                if output_cap is not None
+                else output
+                if output is not None
+                else subprocess.DEVNULL
+            ),
             stderr=subprocess.STDOUT,
             env=full_env,
             cwd=cwd,
@@ -445,8 +462,10 @@ def _own_unit() -> str | None:
 
 
 def _scope_properties(grace: float, runtime_max: int) -> list[str]:
-    props = [f"--property=TimeoutStopSec={max(1, int(grace))}s",
-             f"--property=RuntimeMaxSec={runtime_max}s"]
+    props = [
+        f"--property=TimeoutStopSec={max(1, int(grace))}s",
+        f"--property=RuntimeMaxSec={runtime_max}s",
+    ]
     unit = _own_unit()
     if unit:
         props.append(f"--property=PartOf={unit}")
@@ -460,16 +479,30 @@ def _scope_works() -> bool:
     if not (shutil.which("systemd-run") and shutil.which("systemctl")):
         return False
     try:
-        cp = subprocess.run(["systemd-run", "--scope", "--quiet", "--collect",
-                             *_scope_properties(1, 60), "--", "true"],
-                            check=False, stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True, timeout=30)
+        cp = subprocess.run(
+            [
+                "systemd-run",
+                "--scope",
+                "--quiet",
+                "--collect",
+                *_scope_properties(1, 60),
+                "--",
+                "true",
+            ],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("systemd-run --scope unusable (%s); hooks use a cgroup or subreaper", exc)
         return False
     if cp.returncode != 0:
-        log.warning("systemd-run --scope failed (%s); hooks use a cgroup or subreaper",
-                    cp.stdout.strip()[-200:])
+        log.warning(
+            "systemd-run --scope failed (%s); hooks use a cgroup or subreaper",
+            cp.stdout.strip()[-200:],
+        )
     return cp.returncode == 0
 
 
@@ -477,8 +510,11 @@ def _cgroup_base() -> Path | None:
     """Our own cgroup v2 directory if we may create children in it, else None."""
     try:
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-        mine = next(ln.split("::", 1)[1] for ln in Path("/proc/self/cgroup").read_text()
-                    .splitlines() if ln.startswith("0::"))
+        mine = next(
+            ln.split("::", 1)[1]
+            for ln in Path("/proc/self/cgroup").read_text().splitlines()
+            if ln.startswith("0::")
+        )
     except (OSError, StopIteration):
         return None
     for ln in mounts:
@@ -488,7 +524,7 @@ def _cgroup_base() -> Path | None:
         root, mnt = left.split()[3], left.split()[4]
         rel = mine.strip()
         if root != "/" and rel.startswith(root):
-            rel = rel[len(root):]
+            rel = rel[len(root) :]
         base = Path(mnt) / rel.lstrip("/")
         if (base / "cgroup.procs").exists() and os.access(base, os.W_OK):
             return base
@@ -544,24 +580,44 @@ class _Scope(_Box):
         # RuntimeMaxSec: systemd itself ends the scope even if we die (SIGKILL) meanwhile;
         # PartOf: stopping the agent's unit stops the hook too (the scope is not inside it).
         limit = int(self.timeout + 2 * self.grace) + 30
-        return [require_tool("systemd-run"), "--scope", "--quiet", "--collect",
-                f"--unit={self.name}", *_scope_properties(self.grace, limit), "--", *argv]
+        return [
+            require_tool("systemd-run"),
+            "--scope",
+            "--quiet",
+            "--collect",
+            f"--unit={self.name}",
+            *_scope_properties(self.grace, limit),
+            "--",
+            *argv,
+        ]
 
     def alive(self, proc: subprocess.Popen) -> bool:
-        cp = subprocess.run(["systemctl", "is-active", "--quiet", f"{self.name}.scope"],
-                            check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, timeout=30)
+        cp = subprocess.run(
+            ["systemctl", "is-active", "--quiet", f"{self.name}.scope"],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+        )
         return cp.returncode == 0
 
     def stop(self, proc: subprocess.Popen) -> None:
         # A scope whose processes all exited is already gone: "not loaded" is fine here.
-        subprocess.run(["systemctl", "stop", "--quiet", f"{self.name}.scope"], check=False,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=self.grace + 30)
+        subprocess.run(
+            ["systemctl", "stop", "--quiet", f"{self.name}.scope"],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=self.grace + 30,
+        )
 
 
 # Moves itself into the cgroup, then becomes the command: nothing it starts can be outside.
-_ENTER_CGROUP = 'echo $$ > "$0/cgroup.procs" || { echo "nodeforge: cannot enter $0" >&2; exit 125; }; exec "$@"'
+_ENTER_CGROUP = (
+    'echo $$ > "$0/cgroup.procs" || { echo "nodeforge: cannot enter $0" >&2; exit 125; }; exec "$@"'
+)
 
 
 class _Cgroup(_Box):
@@ -655,8 +711,11 @@ class _Reaper(_Box):
     def _tree(self, proc: subprocess.Popen) -> list[int]:
         pp = _ppids()
         me = os.getpid()
-        roots = {pid for pid, parent in pp.items()
-                 if parent == me and pid not in self.before and pid != proc.pid}
+        roots = {
+            pid
+            for pid, parent in pp.items()
+            if parent == me and pid not in self.before and pid != proc.pid
+        }
         if proc.returncode is None:
             roots.add(proc.pid)
         tree, todo = set(), list(roots)
@@ -768,22 +827,24 @@ class _CappedCopy:
         self.thread.join(timeout=30)
         self.pipe.close()
         if self.dropped:
-            self._write(f"\n[... {self.dropped} bytes of output dropped here (per-attempt cap) "
-                        "...]\n".encode())
+            self._write(
+                f"\n[... {self.dropped} bytes of output dropped here (per-attempt cap) "
+                "...]\n".encode()
+            )
         self._write(bytes(self.tail))
         return self.dropped
 
 
 # Stops process $1 and its group (SIGTERM, then SIGKILL after $2 s) when the watcher gets
 # SIGTERM; exits on its own once $1 is gone. `sleep & wait` keeps the trap responsive.
-_WATCHER = r'''
+_WATCHER = r"""
 pid=$1 grace=$2
 trap 'kill -s TERM -- "-$pid" 2>/dev/null || kill -s TERM "$pid" 2>/dev/null; i=0
       while kill -0 "$pid" 2>/dev/null && [ $i -lt "$grace" ]; do sleep 1; i=$((i+1)); done
       kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null; exit 0' TERM
 echo ready; exec >/dev/null
 while kill -0 "$pid" 2>/dev/null; do sleep 1 & wait $!; done
-'''
+"""
 
 
 def stop_with_this_process(pid: int, grace: float = 10.0) -> subprocess.Popen:
@@ -796,11 +857,26 @@ def stop_with_this_process(pid: int, grace: float = 10.0) -> subprocess.Popen:
     """
     import select
 
-    argv = [require_tool("setpriv"), "--pdeathsig", "TERM", "--", "sh", "-c", _WATCHER,
-            "nodeforge-watcher", str(pid), str(max(1, int(grace)))]
+    argv = [
+        require_tool("setpriv"),
+        "--pdeathsig",
+        "TERM",
+        "--",
+        "sh",
+        "-c",
+        _WATCHER,
+        "nodeforge-watcher",
+        str(pid),
+        str(max(1, int(grace))),
+    ]
     log.info("run: %s (watcher of pid %s)", _fmt(argv[:4]), pid)
-    w = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+    w = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     # Wait for "ready": the watcher's trap is set. A death signal before that would kill the
     # shell without stopping *pid* (seen under load when the caller died right away).
     assert w.stdout is not None
@@ -809,6 +885,8 @@ def stop_with_this_process(pid: int, grace: float = 10.0) -> subprocess.Popen:
     if not ready:
         w.kill()
         w.wait(timeout=10)
-        raise NodeforgeError(f"the watcher of pid {pid} did not start (setpriv/sh); "
-                             "is util-linux's setpriv working here?")
+        raise NodeforgeError(
+            f"the watcher of pid {pid} did not start (setpriv/sh); "
+            "is util-linux's setpriv working here?"
+        )
     return w

@@ -41,7 +41,7 @@ def thresholds() -> dict[str, tuple[int, int]]:
             continue
         m = _RELEASE.fullmatch(value) if isinstance(value, str) else None
         if m is None:
-            raise NodeforgeError(f"{THRESHOLDS_FILE}: {key}: expected a release like \"23.02\"")
+            raise NodeforgeError(f'{THRESHOLDS_FILE}: {key}: expected a release like "23.02"')
         out[key] = (int(m.group(1)), int(m.group(2)))
     return out
 

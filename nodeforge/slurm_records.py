@@ -317,6 +317,7 @@ def parse_jobs(
                     raise SlurmDataError(f"{source}: a job block is not JSON ({exc})") from exc
             seen[key] = j
             out.append(j)
+        assert cache is not None  # blocks is set only with a cache
         cache.clear()
         cache.update(seen)
     ids: set[int] = set()

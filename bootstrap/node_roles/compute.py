@@ -109,8 +109,9 @@ def reload_if_needed(h, unit: str) -> bool:
     generator and took 0.25-0.28 s on 2 loaded cores against ~0.03 s for the question
     (measured). Anything but a clear "no" reloads.
     """
-    cp = h.run(["systemctl", "show", "-p", "NeedDaemonReload", "--value", unit], check=False,
-               timeout=30)
+    cp = h.run(
+        ["systemctl", "show", "-p", "NeedDaemonReload", "--value", unit], check=False, timeout=30
+    )
     if cp.returncode == 0 and (cp.stdout or "").strip() == "no":
         return False
     h.systemctl("daemon-reload")
@@ -130,7 +131,7 @@ def start_slurmd(
     detail: dict[str, object] = {}
     # Concurrent with asking slurmctld whether it is up and creating the node: `slurmd -C`,
     # and making systemd see the slurmd drop-in (it depends on params only).
-    jobs = []
+    jobs: list[Callable[[], object]] = []
     health.install_wrapper(ctx.paths)  # slurmd runs HealthCheckProgram from its start on
     if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features)):
         jobs.append(in_background(lambda: reload_if_needed(h, "slurmd.service"), "reload"))

@@ -166,8 +166,9 @@ def _write_slurm_conf(ctx: RoleContext) -> None:
     conf = _checked(slurm_conf_context(ctx))
     text = render(ctx.paths, "slurm.conf.j2", conf)
     write_atomic(ctx.paths.slurm_etc / "slurm.conf", text, 0o644)
-    gres.write_confs(ctx.host, ctx.paths, conf["gres_types"],
-                     conf["proctrack_type"] == "proctrack/cgroup")
+    gres.write_confs(
+        ctx.host, ctx.paths, conf["gres_types"], conf["proctrack_type"] == "proctrack/cgroup"
+    )
 
 
 def cluster_registered(ctx: RoleContext) -> bool:

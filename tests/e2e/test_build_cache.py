@@ -14,8 +14,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nodeforge.images import manifest as manifest_mod
 
+from nodeforge.images import manifest as manifest_mod
 from tests.helpers import E2E_ROOT, build_image
 
 pytestmark = pytest.mark.e2e
@@ -27,8 +27,11 @@ SLURMD = "usr/sbin/slurmd-wlm"  # a regular file (usr/sbin/slurmd is an alternat
 
 def _extract(archive: Path, member: str, dest: Path) -> str:
     dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-C", str(dest), "-I", "zstd", "-xf", str(archive), f"./{member}"],
-                   check=True, timeout=600)
+    subprocess.run(
+        ["tar", "-C", str(dest), "-I", "zstd", "-xf", str(archive), f"./{member}"],
+        check=True,
+        timeout=600,
+    )
     return (dest / member).read_text()
 
 
@@ -51,8 +54,9 @@ def test_build_records_its_keys(cached_build):
     assert stat.S_ISREG(os.lstat(layer / "tree" / SLURMD).st_mode)
 
 
-def test_no_change_rebuild_returns_the_published_build(cached_build, fixture_mirror,
-                                                       pinned_versions):
+def test_no_change_rebuild_returns_the_published_build(
+    cached_build, fixture_mirror, pinned_versions
+):
     before = json.loads((OUT / "manifest.json").read_text())
     disk_mtime = (OUT / "disk.qcow2").stat().st_mtime_ns
     summary, secs = build_image(OUT, fixture_mirror, pinned_versions)
@@ -65,7 +69,8 @@ def test_no_change_rebuild_returns_the_published_build(cached_build, fixture_mir
 
 
 def test_config_only_rebuild_reuses_the_layer_and_changes_only_the_config(
-        cached_build, fixture_mirror, pinned_versions, tmp_path):
+    cached_build, fixture_mirror, pinned_versions, tmp_path
+):
     base = json.loads((OUT / "manifest.json").read_text())
     vf = tmp_path / "rotate.pkrvars.hcl"
     vf.write_text('ansible_vars = { logrotate_slurm_rotate = "9" }\n')

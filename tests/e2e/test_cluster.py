@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nodeforge.bootstrap.readiness import from_sinfo
 
+from nodeforge.bootstrap.readiness import from_sinfo
 from tests.conftest import require_tools
 from tests.helpers import E2E_ROOT, REPO, nodeforge
 
@@ -26,12 +26,18 @@ CLUSTER_UP: dict = {}  # what the fixture saw right after `cluster up` returned
 
 
 def cx(node: str, *cmd: str, check: bool = True, timeout: float = 120) -> str:
-    cp = subprocess.run([sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER,
-                         node, "--", *cmd], capture_output=True, text=True, timeout=timeout,
-                        cwd=REPO)
+    cp = subprocess.run(
+        [sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER, node, "--", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
     if check and cp.returncode != 0:
-        pytest.fail(f"[{node}] {' '.join(cmd)} exited {cp.returncode}: {cp.stdout}{cp.stderr}",
-                    pytrace=False)
+        pytest.fail(
+            f"[{node}] {' '.join(cmd)} exited {cp.returncode}: {cp.stdout}{cp.stderr}",
+            pytrace=False,
+        )
     return cp.stdout
 
 
@@ -43,7 +49,9 @@ def wait_for(what: str, pred, timeout: float = 120, every: float = 1.0):
         if last:
             return last
         time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})", pytrace=False)
+    pytest.fail(
+        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})", pytrace=False
+    )
 
 
 def node_state(node: str) -> tuple[str, str]:
@@ -83,9 +91,29 @@ def pinned_srun(nodes: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     """`srun -N<all> -w <nodes> --immediate=10 hostname` on the controller, timed."""
     t0 = time.monotonic()
     cp = subprocess.run(
-        [sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER, "ctl", "--",
-         "srun", f"-N{len(nodes)}", "-w", ",".join(nodes), "--immediate=10", "hostname"],
-        capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+        [
+            sys.executable,
+            "-m",
+            "nodeforge",
+            "cluster",
+            "exec",
+            "--name",
+            CLUSTER,
+            "ctl",
+            "--",
+            "srun",
+            f"-N{len(nodes)}",
+            "-w",
+            ",".join(nodes),
+            "--immediate=10",
+            "hostname",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
     return cp, time.monotonic() - t0
 
 
@@ -105,13 +133,34 @@ def cluster(built_image):
     require_tools("systemd-nspawn", "ip", "nsenter")
     nodeforge("cluster", "down", "--name", CLUSTER, check=False)
     t0 = time.monotonic()
-    up = nodeforge("cluster", "up", "--name", CLUSTER, "--image", str(built_image), "--computes",
-                   "2", "--join-interval", "2", "--timeout", "400")
+    up = nodeforge(
+        "cluster",
+        "up",
+        "--name",
+        CLUSTER,
+        "--image",
+        str(built_image),
+        "--computes",
+        "2",
+        "--join-interval",
+        "2",
+        "--timeout",
+        "400",
+    )
     # At once, before anything else: the job that `cluster up`'s "ready" promises can start.
     srun = pinned_srun(["c001", "c002"])
-    (E2E_ROOT / "cluster-up.json").write_text(json.dumps(
-        {"seconds": time.monotonic() - t0, "nodes": status(), "progress": up.stderr,
-         "srun_seconds": srun[1], "srun_output": srun[0].stdout + srun[0].stderr}, indent=2))
+    (E2E_ROOT / "cluster-up.json").write_text(
+        json.dumps(
+            {
+                "seconds": time.monotonic() - t0,
+                "nodes": status(),
+                "progress": up.stderr,
+                "srun_seconds": srun[1],
+                "srun_output": srun[0].stdout + srun[0].stderr,
+            },
+            indent=2,
+        )
+    )
     CLUSTER_UP["up"], CLUSTER_UP["srun"] = up, srun
     yield CLUSTER
     nodeforge("cluster", "down", "--name", CLUSTER)
@@ -147,11 +196,17 @@ def test_cluster_add_ready_means_a_pinned_job_starts(cluster):
 
 
 def test_two_node_job_runs_and_is_accounted(cluster):
-    out = cx("ctl", "sbatch", "--parsable", "-N2", "-o", "/tmp/job-%j.out", "--wrap",
-             "srun hostname").strip()
+    out = cx(
+        "ctl", "sbatch", "--parsable", "-N2", "-o", "/tmp/job-%j.out", "--wrap", "srun hostname"
+    ).strip()
     job = out.split(";")[0]
-    wait_for("job to complete", lambda: "COMPLETED" in cx(
-        "ctl", "sacct", "-n", "-X", "-j", job, "-o", "State", check=False), timeout=120)
+    wait_for(
+        "job to complete",
+        lambda: (
+            "COMPLETED" in cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "State", check=False)
+        ),
+        timeout=120,
+    )
     nodelist = cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "NodeList%60").strip()
     nodes = cx("ctl", "scontrol", "show", "hostnames", nodelist).split()
     assert nodes == ["c001", "c002"]
@@ -163,8 +218,10 @@ def test_two_node_job_runs_and_is_accounted(cluster):
 def test_computes_have_distinct_identity(cluster):
     ids = {n: cx(n, "cat", "/etc/machine-id").strip() for n in ("ctl", "c001", "c002")}
     assert len(set(ids.values())) == 3 and all(len(v) == 32 for v in ids.values())
-    keys = {n: cx(n, "ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub").split()[1]
-            for n in ("c001", "c002")}
+    keys = {
+        n: cx(n, "ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+        for n in ("c001", "c002")
+    }
     assert keys["c001"] != keys["c002"]
 
 
@@ -172,35 +229,71 @@ def test_controller_log_has_no_config_errors(cluster):
     """No error line from our own configuration at every start (issue 13: log noise)."""
     log = cx("ctl", "sh", "-c", "cat /var/log/slurm/slurmctld.log")
     assert "Slurm version" in log or "slurmctld version" in log, log[-2000:]  # the real log
-    noise = [ln for ln in log.splitlines()
-             if "MailProg" in ln or "glob parsing" in ln or '"Include" failed' in ln]
+    noise = [
+        ln
+        for ln in log.splitlines()
+        if "MailProg" in ln or "glob parsing" in ln or '"Include" failed' in ln
+    ]
     assert noise == [], "\n".join(noise)
 
 
 def test_live_join_is_schedulable_only_after_its_hook(cluster, tmp_path):
     hook = "#!/bin/sh\nsleep 12\ntouch /var/lib/e2e-hook-ran\n"
-    name = add_node(tmp_path, [{"uri": "file:///opt/e2e-hooks/10-slow.sh", "timeout": 120}],
-                    {"10-slow.sh": hook}, wait=False)
+    name = add_node(
+        tmp_path,
+        [{"uri": "file:///opt/e2e-hooks/10-slow.sh", "timeout": 120}],
+        {"10-slow.sh": hook},
+        wait=False,
+    )
     # A job that can only run on the newcomer, submitted while its hook still runs.
-    wait_for(f"{name} to register drained", lambda: "drain" in node_state(name)[0], timeout=180,
-             every=0.5)
+    wait_for(
+        f"{name} to register drained",
+        lambda: "drain" in node_state(name)[0],
+        timeout=180,
+        every=0.5,
+    )
     job = cx("ctl", "sbatch", "--parsable", "-w", name, "--wrap", "date +%s.%N").strip()
     seen = set()
 
     def ran():
         st, _ = node_state(name)
         seen.add(st)
-        done = subprocess.run([sys.executable, "-m", "nodeforge", "cluster", "exec", "--name",
-                               CLUSTER, name, "--", "test", "-e", "/var/lib/e2e-hook-ran"],
-                              cwd=REPO, capture_output=True, timeout=30).returncode == 0
+        done = (
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "nodeforge",
+                    "cluster",
+                    "exec",
+                    "--name",
+                    CLUSTER,
+                    name,
+                    "--",
+                    "test",
+                    "-e",
+                    "/var/lib/e2e-hook-ran",
+                ],
+                cwd=REPO,
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            == 0
+        )
         if not done:
-            assert from_sinfo(st).base not in ("IDLE", "MIXED", "ALLOCATED"), \
+            assert from_sinfo(st).base not in ("IDLE", "MIXED", "ALLOCATED"), (
                 f"{name} schedulable ({st}) before its hook finished"
+            )
         return done and from_sinfo(st).ready
 
     wait_for(f"{name} hook and resume", ran, timeout=180, every=0.5)
-    wait_for("pinned job to complete", lambda: "COMPLETED" in cx(
-        "ctl", "sacct", "-n", "-X", "-j", job, "-o", "State", check=False), timeout=120)
+    wait_for(
+        "pinned job to complete",
+        lambda: (
+            "COMPLETED" in cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "State", check=False)
+        ),
+        timeout=120,
+    )
     hook_done = float(cx(name, "stat", "-c", "%Y", "/var/lib/e2e-hook-ran").strip())
     start = cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "Start", "-P").strip()
     started = float(cx("ctl", "date", "-d", start, "+%s").strip())
@@ -210,11 +303,11 @@ def test_live_join_is_schedulable_only_after_its_hook(cluster, tmp_path):
 def test_hook_setsid_daemon_is_stopped_with_its_scope(cluster, tmp_path):
     """A hook that setsid-spawns a sleeper and exits 0: the node becomes ready, the sleeper is
     gone, and the hook's log says its leftovers were stopped, in a systemd scope."""
-    scripts = {"50-daemon.sh": "#!/bin/sh\nsetsid sleep 4242 </dev/null >/dev/null 2>&1 &\n"
-                               "sleep 1\n"}
+    scripts = {
+        "50-daemon.sh": "#!/bin/sh\nsetsid sleep 4242 </dev/null >/dev/null 2>&1 &\nsleep 1\n"
+    }
     name = add_node(tmp_path, [{"uri": "file:///opt/e2e-hooks/50-daemon.sh"}], scripts, wait=True)
-    procs = cx(name, "sh", "-c", "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; "
-                                 "done")
+    procs = cx(name, "sh", "-c", "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done")
     assert not [ln for ln in procs.splitlines() if ln.startswith("sleep 4242")], procs
     log = cx(name, "cat", "/var/log/nodeforge/hooks/50-daemon.sh.log")
     assert "processes it left running were stopped (scope)" in log, log
@@ -237,9 +330,13 @@ def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
         hook = {"uri": "file:///opt/e2e-hooks/40-sha.sh", "sha256": wrong}
         expect = "hook 40-sha.sh sha256 mismatch"
     name = add_node(tmp_path, [hook], scripts, wait=False)
-    st = wait_for(f"{name} drained with a reason", lambda: (
-        lambda s: s if "drain" in s[0] and "nodeforge: hook" in s[1] else None)(node_state(name)),
-        timeout=240)
+    st = wait_for(
+        f"{name} drained with a reason",
+        lambda: (lambda s: s if "drain" in s[0] and "nodeforge: hook" in s[1] else None)(
+            node_state(name)
+        ),
+        timeout=240,
+    )
     assert expect in st[1], st
     reasons = cx("ctl", "sinfo", "-R", "-h", "-o", "%n|%E")
     assert any(line.startswith(name + "|") and expect in line for line in reasons.splitlines())
@@ -252,8 +349,11 @@ def test_malformed_params_name_the_field_and_keep_node_out(cluster, tmp_path):
     before = set(status())
     nodeforge("cluster", "add", "1", "--name", CLUSTER, "--params", str(params), "--no-wait")
     name = (set(status()) - before).pop()
-    st = wait_for("agent to fail on params", lambda: (
-        lambda s: s if s["agent"] == "failed" else None)(status()[name]), timeout=120)
+    st = wait_for(
+        "agent to fail on params",
+        lambda: (lambda s: s if s["agent"] == "failed" else None)(status()[name]),
+        timeout=120,
+    )
     assert "features[1]" in st["reason"], st
     time.sleep(3)
     assert node_state(name)[0] in ("unregistered",) or "drain" in node_state(name)[0]
@@ -261,9 +361,14 @@ def test_malformed_params_name_the_field_and_keep_node_out(cluster, tmp_path):
 
 def test_node_init_again_changes_nothing(cluster):
     def snapshot():
-        return cx("c001", "sh", "-c",
-                  "cat /etc/machine-id /etc/ssh/ssh_host_*_key.pub /etc/munge/munge.key "
-                  "/etc/systemd/system/slurmd.service.d/*.conf 2>/dev/null | sha256sum")
+        return cx(
+            "c001",
+            "sh",
+            "-c",
+            "cat /etc/machine-id /etc/ssh/ssh_host_*_key.pub /etc/munge/munge.key "
+            "/etc/systemd/system/slurmd.service.d/*.conf 2>/dev/null | sha256sum",
+        )
+
     before = snapshot()
     cx("c001", "nodeforge", "node", "init")
     assert snapshot() == before
@@ -275,22 +380,42 @@ def test_node_init_again_changes_nothing(cluster):
 def test_accounting_survives_slurmdbd_and_mariadb_restart(cluster):
     def count():
         return len(cx("ctl", "sacct", "-n", "-X", "-a", "-S", "2000-01-01", "-o", "JobID").split())
+
     n = count()
     assert n > 0
     cx("ctl", "systemctl", "restart", "mariadb")
     cx("ctl", "systemctl", "restart", "slurmdbd")
-    wait_for("slurmdbd to answer", lambda: cx("ctl", "sacctmgr", "-n", "show", "cluster",
-                                               check=False).strip(), timeout=60)
+    wait_for(
+        "slurmdbd to answer",
+        lambda: cx("ctl", "sacctmgr", "-n", "show", "cluster", check=False).strip(),
+        timeout=60,
+    )
     assert count() == n
 
 
 def test_forced_logrotate_under_load_loses_no_slurmctld_lines(cluster):
     # Every submitted job is logged by slurmctld ("_slurm_rpc_submit_batch_job: JobId=N").
     cx("ctl", "scontrol", "setdebug", "verbose")
-    load = ("for i in $(seq 1 60); do sbatch --hold --parsable --wrap true; done")
-    p = subprocess.Popen([sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER,
-                          "ctl", "--", "sh", "-c", load], cwd=REPO, stdout=subprocess.PIPE,
-                         text=True)
+    load = "for i in $(seq 1 60); do sbatch --hold --parsable --wrap true; done"
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nodeforge",
+            "cluster",
+            "exec",
+            "--name",
+            CLUSTER,
+            "ctl",
+            "--",
+            "sh",
+            "-c",
+            load,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(2)
     cx("ctl", "logrotate", "-f", "/etc/logrotate.conf")
     out, _ = p.communicate(timeout=300)

@@ -15,19 +15,33 @@ import time
 from pathlib import Path
 
 import pytest
+
 from nodeforge.images import manifest as manifest_mod
 from nodeforge.images import scan
-
 from tests.conftest import require_tools
 from tests.helpers import BUILD_TOOLS, E2E_ROOT, build_image
 
 pytestmark = pytest.mark.e2e
 
-GPU_PACKAGES = ("nvidia-open-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "nvidia-persistenced",
-                "libcuda1", "firmware-nvidia-gsp", "slurm-wlm-nvml-plugin", "libnccl2",
-                "rdma-core", "ibverbs-providers", "infiniband-diags", "libfabric1",
-                "prometheus-node-exporter", "libnvidia-container1", "libnvidia-container-tools",
-                "nvidia-container-toolkit", "nvidia-fabricmanager-550")
+GPU_PACKAGES = (
+    "nvidia-open-kernel-dkms",
+    "nvidia-smi",
+    "libnvidia-ml1",
+    "nvidia-persistenced",
+    "libcuda1",
+    "firmware-nvidia-gsp",
+    "slurm-wlm-nvml-plugin",
+    "libnccl2",
+    "rdma-core",
+    "ibverbs-providers",
+    "infiniband-diags",
+    "libfabric1",
+    "prometheus-node-exporter",
+    "libnvidia-container1",
+    "libnvidia-container-tools",
+    "nvidia-container-toolkit",
+    "nvidia-fabricmanager-550",
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +63,19 @@ def gpu_tree(gpu_image) -> Path:
     tree = E2E_ROOT / "tree-gpu"
     subprocess.run(["rm", "-rf", "--one-file-system", str(tree)], check=True)
     tree.mkdir(parents=True)
-    subprocess.run(["tar", "-C", str(tree), "--numeric-owner", "-I", "zstd", "-xf",
-                    str(gpu_image / "rootfs.tar.zst")], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "-C",
+            str(tree),
+            "--numeric-owner",
+            "-I",
+            "zstd",
+            "-xf",
+            str(gpu_image / "rootfs.tar.zst"),
+        ],
+        check=True,
+    )
     return tree
 
 
@@ -66,23 +91,36 @@ def test_gpu_image_has_the_module_for_its_own_kernel(gpu_image, gpu_tree):
     mods = list((gpu_tree / f"lib/modules/{kernel}/updates/dkms").glob("nvidia-current-open.ko*"))
     assert len(mods) == 1, mods
     # The image's own modinfo, by module name for the image's kernel (its modules.dep).
-    info = {f: subprocess.run(["chroot", str(gpu_tree), "modinfo", "-k", kernel, "-F", f,
-                               "nvidia-current-open"], capture_output=True, text=True,
-                              check=True).stdout.strip() for f in ("version", "vermagic")}
+    info = {
+        f: subprocess.run(
+            ["chroot", str(gpu_tree), "modinfo", "-k", kernel, "-F", f, "nvidia-current-open"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for f in ("version", "vermagic")
+    }
     assert info["version"] == g["module_version"] == "550.163.01"
     assert info["vermagic"].split()[0] == kernel
     assert m["packages"]["nvidia-smi"].startswith("550.163.01-")
     for pkg in GPU_PACKAGES:
         assert pkg in m["packages"], f"{pkg} not in the gpu image"
     assert "xserver-xorg-core" not in m["packages"]  # headless
-    enabled = {p.name for w in (gpu_tree / "etc/systemd/system").glob("*.wants") for p in w.iterdir()}
-    for unit in ("nvidia-persistenced.service", "nvidia-fabricmanager.service",
-                 "prometheus-node-exporter.service"):
+    enabled = {
+        p.name for w in (gpu_tree / "etc/systemd/system").glob("*.wants") for p in w.iterdir()
+    }
+    for unit in (
+        "nvidia-persistenced.service",
+        "nvidia-fabricmanager.service",
+        "prometheus-node-exporter.service",
+    ):
         assert unit in enabled, unit
     fm = (gpu_tree / "etc/systemd/system/nvidia-fabricmanager.service.d/nodeforge.conf").read_text()
     assert "ExecCondition=/usr/lib/nodeforge/nvidia-present nvswitch" in fm
-    assert "--collector.textfile.directory=/var/lib/nodeforge/gang" in (
-        gpu_tree / "etc/default/prometheus-node-exporter").read_text()
+    assert (
+        "--collector.textfile.directory=/var/lib/nodeforge/gang"
+        in (gpu_tree / "etc/default/prometheus-node-exporter").read_text()
+    )
     assert not (gpu_tree / "var/lib/dkms/mok.key").exists()
     assert scan.scan(gpu_tree) == []
     print(f"gpu image checks: {time.monotonic() - t0:.1f}s")

@@ -16,8 +16,8 @@ import signal
 import time
 
 import pytest
-from nodeforge.lab.vm import VM, BootTimeout, VMConfig, free_port
 
+from nodeforge.lab.vm import VM, BootTimeout, VMConfig, free_port
 from tests.conftest import require_tools
 from tests.e2e.test_gpu_build import gpu_image  # noqa: F401  (the module-scoped gpu build)
 
@@ -28,15 +28,25 @@ MUNGE_B64 = "bm9kZWZvcmdlLXZtLXRpZXItbXVuZ2Uta2V5LTMyLWJ5dGVzLW9r"  # 38 bytes, 
 
 
 def _yaml(role: str, name: str, ip: str, extra: str = "") -> str:
-    return (f"role: {role}\ncluster_name: gputier\nnode_name: {name}\nnode_address: {ip}\n"
-            "controller: {host: ctl, address: 10.78.0.10}\n"
-            f"munge_key: {MUNGE_B64}\nwait_timeout: 360\n{extra}")
+    return (
+        f"role: {role}\ncluster_name: gputier\nnode_name: {name}\nnode_address: {ip}\n"
+        "controller: {host: ctl, address: 10.78.0.10}\n"
+        f"munge_key: {MUNGE_B64}\nwait_timeout: 360\n{extra}"
+    )
 
 
 def _cfg(image, work, name, role, ip, mac, extra="", **link) -> VMConfig:
-    return VMConfig(image_dir=image, workdir=work / name, name=name,
-                    node_yaml=_yaml(role, name, ip, extra), boot_timeout=BOOT_TIMEOUT, keep=True,
-                    link_ip=f"{ip}/24", link_mac=mac, **link)
+    return VMConfig(
+        image_dir=image,
+        workdir=work / name,
+        name=name,
+        node_yaml=_yaml(role, name, ip, extra),
+        boot_timeout=BOOT_TIMEOUT,
+        keep=True,
+        link_ip=f"{ip}/24",
+        link_mac=mac,
+        **link,
+    )
 
 
 def _interrupt(signum, frame):
@@ -48,10 +58,21 @@ def gpu_cluster(tmp_path_factory, gpu_image):  # noqa: F811
     require_tools("qemu-system-x86_64", "qemu-img", "ssh", "ssh-keygen")
     work = tmp_path_factory.mktemp("gpuvm")
     port = free_port()
-    ctl = VM(_cfg(gpu_image, work, "ctl", "controller", "10.78.0.10", "52:54:00:4e:47:10",
-                  "gres_types: [gpu]\nhealth_interval: 60\n", link_listen=port))
-    c1 = VM(_cfg(gpu_image, work, "c1", "compute", "10.78.0.11", "52:54:00:4e:47:11",
-                 link_connect=port))
+    ctl = VM(
+        _cfg(
+            gpu_image,
+            work,
+            "ctl",
+            "controller",
+            "10.78.0.10",
+            "52:54:00:4e:47:10",
+            "gres_types: [gpu]\nhealth_interval: 60\n",
+            link_listen=port,
+        )
+    )
+    c1 = VM(
+        _cfg(gpu_image, work, "c1", "compute", "10.78.0.11", "52:54:00:4e:47:11", link_connect=port)
+    )
     prev = signal.signal(signal.SIGTERM, _interrupt)
     try:
         ctl.start()
@@ -63,8 +84,9 @@ def gpu_cluster(tmp_path_factory, gpu_image):  # noqa: F811
         deadline = time.monotonic() + INIT_TIMEOUT
         for v in (ctl, c1):
             try:
-                state = v.wait_unit("nodeforge-init.service",
-                                    timeout=max(10.0, deadline - time.monotonic()))
+                state = v.wait_unit(
+                    "nodeforge-init.service", timeout=max(10.0, deadline - time.monotonic())
+                )
             except BootTimeout as exc:
                 state = f"not finished: {str(exc).splitlines()[0]}"
             print(f"VM {v.cfg.name}: nodeforge-init.service {state} at {v.elapsed():.1f}s")
@@ -78,9 +100,14 @@ def gpu_cluster(tmp_path_factory, gpu_image):  # noqa: F811
 def test_gpu_image_without_gpu_schedules_and_health_drains(gpu_cluster):
     ctl, c1 = gpu_cluster["ctl"], gpu_cluster["c1"]
     conf = ctl.ssh("cat /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf").stdout
-    for line in ("GresTypes=gpu", "AutoDetect=nvml", "ProctrackType=proctrack/cgroup",
-                 "TaskPlugin=task/cgroup,task/affinity", "ConstrainDevices=yes",
-                 "HealthCheckProgram=/usr/local/sbin/nodeforge-health"):
+    for line in (
+        "GresTypes=gpu",
+        "AutoDetect=nvml",
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup,task/affinity",
+        "ConstrainDevices=yes",
+        "HealthCheckProgram=/usr/local/sbin/nodeforge-health",
+    ):
         assert line in conf.splitlines(), line
     node = ctl.ssh("scontrol show node c1").stdout
     print(node)
@@ -97,17 +124,22 @@ def test_gpu_image_without_gpu_schedules_and_health_drains(gpu_cluster):
     assert rep["ok"] is True, rep
     print(f"health on a CPU node (VM): checks {rep['duration']}s")
     # expected_gpus: 8 on a machine without GPUs -> drained with a clear reason
-    c1.ssh("python3 - <<'EOF'\nimport json\np='/var/lib/nodeforge/params.json'\n"
-           "d=json.load(open(p)); d['expected_gpus']=8; json.dump(d, open(p,'w'))\nEOF")
+    c1.ssh(
+        "python3 - <<'EOF'\nimport json\np='/var/lib/nodeforge/params.json'\n"
+        "d=json.load(open(p)); d['expected_gpus']=8; json.dump(d, open(p,'w'))\nEOF"
+    )
     cp = c1.ssh("nodeforge node health", check=False)
     assert cp.returncode == 1, cp.stdout
     node = ctl.ssh("scontrol show node c1").stdout
     assert "DRAIN" in node and "Reason=nodeforge-health: nvml: nvidia-smi" in node, node
     # back to expected nothing: the passing run clears its own drain
-    c1.ssh("python3 - <<'EOF'\nimport json\np='/var/lib/nodeforge/params.json'\n"
-           "d=json.load(open(p)); d.pop('expected_gpus'); json.dump(d, open(p,'w'))\nEOF")
+    c1.ssh(
+        "python3 - <<'EOF'\nimport json\np='/var/lib/nodeforge/params.json'\n"
+        "d=json.load(open(p)); d.pop('expected_gpus'); json.dump(d, open(p,'w'))\nEOF"
+    )
     assert c1.ssh("nodeforge node health", check=False).returncode == 0
     assert "DRAIN" not in ctl.ssh("scontrol show node c1").stdout
-    prom = c1.ssh("curl -sS http://127.0.0.1:9100/metrics | grep '^nodeforge_health_ok'",
-                  check=False).stdout
+    prom = c1.ssh(
+        "curl -sS http://127.0.0.1:9100/metrics | grep '^nodeforge_health_ok'", check=False
+    ).stdout
     assert prom.strip() == "nodeforge_health_ok 1", prom

@@ -73,7 +73,9 @@ class Node:
     @property
     def state(self) -> dict[str, Any]:
         if self._state is None:
-            r = self.run("cat /var/lib/nodeforge/state.json 2>/dev/null || nodeforge node status --json", 30)
+            r = self.run(
+                "cat /var/lib/nodeforge/state.json 2>/dev/null || nodeforge node status --json", 30
+            )
             try:
                 self._state = json.loads(r.stdout) if r.rc == 0 else {}
             except json.JSONDecodeError:
@@ -89,7 +91,10 @@ class Node:
         if self._image is None:
             r = self.run("cat /etc/nodeforge/image.json", 30)
             if r.rc != 0:
-                pytest.fail(explain("cat /etc/nodeforge/image.json", r, "image manifest missing"), pytrace=False)
+                pytest.fail(
+                    explain("cat /etc/nodeforge/image.json", r, "image manifest missing"),
+                    pytrace=False,
+                )
             self._image = json.loads(r.stdout)
         return self._image
 

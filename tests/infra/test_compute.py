@@ -12,23 +12,35 @@ pytestmark = pytest.mark.role("compute")
 
 def test_slurmd_configless(node):
     cmd = node.sh("systemctl show -P ExecStart slurmd.service")
-    assert "--conf-server" in cmd and "-Z" in cmd.split(), f"slurmd is not a configless dynamic node: {cmd}"
+    assert "--conf-server" in cmd and "-Z" in cmd.split(), (
+        f"slurmd is not a configless dynamic node: {cmd}"
+    )
     assert "--systemd" in cmd, f"slurmd ExecStart lost --systemd (the unit is Type=notify): {cmd}"
-    node.sh("test -f /run/slurm/conf/slurm.conf", what="no configless cache /run/slurm/conf/slurm.conf")
-    node.sh("test ! -e /etc/slurm/slurm.conf", what="a local /etc/slurm/slurm.conf shadows configless")
+    node.sh(
+        "test -f /run/slurm/conf/slurm.conf", what="no configless cache /run/slurm/conf/slurm.conf"
+    )
+    node.sh(
+        "test ! -e /etc/slurm/slurm.conf", what="a local /etc/slurm/slurm.conf shadows configless"
+    )
 
 
 def test_node_registered(node):
     name = node.state.get("node") or node.sh("hostname").strip()
     out = node.sh(f"scontrol show node {name}")
-    assert "State=" in out and "DYNAMIC" in out.upper(), f"node {name} not registered as dynamic:\n{out}"
+    assert "State=" in out and "DYNAMIC" in out.upper(), (
+        f"node {name} not registered as dynamic:\n{out}"
+    )
     st = out.split("State=")[1].split()[0]
-    assert not any(s in st for s in ("DOWN", "DRAIN", "NOT_RESPONDING")), f"node {name} state {st}:\n{out}"
+    assert not any(s in st for s in ("DOWN", "DRAIN", "NOT_RESPONDING")), (
+        f"node {name} state {st}:\n{out}"
+    )
 
 
 def test_srun_shows_pyxis(node):
     out = node.sh("srun --help")
-    assert "--container-image" in out, "srun --help does not list --container-image (pyxis not loaded)"
+    assert "--container-image" in out, (
+        "srun --help does not list --container-image (pyxis not loaded)"
+    )
 
 
 def test_docker_active_with_log_rotation(node):
@@ -49,6 +61,8 @@ def test_slurmd_survives_forced_rotation(node):
         fds = node.sh("ls -l /proc/$(systemctl show -P MainPID slurmd.service)/fd")
         if "slurmd.log.1" not in fds and "slurmd.log" in fds:
             break
-        assert time.monotonic() < deadline, f"slurmd still writes the rotated file after 20s:\n{fds}"
+        assert time.monotonic() < deadline, (
+            f"slurmd still writes the rotated file after 20s:\n{fds}"
+        )
         time.sleep(2)
     node.sh("systemctl is-active slurmd.service")

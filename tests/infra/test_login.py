@@ -15,7 +15,9 @@ def test_configless_client(node):
     node.sh(f"systemctl is-active {unit}.service")
     cmd = node.sh(f"systemctl show -P ExecStart {unit}.service")
     assert "--conf-server" in cmd, f"{unit} is not configless: {cmd}"
-    node.sh("test -f /run/slurm/conf/slurm.conf", what="no configless cache /run/slurm/conf/slurm.conf")
+    node.sh(
+        "test -f /run/slurm/conf/slurm.conf", what="no configless cache /run/slurm/conf/slurm.conf"
+    )
 
 
 def test_client_commands_reach_controller(node):
@@ -24,4 +26,6 @@ def test_client_commands_reach_controller(node):
 
 def test_srun_shows_pyxis(node):
     out = node.sh("srun --help")
-    assert "--container-image" in out, "srun --help does not list --container-image (pyxis not loaded)"
+    assert "--container-image" in out, (
+        "srun --help does not list --container-image (pyxis not loaded)"
+    )

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from nodeforge.bootstrap import readiness as rd
 from nodeforge.bootstrap.agent import Agent, StepFailed
 from nodeforge.bootstrap.host import Host
@@ -22,7 +23,6 @@ from nodeforge.bootstrap.params_sources import SourceConfig
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.state import State
 from nodeforge.bootstrap.status import as_json, as_text
-
 from nodeforge.errors import CommandError
 
 pytestmark = pytest.mark.unit
@@ -708,8 +708,10 @@ def test_compute_without_hooks_is_created_in_its_final_state(tmp_path):
     ask = ["systemctl", "show", "-p", "NeedDaemonReload", "--value", "slurmd.service"]
     assert fm.calls.index(ask) < fm.calls.index(["systemctl", "restart", "slurmd.service"])
     restart = fm.calls.index(["systemctl", "restart", "slurmd.service"])
-    assert not any(c[:2] == ["systemctl", "is-active"] and c[-1] == "slurmd.service"
-                   for c in fm.calls[:restart])  # restart starts a stopped unit: one call
+    assert not any(
+        c[:2] == ["systemctl", "is-active"] and c[-1] == "slurmd.service"
+        for c in fm.calls[:restart]
+    )  # restart starts a stopped unit: one call
     # (after it, `node health` in the ready step asks whether slurmd is active)
     assert ["systemctl", "daemon-reload"] not in fm.calls
 
@@ -908,18 +910,28 @@ def test_only_known_harmless_flags_keep_a_node_ready():
 def test_cluster_reads_node_states_from_json_and_sinfo():
     from nodeforge.lab.localcluster import parse_nodes_json, parse_nodes_sinfo
 
-    body = json.dumps({"nodes": [
-        {"name": "c001", "state": ["IDLE", "DYNAMIC_NORM"], "reason": ""},
-        {"name": "c002", "state": ["IDLE", "DYNAMIC_NORM", "NOT_RESPONDING"], "reason": ""},
-        {"name": "c003", "state": ["IDLE", "DRAIN"], "reason": "nodeforge: hook x failed"},
-    ]})
+    body = json.dumps(
+        {
+            "nodes": [
+                {"name": "c001", "state": ["IDLE", "DYNAMIC_NORM"], "reason": ""},
+                {"name": "c002", "state": ["IDLE", "DYNAMIC_NORM", "NOT_RESPONDING"], "reason": ""},
+                {"name": "c003", "state": ["IDLE", "DRAIN"], "reason": "nodeforge: hook x failed"},
+            ]
+        }
+    )
     got = parse_nodes_json(body)
     assert [(n, v.state.ready, v.shown) for n, v in got.items()] == [
-        ("c001", True, "idle"), ("c002", False, "idle*"), ("c003", False, "idle+drain")]
+        ("c001", True, "idle"),
+        ("c002", False, "idle*"),
+        ("c003", False, "idle+drain"),
+    ]
     assert got["c003"].state.drained and got["c003"].reason == "nodeforge: hook x failed"
     got = parse_nodes_sinfo("c001|idle|none\nc002|idle*|none\nc003|drain|nodeforge: x|y\n")
-    assert {n: v.state.ready for n, v in got.items()} == {"c001": True, "c002": False,
-                                                          "c003": False}
+    assert {n: v.state.ready for n, v in got.items()} == {
+        "c001": True,
+        "c002": False,
+        "c003": False,
+    }
     assert got["c003"].reason == "nodeforge: x|y" and got["c001"].reason == ""
     with pytest.raises(ValueError):
         parse_nodes_json('{"nodes": [{"name": "c001", "state": ["IDLE"]}')  # truncated

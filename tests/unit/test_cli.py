@@ -41,14 +41,24 @@ def test_every_option_and_argument_has_help():
 
 @pytest.mark.parametrize(
     "command",
-    [["validate"], ["versions", "lock"], ["versions", "show"], ["cluster", "down"],
-     ["cluster", "status"], ["verify"], ["build"], ["gang", "status"]],
+    [
+        ["validate"],
+        ["versions", "lock"],
+        ["versions", "show"],
+        ["cluster", "down"],
+        ["cluster", "status"],
+        ["verify"],
+        ["build"],
+        ["gang", "status"],
+    ],
 )
 def test_reporting_commands_take_json(command):
     parser = cli.build_parser()
     sub = parser
     for word in command:
-        sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+        sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[
+            word
+        ]
     assert any("--json" in a.option_strings for a in sub._actions), command
 
 
@@ -75,7 +85,9 @@ def test_unreadable_path_is_an_input_error_not_a_traceback(monkeypatch, capsys):
     parser = cli.build_parser()
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     ns = parser.parse_args(["versions", "show"])
-    monkeypatch.setattr(parser, "parse_args", lambda argv=None: argparse.Namespace(**{**vars(ns), "func": boom}))
+    monkeypatch.setattr(
+        parser, "parse_args", lambda argv=None: argparse.Namespace(**{**vars(ns), "func": boom})
+    )
     assert cli.main([]) == cli.EXIT_INPUT
     assert "nodeforge: error: /nope/node.yaml: No such file or directory" in capsys.readouterr().err
 
@@ -83,7 +95,13 @@ def test_unreadable_path_is_an_input_error_not_a_traceback(monkeypatch, capsys):
 def test_exit_statuses_are_documented():
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Exit statuses", 1)[1].split("\n## ", 1)[0]
-    for code in (cli.EXIT_OK, cli.EXIT_FAILURE, cli.EXIT_INPUT, cli.EXIT_INTERRUPTED, cli.EXIT_PIPE):
+    for code in (
+        cli.EXIT_OK,
+        cli.EXIT_FAILURE,
+        cli.EXIT_INPUT,
+        cli.EXIT_INTERRUPTED,
+        cli.EXIT_PIPE,
+    ):
         assert f"| {code} |" in section, code
 
 
@@ -124,8 +142,14 @@ def test_verify_junit_xml_and_json(tmp_path, capsys):
 
     results = [
         verify.CheckResult("ctl", "controller", "test_common.py::test_munge", "passed", 0.5),
-        verify.CheckResult("ctl", "controller", "test_controller.py::test_ping", "failed", 1.0,
-                           "scontrol ping: DOWN\nmore"),
+        verify.CheckResult(
+            "ctl",
+            "controller",
+            "test_controller.py::test_ping",
+            "failed",
+            1.0,
+            "scontrol ping: DOWN\nmore",
+        ),
         verify.CheckResult("c1", "compute", "test_compute.py::test_gpu", "skipped", 0.0, "no GPU"),
     ]
     out = tmp_path / "r.xml"
@@ -140,7 +164,9 @@ def test_verify_junit_xml_and_json(tmp_path, capsys):
     assert root.find(".//testcase[@name='test_compute.py::test_gpu']/skipped") is not None
     assert root.find(".//testsuite[@name='c2']/testcase/error").text == "ssh: connection refused"
     data = json.loads(capsys.readouterr().out)
-    assert data["ok"] is False and data["unreachable"] == [{"host": "c2", "reason": "ssh: connection refused"}]
+    assert data["ok"] is False and data["unreachable"] == [
+        {"host": "c2", "reason": "ssh: connection refused"}
+    ]
     assert [r["outcome"] for r in data["results"]] == ["passed", "failed", "skipped"]
 
 

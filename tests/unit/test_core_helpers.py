@@ -305,10 +305,10 @@ def test_slurm_role_reads_the_table_through_its_link(tmp_path):
     (role / "tasks" / "main.yml").write_text(
         "- name: Probe\n"
         "  vars:\n"
-        f"    slurm_thresholds: \"{lookup}\"\n"
-        "    slurm_version_installed: \"{{ item }}\"\n"
+        f'    slurm_thresholds: "{lookup}"\n'
+        '    slurm_version_installed: "{{ item }}"\n'
         "  ansible.builtin.debug:\n"
-        f"    msg: \"{{{{ slurm_version_installed }}}} frq={frq} tw={tw}\"\n"
+        f'    msg: "{{{{ slurm_version_installed }}}} frq={frq} tw={tw}"\n'
         "  loop: ['22.05.8', '24.11.5']\n"
     )
     play = tmp_path / "p.yml"

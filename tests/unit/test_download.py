@@ -126,10 +126,26 @@ def tls_pair(tmp_path_factory):
     """A self-signed cert for 127.0.0.1, made at run time (no key material in git)."""
     d = tmp_path_factory.mktemp("tls")
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-         "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(d / "key.pem"),
+            "-out",
+            str(d / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
     )
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_ctx.load_cert_chain(d / "cert.pem", d / "key.pem")
@@ -138,15 +154,26 @@ def tls_pair(tmp_path_factory):
 
 
 def _dl(url, tmp_path, sleeps=None, policy=FAST, **kw):
-    return fetch(url, tmp_path / "out" / "file.bin", label="artifact demo", policy=policy,
-                 sleep=(sleeps.append if sleeps is not None else (lambda s: None)), **kw)
+    return fetch(
+        url,
+        tmp_path / "out" / "file.bin",
+        label="artifact demo",
+        policy=policy,
+        sleep=(sleeps.append if sleeps is not None else (lambda s: None)),
+        **kw,
+    )
 
 
 def test_ok_verified_and_renamed_into_place(server, tmp_path):
     base, _ = server
     seen: list[tuple[int, int | None]] = []
-    res = _dl(base + "/ok", tmp_path, sha256=SHA, size=len(BODY),
-              progress=lambda done, total: seen.append((done, total)))
+    res = _dl(
+        base + "/ok",
+        tmp_path,
+        sha256=SHA,
+        size=len(BODY),
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert res.path.read_bytes() == BODY and res.sha256 == SHA and res.size == len(BODY)
     assert seen[-1] == (len(BODY), len(BODY)) and len(seen) >= 1
     assert [p.name for p in res.path.parent.iterdir()] == ["file.bin"]  # no temp file left
@@ -155,8 +182,11 @@ def test_ok_verified_and_renamed_into_place(server, tmp_path):
 def test_truncated_body_is_rejected_and_nothing_lands(server, tmp_path):
     base, counts = server
     sleeps: list[float] = []
-    with pytest.raises(DownloadError, match=r"artifact demo: cannot download .*/truncated: "
-                       r"truncated body: got 1000 of 16384 bytes.*after 3 attempts") as ei:
+    with pytest.raises(
+        DownloadError,
+        match=r"artifact demo: cannot download .*/truncated: "
+        r"truncated body: got 1000 of 16384 bytes.*after 3 attempts",
+    ) as ei:
         _dl(base + "/truncated", tmp_path, sleeps)
     assert ei.value.retryable and counts["/truncated"] == 3 and sleeps == [1, 2]
     assert list((tmp_path / "out").iterdir()) == []  # neither the file nor a .part
@@ -172,8 +202,14 @@ def test_500s_then_success_with_backoff(server, tmp_path):
     base, counts = server
     sleeps: list[float] = []
     retries: list[str] = []
-    res = fetch(base + "/flaky", tmp_path / "f", label="x", policy=FAST, sleep=sleeps.append,
-                on_retry=lambda e, w: retries.append(e.reason))
+    res = fetch(
+        base + "/flaky",
+        tmp_path / "f",
+        label="x",
+        policy=FAST,
+        sleep=sleeps.append,
+        on_retry=lambda e, w: retries.append(e.reason),
+    )
     assert res.size == len(BODY) and counts["/flaky"] == 3 and sleeps == [1, 2]
     assert retries == ["HTTP 500 Internal Server Error"] * 2
 
@@ -292,8 +328,11 @@ def test_display_url_hides_credentials_and_query():
 
 def test_error_message_never_shows_the_password(tmp_path):
     with pytest.raises(DownloadError) as ei:
-        _dl("http://user:s3cr3t@nodeforge-test.invalid/x?token=s3cr3t", tmp_path,
-            policy=Policy(attempts=1, timeout=5))
+        _dl(
+            "http://user:s3cr3t@nodeforge-test.invalid/x?token=s3cr3t",
+            tmp_path,
+            policy=Policy(attempts=1, timeout=5),
+        )
     assert "s3cr3t" not in str(ei.value)
 
 

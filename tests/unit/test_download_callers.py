@@ -7,12 +7,12 @@ import http.server
 import threading
 
 import pytest
+
+from nodeforge import download
 from nodeforge.bootstrap import params_sources
 from nodeforge.bootstrap.params import ParamsError
 from nodeforge.bootstrap.params_sources import SourceConfig, load_params
 from nodeforge.bootstrap.paths import Paths
-
-from nodeforge import download
 
 pytestmark = pytest.mark.unit
 
@@ -55,10 +55,16 @@ def test_params_url_whole_body(server, tmp_path):
 
 
 def test_params_url_truncated_or_too_big(server, tmp_path, monkeypatch):
-    monkeypatch.setattr(params_sources, "PARAMS_URL_POLICY",
-                        download.Policy(timeout=5, attempts=1, max_bytes=1 << 20))
-    with pytest.raises(ParamsError, match=r"kernel command line nodeforge.params=\S*: cannot download "
-                       r".*/cut: truncated body"):
+    monkeypatch.setattr(
+        params_sources,
+        "PARAMS_URL_POLICY",
+        download.Policy(timeout=5, attempts=1, max_bytes=1 << 20),
+    )
+    with pytest.raises(
+        ParamsError,
+        match=r"kernel command line nodeforge.params=\S*: cannot download "
+        r".*/cut: truncated body",
+    ):
         _load(tmp_path, server + "/cut")
     with pytest.raises(ParamsError, match=r"over the limit of 1048576 bytes"):
         _load(tmp_path, server + "/big")

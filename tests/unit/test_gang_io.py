@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from nodeforge.gang import config as gcfg
 from nodeforge.gang import metrics
 from nodeforge.gang import state as st_mod
@@ -348,10 +349,9 @@ def test_governor_requeue_after_slurm_requeued_on_the_drain_still_sets_backoff(t
 def test_persistent_read_failure_backs_off_with_events(tmp_path):
     """A slurmctld that keeps failing (or output that does not parse) is read again after
     growing delays, with an event at the 1st, 2nd, 4th, 8th... failure: not a 1 Hz loop."""
+    from nodeforge.errors import NodeforgeError
     from nodeforge.gang.events import read_events
     from nodeforge.gang.governor import READ_BACKOFF_MAX
-
-    from nodeforge.errors import NodeforgeError
 
     class Failing(FakeSlurm):
         reads = 0

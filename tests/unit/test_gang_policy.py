@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.events import decode_admin, encode_admin
 from nodeforge.gang.policy import backoff_delay, decide, is_gang

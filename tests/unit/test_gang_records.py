@@ -8,12 +8,12 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from nodeforge import slurm_records as sr
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.policy import decide
 from nodeforge.gang.slurm import parse_jobs, start_spec
 from nodeforge.gang.state import GovState
-
-from nodeforge import slurm_records as sr
 
 pytestmark = pytest.mark.unit
 

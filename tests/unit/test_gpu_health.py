@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from nodeforge.bootstrap import health
 from nodeforge.bootstrap.host import Host
 from nodeforge.bootstrap.paths import Paths
-
 from nodeforge.errors import CommandError, MissingToolError
 
 pytestmark = pytest.mark.unit
@@ -29,8 +29,14 @@ def fixture(name: str) -> str:
 class FakeNode:
     """FIXTURE machine: systemd units, nvidia-smi, the kernel log and slurmctld's node."""
 
-    def __init__(self, smi: str | None = "nvidia-smi-healthy-8gpu.csv", smi_rc: int = 0,
-                 kmsg: str = "", state: str = "IDLE", reason: str = ""):
+    def __init__(
+        self,
+        smi: str | None = "nvidia-smi-healthy-8gpu.csv",
+        smi_rc: int = 0,
+        kmsg: str = "",
+        state: str = "IDLE",
+        reason: str = "",
+    ):
         self.active = {"slurmd.service", "munge.service"}
         self.smi, self.smi_rc, self.kmsg = smi, smi_rc, kmsg
         self.state, self.reason = state, reason
@@ -56,7 +62,8 @@ class FakeNode:
         if cmd == "scontrol" and argv[1:3] == ["-o", "show"]:
             reason = f" Reason={self.reason}" if self.reason else ""
             return subprocess.CompletedProcess(
-                argv, 0, f"NodeName=n1 State={self.state} Gres=gpu:8{reason}\n")
+                argv, 0, f"NodeName=n1 State={self.state} Gres=gpu:8{reason}\n"
+            )
         if cmd == "scontrol" and argv[1] == "update":
             kv = dict(a.split("=", 1) for a in argv[2:])
             if kv["State"] == "DRAIN":
@@ -68,13 +75,19 @@ class FakeNode:
 
 
 def cfg(tmp_path: Path, expected: int | None = 8, **kw) -> health.Config:
-    return health.Config(expected_gpus=expected, data_dirs=(tmp_path,),
-                         report_dir=tmp_path / "gang", xid_cursor=tmp_path / "cursor", **kw)
+    return health.Config(
+        expected_gpus=expected,
+        data_dirs=(tmp_path,),
+        report_dir=tmp_path / "gang",
+        xid_cursor=tmp_path / "cursor",
+        **kw,
+    )
 
 
 def check(node: FakeNode, tmp_path: Path, expected: int | None = 8, **kw) -> health.Report:
-    rep = health.run_checks(Host(run=node.run), cfg(tmp_path, expected, **kw), "n1",
-                            now=lambda: 1_760_000_000.0)
+    rep = health.run_checks(
+        Host(run=node.run), cfg(tmp_path, expected, **kw), "n1", now=lambda: 1_760_000_000.0
+    )
     rep.action = health.SlurmNode(Host(run=node.run), "n1", tmp_path / "none.conf").apply(rep)
     return rep
 
@@ -90,19 +103,24 @@ def test_parse_healthy_8_gpus():
 def test_parse_ecc_and_na():
     ecc = health.parse_nvidia_smi(fixture("nvidia-smi-ecc.csv"))
     assert [g.ecc_uncorrected for g in ecc] == [0, 0, 0, 2, 0, 0, 0, 0]
-    assert {g.ecc_uncorrected for g in health.parse_nvidia_smi(fixture("nvidia-smi-no-ecc.csv"))} == {None}
+    assert {
+        g.ecc_uncorrected for g in health.parse_nvidia_smi(fixture("nvidia-smi-no-ecc.csv"))
+    } == {None}
 
 
-@pytest.mark.parametrize("line", [
-    "0, 00000000:18:00.0, GPU-1, Enabled, 0",  # too few fields
-    "x, 00000000:18:00.0, GPU-1, Enabled, 0, H100",
-    "0, 18:00.0\n, GPU-1, Enabled, 0, H100",
-    "0, 00000000:18:00.0, GPU-1, Maybe, 0, H100",
-    "0, 00000000:18:00.0, GPU-1, Enabled, NaN, H100",
-    "0, 00000000:18:00.0, GPU-1, Enabled, -1, H100",
-    "0, 00000000:18:00.0, GPU-1, Enabled, 99999999999999999999, H100",
-    "0, 00000000:18:00.0, GPU-1=x, Enabled, 0, H100",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "0, 00000000:18:00.0, GPU-1, Enabled, 0",  # too few fields
+        "x, 00000000:18:00.0, GPU-1, Enabled, 0, H100",
+        "0, 18:00.0\n, GPU-1, Enabled, 0, H100",
+        "0, 00000000:18:00.0, GPU-1, Maybe, 0, H100",
+        "0, 00000000:18:00.0, GPU-1, Enabled, NaN, H100",
+        "0, 00000000:18:00.0, GPU-1, Enabled, -1, H100",
+        "0, 00000000:18:00.0, GPU-1, Enabled, 99999999999999999999, H100",
+        "0, 00000000:18:00.0, GPU-1=x, Enabled, 0, H100",
+    ],
+)
 def test_parse_rejects_malformed(line):
     with pytest.raises(health.HealthError):
         health.parse_nvidia_smi(line)
@@ -129,8 +147,16 @@ def test_healthy_gpu_node_passes(tmp_path):
     node = FakeNode()
     rep = check(node, tmp_path)
     assert rep.ok and rep.gpus == 8 and rep.action == health.NOTHING
-    assert {c.name for c in rep.checks} == {"slurmd", "munge", "disk", "nvml", "gpu_count",
-                                            "persistence", "ecc", "xid"}
+    assert {c.name for c in rep.checks} == {
+        "slurmd",
+        "munge",
+        "disk",
+        "nvml",
+        "gpu_count",
+        "persistence",
+        "ecc",
+        "xid",
+    }
 
 
 def test_cpu_node_without_nvidia_smi_passes_without_gpu_checks(tmp_path):
@@ -140,16 +166,32 @@ def test_cpu_node_without_nvidia_smi_passes_without_gpu_checks(tmp_path):
     assert not any(c[0] == "nvidia-smi" for c in node.calls)
 
 
-@pytest.mark.parametrize("smi,rc,expected,what", [
-    ("nvidia-smi-missing-gpu.csv", 0, 8, "nodeforge-health: gpu_count: 7 of 8 GPUs"),
-    ("nvidia-smi-ecc.csv", 0, 8, "nodeforge-health: ecc: uncorrectable ECC errors 00000000:5d:00.0=2"),
-    ("nvidia-smi-persistence-off.csv", 0, 8,
-     "nodeforge-health: persistence: persistence mode off on 00000000:18:00.0"),
-    ("nvidia-smi-no-driver.txt", 9, 8,
-     "nodeforge-health: nvml: nvidia-smi: NVIDIA-SMI has failed because it couldn t communicate"),
-    (None, 0, 8, "nodeforge-health: nvml: nvidia-smi not installed"),
-    ("TIMEOUT", 0, 8, "nodeforge-health: nvml: nvidia-smi timed out after 10s"),
-])
+@pytest.mark.parametrize(
+    "smi,rc,expected,what",
+    [
+        ("nvidia-smi-missing-gpu.csv", 0, 8, "nodeforge-health: gpu_count: 7 of 8 GPUs"),
+        (
+            "nvidia-smi-ecc.csv",
+            0,
+            8,
+            "nodeforge-health: ecc: uncorrectable ECC errors 00000000:5d:00.0=2",
+        ),
+        (
+            "nvidia-smi-persistence-off.csv",
+            0,
+            8,
+            "nodeforge-health: persistence: persistence mode off on 00000000:18:00.0",
+        ),
+        (
+            "nvidia-smi-no-driver.txt",
+            9,
+            8,
+            "nodeforge-health: nvml: nvidia-smi: NVIDIA-SMI has failed because it couldn t communicate",
+        ),
+        (None, 0, 8, "nodeforge-health: nvml: nvidia-smi not installed"),
+        ("TIMEOUT", 0, 8, "nodeforge-health: nvml: nvidia-smi timed out after 10s"),
+    ],
+)
 def test_gpu_failures_drain_with_what_failed(tmp_path, smi, rc, expected, what):
     node = FakeNode(smi=smi, smi_rc=rc)
     rep = check(node, tmp_path, expected)
@@ -205,17 +247,20 @@ def test_full_disk_drains(tmp_path):
 
 
 # -- drain / clear rules ------------------------------------------------------------------------
-@pytest.mark.parametrize("state,reason,healthy,action", [
-    ("IDLE", "", True, health.NOTHING),
-    ("IDLE+DRAIN", "nodeforge-health: gpu_count: 7 of 8 GPUs", True, health.CLEARED),
-    ("IDLE+DRAIN", "nodeforge-health: xid: XID 79@0000:5d:00", True, health.NOTHING),  # sticky
-    ("IDLE+DRAIN", "maintenance by ops", True, health.NOTHING),
-    ("IDLE+DRAIN", "nodeforge: running hooks", True, health.NOTHING),  # the gate resumes
-    ("IDLE+DRAIN", "maintenance by ops", False, health.LEFT),
-    ("IDLE+DRAIN", "nodeforge: running hooks", False, health.DRAINED),
-    ("IDLE", "", False, health.DRAINED),
-    ("MIXED+DRAIN", "nodeforge-health: ecc: x", False, health.DRAINED),
-])
+@pytest.mark.parametrize(
+    "state,reason,healthy,action",
+    [
+        ("IDLE", "", True, health.NOTHING),
+        ("IDLE+DRAIN", "nodeforge-health: gpu_count: 7 of 8 GPUs", True, health.CLEARED),
+        ("IDLE+DRAIN", "nodeforge-health: xid: XID 79@0000:5d:00", True, health.NOTHING),  # sticky
+        ("IDLE+DRAIN", "maintenance by ops", True, health.NOTHING),
+        ("IDLE+DRAIN", "nodeforge: running hooks", True, health.NOTHING),  # the gate resumes
+        ("IDLE+DRAIN", "maintenance by ops", False, health.LEFT),
+        ("IDLE+DRAIN", "nodeforge: running hooks", False, health.DRAINED),
+        ("IDLE", "", False, health.DRAINED),
+        ("MIXED+DRAIN", "nodeforge-health: ecc: x", False, health.DRAINED),
+    ],
+)
 def test_decide(state, reason, healthy, action):
     assert health.decide(state, reason, healthy) == action
 
@@ -248,6 +293,7 @@ def test_hanging_check_is_bounded_and_drains_timed_out(tmp_path):
 def test_crashing_check_fails_with_what_crashed(tmp_path):
     def boom(argv, **kw):
         raise ValueError("bad\nthing")
+
     rep = health.run_checks(Host(run=boom), cfg(tmp_path, None), "n1")
     assert not rep.ok and "check crashed: ValueError: bad thing" in rep.reason
 
@@ -257,6 +303,7 @@ def test_slurmctld_unreachable_is_reported(tmp_path):
         if argv[0] == "scontrol":
             raise CommandError(argv, -1, "", hint="timed out")
         return FakeNode().run(argv, **kw)
+
     rep = health.run_checks(Host(run=run), cfg(tmp_path, None), "n1")
     assert health.SlurmNode(Host(run=run), "n1", tmp_path / "c").apply(rep) == health.UNREACHABLE
 
@@ -273,21 +320,34 @@ def test_reports_json_and_prometheus(tmp_path):
     assert body["ok"] is False and body["reason"] == "nodeforge-health: gpu_count: 7 of 8 GPUs"
     assert body["node"] == "gpu-001" and body["action"] == "drained" and body["gpus"] == 7
     prom = (out / "nodeforge_health.prom").read_text()
-    assert "nodeforge_health_ok 0\n" in prom and 'nodeforge_health_check_ok{check="gpu_count"} 0' in prom
+    assert (
+        "nodeforge_health_ok 0\n" in prom
+        and 'nodeforge_health_check_ok{check="gpu_count"} 0' in prom
+    )
     assert "nodeforge_health_gpus 7\n" in prom
     assert rep.action == health.DRAINED
     upd = [c for c in node.calls if c[:2] == ["scontrol", "update"]]
-    assert upd == [["scontrol", "update", "NodeName=gpu-001", "State=DRAIN",
-                    "Reason=nodeforge-health: gpu_count: 7 of 8 GPUs"]]
+    assert upd == [
+        [
+            "scontrol",
+            "update",
+            "NodeName=gpu-001",
+            "State=DRAIN",
+            "Reason=nodeforge-health: gpu_count: 7 of 8 GPUs",
+        ]
+    ]
 
 
-@pytest.mark.parametrize("params,msg", [
-    ({}, "node: missing"),
-    ({"node": "a b"}, "node: missing or not a node name"),
-    ({"node": "n1", "expected_gpus": 65}, "expected_gpus"),
-    ({"node": "n1", "expected_gpus": True}, "expected_gpus"),
-    ({"node": "n1", "expected_gpus": "8"}, "expected_gpus"),
-])
+@pytest.mark.parametrize(
+    "params,msg",
+    [
+        ({}, "node: missing"),
+        ({"node": "a b"}, "node: missing or not a node name"),
+        ({"node": "n1", "expected_gpus": 65}, "expected_gpus"),
+        ({"node": "n1", "expected_gpus": True}, "expected_gpus"),
+        ({"node": "n1", "expected_gpus": "8"}, "expected_gpus"),
+    ],
+)
 def test_node_config_rejects_bad_params_json(tmp_path, params, msg):
     from nodeforge.errors import NodeforgeError
 

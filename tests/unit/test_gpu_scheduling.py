@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from nodeforge.bootstrap import gres
 from nodeforge.bootstrap.params import ParamsError, parse_params
-
 from tests.unit.test_bootstrap import COMPUTE, CTL, make
 
 pytestmark = pytest.mark.unit
@@ -44,8 +44,9 @@ def test_node_gres_adds_expected_gpus_only_when_no_gpu_gres_given():
 
 
 def test_controller_on_a_vm_enforces_cgroups_and_serves_gres_conf(tmp_path):
-    agent, fm, paths, _ = make(tmp_path, {**CTL, "gres_types": ["gpu"], "health_interval": 120},
-                               slurm_version="24.11.5")
+    agent, fm, paths, _ = make(
+        tmp_path, {**CTL, "gres_types": ["gpu"], "health_interval": 120}, slurm_version="24.11.5"
+    )
     fm.fail_on["systemd-detect-virt"] = 1  # not a container: a VM or metal
     agent.init()
     conf = (paths.slurm_etc / "slurm.conf").read_text()
@@ -61,15 +62,21 @@ def test_real_slurm_conf_template_with_enforcement_and_health(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    agent, fm, paths, _ = make(tmp_path, {**CTL, "gres_types": ["gpu"], "health_interval": 120},
-                               slurm_version="24.11.5")
+    agent, fm, paths, _ = make(
+        tmp_path, {**CTL, "gres_types": ["gpu"], "health_interval": 120}, slurm_version="24.11.5"
+    )
     shutil.copy(repo / "roles/slurm/templates/slurm.conf.j2", paths.templates / "slurm.conf.j2")
     fm.fail_on["systemd-detect-virt"] = 1
     agent.init()
     lines = (paths.slurm_etc / "slurm.conf").read_text().splitlines()
-    for line in ("ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup,task/affinity",
-                 "GresTypes=gpu", "HealthCheckProgram=/usr/local/sbin/nodeforge-health",
-                 "HealthCheckInterval=120", "HealthCheckNodeState=ANY,CYCLE"):
+    for line in (
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup,task/affinity",
+        "GresTypes=gpu",
+        "HealthCheckProgram=/usr/local/sbin/nodeforge-health",
+        "HealthCheckInterval=120",
+        "HealthCheckNodeState=ANY,CYCLE",
+    ):
         assert line in lines, line
 
 

@@ -7,17 +7,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nodeforge.images import base as base_mod
-from nodeforge.images import versions
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import base as base_mod
+from nodeforge.images import versions
 from tests.fixtures.mirror import make_mirror
 
 pytestmark = pytest.mark.unit
 
-GPU_ARTIFACTS = {"libnvidia_container1_deb", "libnvidia_container_tools_deb",
-                 "nvidia_container_toolkit_base_deb", "nvidia_container_toolkit_deb",
-                 "nvidia_fabricmanager_deb"}
+GPU_ARTIFACTS = {
+    "libnvidia_container1_deb",
+    "libnvidia_container_tools_deb",
+    "nvidia_container_toolkit_base_deb",
+    "nvidia_container_toolkit_deb",
+    "nvidia_fabricmanager_deb",
+}
 
 
 def test_cpu_build_needs_no_nvidia_artifact_and_gpu_build_needs_all():
@@ -61,8 +65,12 @@ def test_fixture_mirror_has_every_gpu_artifact_labelled_fixture(tmp_path):
     for a in versions.load().for_arch("amd64", "gpu"):
         assert a.file in sums, a.file
         if a.file.endswith(".deb"):
-            desc = subprocess.run(["dpkg-deb", "-f", str(tmp_path / "m" / a.file), "Description"],
-                                  capture_output=True, text=True, check=True).stdout
+            desc = subprocess.run(
+                ["dpkg-deb", "-f", str(tmp_path / "m" / a.file), "Description"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             assert "FIXTURE" in desc
 
 
@@ -75,8 +83,15 @@ def test_base_components_and_key_per_variant():
     # The cpu key is the one it had before variants existed (cached bases stay valid).
     import hashlib
     import json
-    old = {"suite": args[0], "mirror": args[1], "arch": args[2], "variant": args[3],
-           "packages": list(args[4]), "mmdebstrap": args[5]}
+
+    old = {
+        "suite": args[0],
+        "mirror": args[1],
+        "arch": args[2],
+        "variant": args[3],
+        "packages": list(args[4]),
+        "mmdebstrap": args[5],
+    }
     assert cpu.key() == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -103,8 +118,10 @@ def test_gpu_role_runs_only_for_the_gpu_variant():
 
 
 def test_gpu_role_checks_versions_and_builds_for_the_image_kernel():
-    tasks = yaml.safe_load((Path(versions.__file__).parents[1] / "roles/gpu/tasks/install.yml")
-                           .read_text())
+    tasks = yaml.safe_load(
+        (Path(versions.__file__).parents[1] / "roles/gpu/tasks/install.yml").read_text()
+    )
+
     def walk(ts):
         for t in ts:
             yield t
@@ -113,7 +130,8 @@ def test_gpu_role_checks_versions_and_builds_for_the_image_kernel():
 
     argvs = [t.get("ansible.builtin.command", {}).get("argv") for t in walk(tasks)]
     assert [a for a in argvs if a and a[0] == "dkms"] == [
-        ["dkms", "autoinstall", "-k", "{{ gpu_kernel_version }}"]]
+        ["dkms", "autoinstall", "-k", "{{ gpu_kernel_version }}"]
+    ]
     text = (Path(versions.__file__).parents[1] / "roles/gpu/tasks/install.yml").read_text()
     assert "version mismatch" in text and "linux-headers-" in text
     assert "/var/lib/dkms/mok.key" in text  # no private key ships in the image
@@ -136,10 +154,12 @@ def test_dkms_compat_fix_only_for_kernels_with_exclude_bars(tmp_path, header, pa
 
     import jinja2
 
-    tpl = (Path(versions.__file__).parents[1] / "roles/gpu/templates/nvidia-dkms-compat.sh.j2")
+    tpl = Path(versions.__file__).parents[1] / "roles/gpu/templates/nvidia-dkms-compat.sh.j2"
     script = jinja2.Template(tpl.read_text()).render(
-        ansible_managed="test", gpu_dkms_module="nvidia-current-open",
-        gpu_driver_version="550.163.01")
+        ansible_managed="test",
+        gpu_dkms_module="nvidia-current-open",
+        gpu_driver_version="550.163.01",
+    )
     # The script reads /lib/modules/$1/source/include/linux/pci.h: point it into tmp_path.
     script = script.replace("/lib/modules/", f"{tmp_path}/lib/modules/")
     kdir = tmp_path / "lib/modules/6.12.117+deb13-amd64/source/include/linux"
@@ -149,11 +169,21 @@ def test_dkms_compat_fix_only_for_kernels_with_exclude_bars(tmp_path, header, pa
     (build / "nvidia").mkdir(parents=True)
     (build / "nvidia/nv-pci.c").write_text(NV_PCI_C)
     (build / "compat.sh").write_text(script)
-    cp = subprocess.run([shutil.which("sh"), "compat.sh", "6.12.117+deb13-amd64"], cwd=build,
-                        capture_output=True, text=True, check=False)
+    cp = subprocess.run(
+        [shutil.which("sh"), "compat.sh", "6.12.117+deb13-amd64"],
+        cwd=build,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert cp.returncode == 0, cp.stderr
     text = (build / "nvidia/nv-pci.c").read_text()
     assert ("requested_size, 0);" in text) is patched
-    cp = subprocess.run([shutil.which("sh"), "compat.sh", "9.9.9-amd64"], cwd=build,
-                        capture_output=True, text=True, check=False)
+    cp = subprocess.run(
+        [shutil.which("sh"), "compat.sh", "9.9.9-amd64"],
+        cwd=build,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert cp.returncode == 1 and "no linux/pci.h for kernel 9.9.9-amd64" in cp.stderr

@@ -215,8 +215,12 @@ def test_http_fetch_and_missing_file(paths, tmp_path):
         assert (paths.hook_cache / "30-net.sh").read_bytes() == body
         res = (
             runner(paths)
-            .run_all(discover(paths, params(hooks=[{"uri": url.replace("30-net", "31-gone"),
-                                                    "sha256": "0" * 64}])))
+            .run_all(
+                discover(
+                    paths,
+                    params(hooks=[{"uri": url.replace("30-net", "31-gone"), "sha256": "0" * 64}]),
+                )
+            )
             .failure
         )
         assert res.status == "fetch-failed"

@@ -47,11 +47,14 @@ def kind(request, monkeypatch):
 
 def test_setsid_daemon_is_stopped_when_the_hook_exits(kind, tmp_path):
     pidf = tmp_path / "pid"
-    script = f"setsid sh -c 'echo $$ > {pidf}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n" \
-             f"while [ ! -s {pidf} ]; do sleep 0.01; done\nexit 0\n"
+    script = (
+        f"setsid sh -c 'echo $$ > {pidf}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n"
+        f"while [ ! -s {pidf} ]; do sleep 0.01; done\nexit 0\n"
+    )
     with open(tmp_path / "out", "w") as out:
-        gr = proc.run_group(["sh", "-c", script], timeout=20, output=out, grace=0.5,
-                            contain="test-daemon")
+        gr = proc.run_group(
+            ["sh", "-c", script], timeout=20, output=out, grace=0.5, contain="test-daemon"
+        )
     pid = int(pidf.read_text())
     assert gr.returncode == 0 and not gr.timed_out and gr.containment == kind
     assert gr.leftovers, "the daemon was running after the hook exited"
@@ -61,12 +64,15 @@ def test_setsid_daemon_is_stopped_when_the_hook_exits(kind, tmp_path):
 def test_timeout_stops_term_ignoring_double_fork(kind, tmp_path):
     pidf = tmp_path / "pid"
     # A grandchild that ignores SIGTERM and double-forks away from both the group and the parent.
-    script = (f"( trap '' TERM; setsid sh -c \"trap '' TERM; echo \\$\\$ > {pidf}; "
-              f"while :; do sleep 0.1; done\" & ) &\nsleep 300\n")
+    script = (
+        f"( trap '' TERM; setsid sh -c \"trap '' TERM; echo \\$\\$ > {pidf}; "
+        f'while :; do sleep 0.1; done" & ) &\nsleep 300\n'
+    )
     t = time.monotonic()
     with open(tmp_path / "out", "w") as out:
-        gr = proc.run_group(["sh", "-c", script], timeout=1, output=out, grace=0.3,
-                            contain="test-timeout")
+        gr = proc.run_group(
+            ["sh", "-c", script], timeout=1, output=out, grace=0.3, contain="test-timeout"
+        )
     assert gr.timed_out and time.monotonic() - t < 8
     pid = int(pidf.read_text())
     assert _gone(pid), f"TERM-ignoring daemon {pid} survived the timeout ({kind})"
@@ -78,8 +84,9 @@ def test_cgroup_directory_is_removed(monkeypatch, tmp_path):
         pytest.skip("no writable cgroup v2 here (needs root); the subreaper tests cover this host")
     monkeypatch.setattr(proc, "containment", lambda: "cgroup")
     before = {p.name for p in base.iterdir() if p.name.startswith("nodeforge-")}
-    gr = proc.run_group(["sh", "-c", "setsid sleep 300 & exit 3"], timeout=10, grace=0.3,
-                        contain="test-rmdir")
+    gr = proc.run_group(
+        ["sh", "-c", "setsid sleep 300 & exit 3"], timeout=10, grace=0.3, contain="test-rmdir"
+    )
     assert gr.returncode == 3
     assert {p.name for p in base.iterdir() if p.name.startswith("nodeforge-")} == before
 
@@ -99,8 +106,9 @@ def test_output_cap_keeps_head_and_tail(tmp_path):
     script = "i=0; while [ $i -lt 2000 ]; do echo line-$i; i=$((i+1)); done\n"
     with open(tmp_path / "out", "w") as out:
         out.write("header\n")
-        gr = proc.run_group(["sh", "-c", script], timeout=20, output=out, output_cap=1000,
-                            contain="test-cap")
+        gr = proc.run_group(
+            ["sh", "-c", script], timeout=20, output=out, output_cap=1000, contain="test-cap"
+        )
     text = (tmp_path / "out").read_text()
     total = sum(len(f"line-{i}\n") for i in range(2000))
     assert gr.dropped == total - 1000
@@ -111,8 +119,13 @@ def test_output_cap_keeps_head_and_tail(tmp_path):
 
 def test_output_under_the_cap_is_whole(tmp_path):
     with open(tmp_path / "out", "w") as out:
-        gr = proc.run_group(["sh", "-c", "echo a; echo b >&2"], timeout=10, output=out,
-                            output_cap=1000, contain="test-small")
+        gr = proc.run_group(
+            ["sh", "-c", "echo a; echo b >&2"],
+            timeout=10,
+            output=out,
+            output_cap=1000,
+            contain="test-small",
+        )
     assert gr.dropped == 0 and (tmp_path / "out").read_text() == "a\nb\n"
 
 
@@ -131,6 +144,10 @@ def test_scope_command_bounds_runtime_and_follows_the_agent_unit(monkeypatch):
     argv = box.wrap(["/etc/nodeforge/on-init.d/10-x"])
     assert argv[:4] == ["/usr/bin/systemd-run", "--scope", "--quiet", "--collect"]
     assert argv[4].startswith("--unit=nodeforge-hook-10-x-")
-    assert argv[5:] == ["--property=TimeoutStopSec=5s", "--property=RuntimeMaxSec=640s",
-                        "--property=PartOf=nodeforge-init.service", "--",
-                        "/etc/nodeforge/on-init.d/10-x"]
+    assert argv[5:] == [
+        "--property=TimeoutStopSec=5s",
+        "--property=RuntimeMaxSec=640s",
+        "--property=PartOf=nodeforge-init.service",
+        "--",
+        "/etc/nodeforge/on-init.d/10-x",
+    ]

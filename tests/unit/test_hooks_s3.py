@@ -50,8 +50,14 @@ def s3(s3_server, monkeypatch):
 
 
 def params(endpoint, **kw):
-    d = {"role": "compute", "cluster_name": "demo", "controller": "ctl", "munge_key": KEY,
-         "hook_retries": 0, "s3_endpoint_url": endpoint}
+    d = {
+        "role": "compute",
+        "cluster_name": "demo",
+        "controller": "ctl",
+        "munge_key": KEY,
+        "hook_retries": 0,
+        "s3_endpoint_url": endpoint,
+    }
     d.update(kw)
     return parse_params(d, "test")
 
@@ -67,17 +73,22 @@ def paths(tmp_path):
 
 def runner(paths, sleeps=None):
     env = HookEnv("compute", "demo", "c1", "ctl", paths.params_json)
-    return Runner(paths, env, sleep=(sleeps.append if sleeps is not None else (lambda s: None)),
-                  grace=0.5)
+    return Runner(
+        paths, env, sleep=(sleeps.append if sleeps is not None else (lambda s: None)), grace=0.5
+    )
 
 
 def test_single_object_hook_with_sha256(s3, paths, tmp_path):
     client, bucket, endpoint = s3
     marker = tmp_path / "ran"
-    body = f"#!/bin/sh\necho \"$NODEFORGE_HOOK\" > {marker}\n".encode()
+    body = f'#!/bin/sh\necho "$NODEFORGE_HOOK" > {marker}\n'.encode()
     client.put_object(Bucket=bucket, Key="hooks/30-s3.sh", Body=body)
-    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/hooks/30-s3.sh",
-                                 "sha256": hashlib.sha256(body).hexdigest()}])
+    p = params(
+        endpoint,
+        hooks=[
+            {"uri": f"s3://{bucket}/hooks/30-s3.sh", "sha256": hashlib.sha256(body).hexdigest()}
+        ],
+    )
     assert runner(paths).run_all(discover(paths, p)).ok
     assert marker.read_text() == "30-s3.sh\n"
     assert (paths.hook_cache / "30-s3.sh").read_bytes() == body
@@ -93,22 +104,34 @@ def test_prefix_and_script_runs_beside_its_siblings(s3, paths, tmp_path):
     """HyperPod's SourceS3Uri + OnCreate: the prefix is synced, the script runs in it."""
     client, bucket, endpoint = s3
     out = tmp_path / "out"
-    client.put_object(Bucket=bucket, Key="lifecycle/on_create.sh", Body=(
-        f"#!/bin/bash\nset -e\nbash ./utils/add_users.sh > {out}\ncat config.json >> {out}\n"
-        f"pwd >> {out}\n").encode())
+    client.put_object(
+        Bucket=bucket,
+        Key="lifecycle/on_create.sh",
+        Body=(
+            f"#!/bin/bash\nset -e\nbash ./utils/add_users.sh > {out}\ncat config.json >> {out}\n"
+            f"pwd >> {out}\n"
+        ).encode(),
+    )
     client.put_object(Bucket=bucket, Key="lifecycle/utils/add_users.sh", Body=b"echo users-ok\n")
     client.put_object(Bucket=bucket, Key="lifecycle/config.json", Body=b'{"k": 1}\n')
     client.put_object(Bucket=bucket, Key="lifecycle/", Body=b"")  # console "folder" marker
     client.put_object(Bucket=bucket, Key="other/not-synced.sh", Body=b"exit 1\n")
-    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lifecycle/", "script": "on_create.sh",
-                                 "name": "60-lifecycle"}])
+    p = params(
+        endpoint,
+        hooks=[
+            {"uri": f"s3://{bucket}/lifecycle/", "script": "on_create.sh", "name": "60-lifecycle"}
+        ],
+    )
     hooks = discover(paths, p)
     assert [h.name for h in hooks] == ["60-lifecycle"]
     assert runner(paths).run_all(hooks).ok, (paths.hooks_log_dir / "60-lifecycle.log").read_text()
     synced = paths.hook_cache / "60-lifecycle.d"
     assert out.read_text() == f'users-ok\n{{"k": 1}}\n{synced}\n'
     assert sorted(str(p.relative_to(synced)) for p in synced.rglob("*") if p.is_file()) == [
-        "config.json", "on_create.sh", "utils/add_users.sh"]
+        "config.json",
+        "on_create.sh",
+        "utils/add_users.sh",
+    ]
     # A re-sync replaces the copy whole: an object deleted upstream is gone locally.
     client.delete_object(Bucket=bucket, Key="lifecycle/config.json")
     client.put_object(Bucket=bucket, Key="lifecycle/on_create.sh", Body=b"#!/bin/sh\ntrue\n")
@@ -123,8 +146,10 @@ def test_prefix_without_the_script_or_with_unsafe_keys(s3, paths):
     p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lc/", "script": "on_create.sh"}])
     res = runner(paths).run_all(discover(paths, p)).failure
     assert res.status == "fetch-failed"
-    assert res.reason == "hook on_create.sh could not be fetched: " \
-                         f"s3://{bucket}/lc/ has no 'on_create.sh' (found 1 objects)"
+    assert (
+        res.reason == "hook on_create.sh could not be fetched: "
+        f"s3://{bucket}/lc/ has no 'on_create.sh' (found 1 objects)"
+    )
     client.put_object(Bucket=bucket, Key="lc2/on_create.sh", Body=b"#!/bin/sh\ntrue\n")
     client.put_object(Bucket=bucket, Key="lc2/a/../../escape.sh", Body=b"true\n")
     p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lc2/", "script": "on_create.sh"}])
@@ -155,17 +180,20 @@ def test_credentials_never_from_params(s3, paths, monkeypatch):
     assert res.status == "fetch-failed" and "NoCredentialsError" in res.reason
 
 
-@pytest.mark.parametrize("url, ok", [
-    ("https://s3.eu-west-1.amazonaws.com", True),
-    ("https://minio.internal:9000/", True),
-    ("http://127.0.0.1:9000", True),
-    ("http://[::1]:9000", True),
-    ("http://s3.example.com", False),  # plain http off this machine
-    ("https://s3.example.com/\n", False),
-    ("https://s3.example.com/path", False),
-    ("ftp://s3.example.com", False),
-    ("https://user:pw@s3.example.com", False),
-])
+@pytest.mark.parametrize(
+    "url, ok",
+    [
+        ("https://s3.eu-west-1.amazonaws.com", True),
+        ("https://minio.internal:9000/", True),
+        ("http://127.0.0.1:9000", True),
+        ("http://[::1]:9000", True),
+        ("http://s3.example.com", False),  # plain http off this machine
+        ("https://s3.example.com/\n", False),
+        ("https://s3.example.com/path", False),
+        ("ftp://s3.example.com", False),
+        ("https://user:pw@s3.example.com", False),
+    ],
+)
 def test_endpoint_grammar(url, ok):
     if ok:
         assert params(url).s3_endpoint_url == url.rstrip("/")

@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
+from test_bootstrap import COMPUTE, make  # the agent harness (fake Slurm records the drain)
+
+from nodeforge import download
 from nodeforge.bootstrap import hooks as hooks_mod
 from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.bootstrap.paths import Paths
-from test_bootstrap import COMPUTE, make  # the agent harness (fake Slurm records the drain)
-
-from nodeforge import download
 
 pytestmark = pytest.mark.unit
 
@@ -32,8 +32,13 @@ ROOT = os.geteuid() == 0
 
 
 def params(**kw):
-    d = {"role": "compute", "cluster_name": "demo", "controller": "ctl", "munge_key": KEY,
-         "hook_retries": 0}
+    d = {
+        "role": "compute",
+        "cluster_name": "demo",
+        "controller": "ctl",
+        "munge_key": KEY,
+        "hook_retries": 0,
+    }
     d.update(kw)
     return parse_params(d, "test")
 
@@ -57,31 +62,64 @@ def paths(tmp_path):
 
 def runner(paths, sleeps=None, **kw):
     env = HookEnv("compute", "demo", "c1", "ctl", paths.params_json)
-    return Runner(paths, env, sleep=(sleeps.append if sleeps is not None else (lambda s: None)),
-                  grace=0.5, **kw)
+    return Runner(
+        paths,
+        env,
+        sleep=(sleeps.append if sleeps is not None else (lambda s: None)),
+        grace=0.5,
+        **kw,
+    )
 
 
 # -- remote hooks: https or a sha256 -----------------------------------------------------------
 def test_plain_http_without_sha256_is_refused_before_anything_runs(paths, tmp_path):
     marker = tmp_path / "ran"
     script(paths.on_init_d / "10-first", f"touch {marker}\n")
-    with pytest.raises(HookError, match=r"hook 50-x\.sh refused: http://h\.example/50-x\.sh is "
-                       r"plain http without a sha256; serve it over https:// or set "
-                       r"hooks\[0\]\.sha256"):
+    with pytest.raises(
+        HookError,
+        match=r"hook 50-x\.sh refused: http://h\.example/50-x\.sh is "
+        r"plain http without a sha256; serve it over https:// or set "
+        r"hooks\[0\]\.sha256",
+    ):
         discover(paths, params(hooks=["http://h.example/50-x.sh"]))
     assert not marker.exists()
-    ok = discover(paths, params(hooks=["https://h.example/50-x.sh",
-                                       {"uri": "http://h.example/60-y.sh", "sha256": "a" * 64}]))
+    ok = discover(
+        paths,
+        params(
+            hooks=[
+                "https://h.example/50-x.sh",
+                {"uri": "http://h.example/60-y.sh", "sha256": "a" * 64},
+            ]
+        ),
+    )
     assert [h.name for h in ok] == ["10-first", "50-x.sh", "60-y.sh"]
 
 
 def test_https_to_http_redirect_is_a_failed_fetch(paths, tmp_path, monkeypatch):
     d = tmp_path / "tls"
     d.mkdir()
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(d / "k.pem"),
+            "-out",
+            str(d / "c.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     plain = _server({"/x.sh": b"#!/bin/sh\ntouch /nonexistent/never\n"})
 
     class Redirect(http.server.BaseHTTPRequestHandler):
@@ -99,8 +137,13 @@ def test_https_to_http_redirect_is_a_failed_fetch(paths, tmp_path, monkeypatch):
     sctx.load_cert_chain(d / "c.pem", d / "k.pem")
     srv.socket = sctx.wrap_socket(srv.socket, server_side=True)
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    monkeypatch.setattr(hooks_mod, "_FETCH_POLICY", download.Policy(
-        attempts=1, timeout=5, context=ssl.create_default_context(cafile=str(d / "c.pem"))))
+    monkeypatch.setattr(
+        hooks_mod,
+        "_FETCH_POLICY",
+        download.Policy(
+            attempts=1, timeout=5, context=ssl.create_default_context(cafile=str(d / "c.pem"))
+        ),
+    )
     try:
         url = f"https://127.0.0.1:{srv.server_address[1]}/x.sh"
         res = runner(paths).run_all(discover(paths, params(hooks=[url]))).failure
@@ -116,8 +159,11 @@ def test_https_to_http_redirect_is_a_failed_fetch(paths, tmp_path, monkeypatch):
 # -- baked hooks: owner, mode, symlinks --------------------------------------------------------
 def test_group_or_world_writable_hook_refused(paths):
     script(paths.on_init_d / "10-open", "true\n", mode=0o775)
-    with pytest.raises(HookError, match=r"hook 10-open refused: .*10-open is group- or "
-                       r"world-writable \(mode 0775\); refused \(chmod go-w"):
+    with pytest.raises(
+        HookError,
+        match=r"hook 10-open refused: .*10-open is group- or "
+        r"world-writable \(mode 0775\); refused \(chmod go-w",
+    ):
         discover(paths, params())
     (paths.on_init_d / "10-open").chmod(0o757)
     with pytest.raises(HookError, match=r"mode 0757"):
@@ -127,8 +173,11 @@ def test_group_or_world_writable_hook_refused(paths):
 def test_writable_directory_refused(paths):
     script(paths.on_init_d / "10-ok", "true\n")
     paths.on_init_d.chmod(0o777)
-    with pytest.raises(HookError, match=r"hooks: .*on-init\.d is group- or world-writable "
-                       r"\(mode 0777\)"):
+    with pytest.raises(
+        HookError,
+        match=r"hooks: .*on-init\.d is group- or world-writable "
+        r"\(mode 0777\)",
+    ):
         discover(paths, params())
 
 
@@ -136,8 +185,11 @@ def test_writable_directory_refused(paths):
 def test_hook_not_owned_by_root_refused(paths):
     p = script(paths.on_init_d / "10-theirs", "true\n")
     os.chown(p, 65534, 65534)
-    with pytest.raises(HookError, match=r"hook 10-theirs refused: .* is owned by uid 65534, not "
-                       r"root; refused \(chown root:root"):
+    with pytest.raises(
+        HookError,
+        match=r"hook 10-theirs refused: .* is owned by uid 65534, not "
+        r"root; refused \(chown root:root",
+    ):
         discover(paths, params())
     os.chown(p, 0, 0)
     os.chown(paths.on_init_d, 65534, 0)
@@ -151,8 +203,11 @@ def test_symlink_out_of_on_init_d_refused_inside_allowed(paths, tmp_path):
     (paths.on_init_d / "20-link").symlink_to(inside)
     assert [h.name for h in discover(paths, params())] == ["20-link"]
     (paths.on_init_d / "10-evil").symlink_to(outside)
-    with pytest.raises(HookError, match=r"hook 10-evil refused: symlink to .*/elsewhere/evil "
-                       r"points out of .*on-init\.d"):
+    with pytest.raises(
+        HookError,
+        match=r"hook 10-evil refused: symlink to .*/elsewhere/evil "
+        r"points out of .*on-init\.d",
+    ):
         discover(paths, params())
     (paths.on_init_d / "10-evil").unlink()
     (paths.on_init_d / "10-dots").symlink_to("../../../elsewhere/evil")
@@ -185,14 +240,17 @@ def test_refused_baked_hook_drains_with_reason(tmp_path):
 
 
 # -- names -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", [
-    {"uri": "file:///opt/hooks/x", "name": "."},
-    {"uri": "file:///opt/hooks/x", "name": ".."},
-    {"uri": "file:///opt/hooks/.."},
-    {"uri": "https://h.example/a/."},
-    {"uri": "file:///opt/hooks/x", "name": "x\n"},  # `$` in the params regex lets this by
-    {"uri": "file:///opt/hooks/x", "name": "a" * 129},
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"uri": "file:///opt/hooks/x", "name": "."},
+        {"uri": "file:///opt/hooks/x", "name": ".."},
+        {"uri": "file:///opt/hooks/.."},
+        {"uri": "https://h.example/a/."},
+        {"uri": "file:///opt/hooks/x", "name": "x\n"},  # `$` in the params regex lets this by
+        {"uri": "file:///opt/hooks/x", "name": "a" * 129},
+    ],
+)
 def test_dot_names_refused(paths, spec):
     with pytest.raises((HookError, ParamsError), match=r"hooks\[0\]"):
         discover(paths, params(hooks=[spec]))
@@ -209,9 +267,11 @@ def _alive(pid: int) -> bool:
 
 def test_setsid_daemon_started_by_a_hook_is_gone(paths, tmp_path):
     pidf = tmp_path / "daemon.pid"
-    script(paths.on_init_d / "10-daemon",
-           f"setsid sh -c 'echo $$ > {pidf}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n"
-           f"while [ ! -s {pidf} ]; do sleep 0.01; done\n")
+    script(
+        paths.on_init_d / "10-daemon",
+        f"setsid sh -c 'echo $$ > {pidf}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n"
+        f"while [ ! -s {pidf} ]; do sleep 0.01; done\n",
+    )
     assert runner(paths).run_all(discover(paths, params())).ok
     pid = int(pidf.read_text())
     end = time.monotonic() + 3
@@ -223,14 +283,18 @@ def test_setsid_daemon_started_by_a_hook_is_gone(paths, tmp_path):
 
 
 def test_output_is_capped_head_and_tail_kept(paths):
-    script(paths.on_init_d / "10-loud",
-           "echo FIRST; i=0; while [ $i -lt 20000 ]; do echo noise-$i; i=$((i+1)); done; "
-           "echo LAST >&2\n")
+    script(
+        paths.on_init_d / "10-loud",
+        "echo FIRST; i=0; while [ $i -lt 20000 ]; do echo noise-$i; i=$((i+1)); done; "
+        "echo LAST >&2\n",
+    )
     p = params(hook_output_max=4096)
     assert runner(paths, output_max=p.hook_output_max).run_all(discover(paths, p)).ok
     log = (paths.hooks_log_dir / "10-loud.log").read_text()
     assert "FIRST\nnoise-0\n" in log and "noise-19999\nLAST\n" in log
-    assert "bytes of output dropped here" in log and "bytes of output dropped (hook_output_max)" in log
+    assert (
+        "bytes of output dropped here" in log and "bytes of output dropped (hook_output_max)" in log
+    )
     assert len(log) < 4096 + 1000
 
 
@@ -275,9 +339,18 @@ def test_truncated_fetch_is_retried_with_the_run_backoff(paths, tmp_path):
     srv, base, _ = _server({"/40-net.sh": body}, truncate_first=2)
     sleeps: list[float] = []
     try:
-        p = params(hooks=[{"uri": f"{base}/40-net.sh", "sha256": hashlib.sha256(body).hexdigest(),
-                           "retries": 3}])
-        res = runner(paths, sleeps, backoff=2, backoff_max=60).run_all(discover(paths, p)).results[0]
+        p = params(
+            hooks=[
+                {
+                    "uri": f"{base}/40-net.sh",
+                    "sha256": hashlib.sha256(body).hexdigest(),
+                    "retries": 3,
+                }
+            ]
+        )
+        res = (
+            runner(paths, sleeps, backoff=2, backoff_max=60).run_all(discover(paths, p)).results[0]
+        )
     finally:
         srv.shutdown()
         srv.server_close()

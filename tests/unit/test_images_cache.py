@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from nodeforge.images import cache, local
-from nodeforge.images.versions import sha256_file
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import cache, local
+from nodeforge.images.versions import sha256_file
 
 pytestmark = pytest.mark.unit
 
@@ -37,13 +37,21 @@ def repo(tmp_path) -> Path:
 
 
 def _keys(r: Path, *, base_key="b1", arts=None, ansible_vars=None, user_vars=None):
-    li = cache.layer_inputs(base_key=base_key, roles_dir=r / "roles",
-                            playbook=r / "images/site.yml",
-                            versions_file=r / "images/versions.yaml",
-                            artifacts=arts or {"pyxis_src": "a" * 64},
-                            ansible_vars=ansible_vars or {})
-    bk = cache.build_key(layer_key=li.key(), repo=r, playbook=r / "images/site.yml",
-                         user_vars=user_vars or {}, options={"target": "local"})
+    li = cache.layer_inputs(
+        base_key=base_key,
+        roles_dir=r / "roles",
+        playbook=r / "images/site.yml",
+        versions_file=r / "images/versions.yaml",
+        artifacts=arts or {"pyxis_src": "a" * 64},
+        ansible_vars=ansible_vars or {},
+    )
+    bk = cache.build_key(
+        layer_key=li.key(),
+        repo=r,
+        playbook=r / "images/site.yml",
+        user_vars=user_vars or {},
+        options={"target": "local"},
+    )
     return li.key(), bk
 
 
@@ -53,10 +61,20 @@ def _append(path: Path, text: str) -> None:
 
 # -- keys -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("change", [
-    "role install tasks", "role defaults", "role handlers", "versions file", "artifact",
-    "base", "install variable", "playbook",
-])
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "role install tasks",
+        "role defaults",
+        "role handlers",
+        "versions file",
+        "artifact",
+        "base",
+        "install variable",
+        "playbook",
+    ],
+)
 def test_layer_key_changes_with_what_affects_installation(repo, change):
     layer0, build0 = _keys(repo)
     kw: dict = {}
@@ -82,9 +100,16 @@ def test_layer_key_changes_with_what_affects_installation(repo, change):
     assert build1 != build0
 
 
-@pytest.mark.parametrize("change", [
-    "first-boot template", "config variable", "agent code", "extension hook", "pycache",
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        "first-boot template",
+        "config variable",
+        "agent code",
+        "extension hook",
+        "pycache",
+    ],
+)
 def test_layer_key_ignores_configuration_but_build_key_sees_it(repo, change):
     layer0, build0 = _keys(repo)
     kw: dict = {}
@@ -113,12 +138,23 @@ def test_same_inputs_same_keys(repo):
 
 
 def test_install_variables_are_the_ones_that_choose_packages():
-    v = {"docker_source": "upstream", "slurm_packages": ["x"], "docker_upstream_url": "u",
-         "pyxis_remove_build_packages": False, "logrotate_slurm_rotate": 9,
-         "base_journald_system_max_use": "2G", "docker_sourcex": 1, "base_time_sync": "ntp"}
-    assert list(cache.install_vars(v)) == ["base_time_sync", "docker_source",
-                                           "docker_upstream_url", "pyxis_remove_build_packages",
-                                           "slurm_packages"]
+    v = {
+        "docker_source": "upstream",
+        "slurm_packages": ["x"],
+        "docker_upstream_url": "u",
+        "pyxis_remove_build_packages": False,
+        "logrotate_slurm_rotate": 9,
+        "base_journald_system_max_use": "2G",
+        "docker_sourcex": 1,
+        "base_time_sync": "ntp",
+    }
+    assert list(cache.install_vars(v)) == [
+        "base_time_sync",
+        "docker_source",
+        "docker_upstream_url",
+        "pyxis_remove_build_packages",
+        "slurm_packages",
+    ]
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -148,10 +184,21 @@ def test_store_then_lookup_returns_the_verified_layer(tmp_path):
     assert [i.key for i in store.entries()] == [KEY_A]
 
 
-@pytest.mark.parametrize("damage", [
-    "content", "truncated", "removed", "added", "mode", "symlink", "no meta", "bad meta",
-    "meta of another key", "no tree",
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "content",
+        "truncated",
+        "removed",
+        "added",
+        "mode",
+        "symlink",
+        "no meta",
+        "bad meta",
+        "meta of another key",
+        "no tree",
+    ],
+)
 def test_corrupt_or_partial_entry_is_dropped_never_used(tmp_path, damage):
     logged: list[str] = []
     store = cache.LayerStore(tmp_path / "cache", log=logged.append)
@@ -229,6 +276,7 @@ def test_prune_keeps_the_most_recently_used_within_the_cap(tmp_path):
 
 # -- the lock -------------------------------------------------------------------------------
 
+
 def test_second_build_on_one_cache_is_refused_naming_the_holder(tmp_path):
     with cache.locked(tmp_path), pytest.raises(NodeforgeError) as e:  # noqa: SIM117
         with cache.locked(tmp_path):
@@ -241,10 +289,18 @@ def test_second_build_on_one_cache_is_refused_naming_the_holder(tmp_path):
 
 def test_lock_held_by_another_process_is_seen(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         ("import sys,time; from pathlib import Path; from nodeforge.images import cache\n"
-         "with cache.locked(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(60)"),
-         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys,time; from pathlib import Path; from nodeforge.images import cache\n"
+                "with cache.locked(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(60)"
+            ),
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(NodeforgeError, match=f"pid {holder.pid}"), cache.locked(tmp_path):
@@ -258,15 +314,36 @@ def test_lock_held_by_another_process_is_seen(tmp_path):
 
 # -- sizes and the no-change check ----------------------------------------------------------
 
-@pytest.mark.parametrize("text,want", [("20G", 20 << 30), ("512M", 512 << 20), ("7", 7),
-                                       ("1TiB", 1 << 40), ("3k", 3 << 10)])
+
+@pytest.mark.parametrize(
+    "text,want",
+    [("20G", 20 << 30), ("512M", 512 << 20), ("7", 7), ("1TiB", 1 << 40), ("3k", 3 << 10)],
+)
 def test_parse_size(text, want):
     assert cache.parse_size(text) == want
 
 
-@pytest.mark.parametrize("text", ["1\n2G", "20G\n", "=", "NaN", "-1G", "1.5G", "", "G",
-                                  "9" * 16, "1 G x", "inf", "1e9", "20G\x00", "1G=2", "'1G'",
-                                  "１G"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1\n2G",
+        "20G\n",
+        "=",
+        "NaN",
+        "-1G",
+        "1.5G",
+        "",
+        "G",
+        "9" * 16,
+        "1 G x",
+        "inf",
+        "1e9",
+        "20G\x00",
+        "1G=2",
+        "'1G'",
+        "１G",  # noqa: RUF001 - a hostile full-width digit
+    ],
+)
 def test_parse_size_rejects_hostile_text(text):
     with pytest.raises(NodeforgeError, match="is not a size"):
         cache.parse_size(text)
@@ -276,9 +353,14 @@ def _published(out: Path, key: str) -> dict:
     out.mkdir()
     (out / "rootfs.tar.zst").write_bytes(b"rootfs")
     (out / "disk.qcow2").write_bytes(b"disk")
-    m = {"name": "img", "cache": {"build_key": key},
-         "artifacts": {n: {"sha256": sha256_file(out / n), "bytes": (out / n).stat().st_size}
-                       for n in ("rootfs.tar.zst", "disk.qcow2")}}
+    m = {
+        "name": "img",
+        "cache": {"build_key": key},
+        "artifacts": {
+            n: {"sha256": sha256_file(out / n), "bytes": (out / n).stat().st_size}
+            for n in ("rootfs.tar.zst", "disk.qcow2")
+        },
+    }
     (out / "manifest.json").write_text(json.dumps(m))
     return m
 
@@ -309,8 +391,13 @@ def test_cli_cache_ls_and_prune(tmp_path):
     store.store(KEY_A, _tree(tmp_path / "t"), INPUTS)
 
     def nf(*args):
-        return subprocess.run([sys.executable, "-m", "nodeforge", *args], capture_output=True,
-                              text=True, timeout=60, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "nodeforge", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
 
     cp = nf("cache", "ls", "--cache-dir", str(tmp_path), "--json")
     assert cp.returncode == 0, cp.stderr
@@ -335,15 +422,17 @@ def _config(r: Path, **ansible_vars) -> dict:
 def test_only_roles_whose_configuration_changed_are_reapplied(repo):
     old = _config(repo, logrotate_slurm_rotate=14)
     assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == []
-    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=9),
-                                  ROLES) == ["logrotate"]
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=9), ROLES) == [
+        "logrotate"
+    ]
     assert cache.roles_to_reapply(old, _config(repo), ROLES) == ["logrotate"]  # var dropped
     _append(repo / "roles/slurm/templates/slurm.conf.j2", "\n# changed\n")
-    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14),
-                                  ROLES) == ["slurm"]
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == ["slurm"]
     (repo / "bootstrap/agent.py").write_text("STEP = 2\n")
-    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14),
-                                  ROLES) == ["slurm", "node_agent"]
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == [
+        "slurm",
+        "node_agent",
+    ]
 
 
 def test_unknown_variable_or_old_record_reapplies_every_role(repo):
@@ -364,8 +453,7 @@ def test_every_role_of_the_real_playbook_is_selectable_by_its_tag():
 
 def test_playbook_with_an_untagged_role_reapplies_everything(tmp_path):
     pb = tmp_path / "site.yml"
-    pb.write_text("- hosts: all\n  roles:\n    - role: base\n      tags: [base]\n"
-                  "    - role: gpu\n")
+    pb.write_text("- hosts: all\n  roles:\n    - role: base\n      tags: [base]\n    - role: gpu\n")
     assert local.playbook_roles(pb) is None
     pb.write_text("- hosts: all\n  roles: [base]\n")
     assert local.playbook_roles(pb) is None
@@ -404,7 +492,7 @@ def test_agent_wheel_is_built_once_per_source_digest(tmp_path, monkeypatch):
         return w
 
     monkeypatch.setattr(local, "build_wheel", fake_build)
-    log = open(os.devnull, "w")  # noqa: SIM115
+    log = open(os.devnull, "w")
     w1 = local.cached_wheel(tmp_path / "wheels", KEY_A, tmp_path / "w1", log)
     w2 = local.cached_wheel(tmp_path / "wheels", KEY_A, tmp_path / "w2", log)
     w3 = local.cached_wheel(tmp_path / "wheels", KEY_B, tmp_path / "w3", log)

@@ -183,11 +183,16 @@ def test_cli_versions_show_json():
     cp = _cli("versions", "show", "--json")
     rows = json.loads(cp.stdout)
     assert {r["artifact"] for r in rows} == {
-        "enroot_deb", "enroot_caps_deb", "pyxis_src",
+        "enroot_deb",
+        "enroot_caps_deb",
+        "pyxis_src",
         # gpu variant only (versions.yaml `variant: gpu`)
-        "libnvidia_container1_deb", "libnvidia_container_tools_deb",
-        "nvidia_container_toolkit_base_deb", "nvidia_container_toolkit_deb",
-        "nvidia_fabricmanager_deb"}
+        "libnvidia_container1_deb",
+        "libnvidia_container_tools_deb",
+        "nvidia_container_toolkit_base_deb",
+        "nvidia_container_toolkit_deb",
+        "nvidia_fabricmanager_deb",
+    }
 
 
 def test_aws_credentials_detection(tmp_path):

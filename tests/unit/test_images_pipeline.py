@@ -7,9 +7,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from nodeforge.images import pipeline
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import pipeline
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +26,8 @@ def _relative_imports(path: Path) -> set[str]:
             else:
                 out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "nodeforge.images."):
+            "nodeforge.images."
+        ):
             out.add(node.module.split(".")[2])
     return out
 
@@ -79,9 +80,10 @@ def test_session_failure_keeps_log_removes_partial_runs_every_step(tmp_path):
     out = tmp_path / "out"
     ran: list[str] = []
     seen, rep = _report_log()
-    with (pytest.raises(NodeforgeError,
-                        match="cleanup after the build was incomplete: broken: boom"),
-          pipeline.output_session(out, rep) as s):
+    with (
+        pytest.raises(NodeforgeError, match="cleanup after the build was incomplete: broken: boom"),
+        pipeline.output_session(out, rep) as s,
+    ):
         s.on_cleanup("first", lambda: ran.append("first"))
         s.on_cleanup("broken", lambda: (_ for _ in ()).throw(OSError("boom")))
         s.on_cleanup("last", lambda: ran.append("last"))
@@ -98,8 +100,10 @@ def test_session_masks_sigint_during_cleanup_and_restores_handlers(tmp_path):
     during: list[object] = []
     before_int = signal.getsignal(signal.SIGINT)
     before_term = signal.getsignal(signal.SIGTERM)
-    with (pytest.raises(KeyboardInterrupt),
-          pipeline.output_session(tmp_path / "o", lambda p, w: None) as s):
+    with (
+        pytest.raises(KeyboardInterrupt),
+        pipeline.output_session(tmp_path / "o", lambda p, w: None) as s,
+    ):
         s.on_cleanup("look", lambda: during.append(signal.getsignal(signal.SIGINT)))
         # SIGTERM takes the Ctrl-C path inside the session.
         signal.raise_signal(signal.SIGTERM)

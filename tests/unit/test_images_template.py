@@ -51,7 +51,9 @@ def test_amazon_ebs_is_encrypted_gp3_with_official_owners_and_unique_name():
     # Debian's official AMIs only: the playbook bakes Debian 12/13 (no Ubuntu on offer).
     assert "136693071363" in text and "debian-13-%s-*" in text and "debian-12-%s-*" in text
     assert "ubuntu" not in text.lower() and "099720109477" not in text
-    assert 'volume_type           = "gp3"' in text or 'volume_type = "gp3"' in text.replace("  ", " ")
+    assert 'volume_type           = "gp3"' in text or 'volume_type = "gp3"' in text.replace(
+        "  ", " "
+    )
     assert "encrypted" in text and "encrypt_boot" in text
     assert "local.build_stamp" in text and "timestamp()" in text
 
@@ -119,7 +121,9 @@ def test_packer_init_runs_before_validate_and_build_only_with_pinned_plugins(tmp
     monkeypatch.setattr(packer.proc, "stream", lambda argv, **kw: fake_run(argv))
     monkeypatch.setattr(packer.proc, "require_tool", lambda t: t)
     modern = tmp_path / "modern.pkr.hcl"
-    modern.write_text(template.required_plugins_block("local") + template.render("local", modern=True))
+    modern.write_text(
+        template.required_plugins_block("local") + template.render("local", modern=True)
+    )
     old = tmp_path / "old.pkr.hcl"
     old.write_text(template.render("local"))
     log = open(tmp_path / "build.log", "w")
@@ -147,7 +151,10 @@ def test_packer_init_failure_says_how_to_install_plugins_offline(tmp_path, monke
 
 # -- amazon-ebs: Debian 13 by default, the base actually used, unsupported choices up front --------
 def test_amazon_source_follows_the_base_and_defaults_to_debian_13():
-    assert template.amazon_source({}, "debian13", "amd64") == {"source_os": "debian-13", "arch": "amd64"}
+    assert template.amazon_source({}, "debian13", "amd64") == {
+        "source_os": "debian-13",
+        "arch": "amd64",
+    }
     assert template.amazon_source({}, "debian12", "amd64")["source_os"] == "debian-12"
     default = {v.name: v.default for v in template.variables_for("amazon-ebs")}
     assert default["source_os"] == "debian-13"
@@ -156,7 +163,11 @@ def test_amazon_source_follows_the_base_and_defaults_to_debian_13():
 @pytest.mark.parametrize(
     ("user", "base", "match"),
     [
-        ({"source_os": "ubuntu-22.04"}, "debian13", r"'ubuntu-22.04' is not built: the playbook bakes Debian 12/13 only"),
+        (
+            {"source_os": "ubuntu-22.04"},
+            "debian13",
+            r"'ubuntu-22.04' is not built: the playbook bakes Debian 12/13 only",
+        ),
         ({"source_os": "debian-12"}, "debian13", r"differs from --base debian13"),
         ({"arch": "arm64"}, "debian13", r"arch = 'arm64', but this build host is amd64"),
     ],

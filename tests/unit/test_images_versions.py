@@ -112,9 +112,16 @@ def test_failed_download_names_artifact_and_mirror_option(tmp_path):
         port = s.getsockname()[1]
     arts = versions.load(_copy(tmp_path)).for_arch("amd64")
     sleeps: list[float] = []
-    with pytest.raises(NodeforgeError, match=r"download of artifact enroot_deb .*--artifact-mirror"):
-        versions.fetch(arts, tmp_path / "dl", mirror=f"http://127.0.0.1:{port}", allow_unpinned=True,
-                       sleep=sleeps.append)
+    with pytest.raises(
+        NodeforgeError, match=r"download of artifact enroot_deb .*--artifact-mirror"
+    ):
+        versions.fetch(
+            arts,
+            tmp_path / "dl",
+            mirror=f"http://127.0.0.1:{port}",
+            allow_unpinned=True,
+            sleep=sleeps.append,
+        )
     assert sleeps == [2.0, 4.0]  # retried with backoff before giving up
 
 
@@ -142,7 +149,9 @@ def test_http_mirror(tmp_path):
     finally:
         srv.shutdown()
     assert set(got) == {a.name for a in arts}
-    assert (tmp_path / "dl" / "pyxis-0.24.0.tar.gz").read_bytes() == b"content of pyxis-0.24.0.tar.gz"
+    assert (
+        tmp_path / "dl" / "pyxis-0.24.0.tar.gz"
+    ).read_bytes() == b"content of pyxis-0.24.0.tar.gz"
 
 
 # -- downloads through nodeforge.download (issue 9 item 6) -------------------------------------
@@ -181,7 +190,9 @@ def test_lock_refuses_a_truncated_body_and_leaves_the_file_unchanged(tmp_path):
     srv, url = _http_dir(m, truncate={"pyxis-0.24.0.tar.gz"})
     sleeps: list[float] = []
     try:
-        with pytest.raises(NodeforgeError, match=r"pyxis_src .*truncated body: got 30 of 130 bytes"):
+        with pytest.raises(
+            NodeforgeError, match=r"pyxis_src .*truncated body: got 30 of 130 bytes"
+        ):
             versions.lock(v, mirror=url, sleep=sleeps.append)
     finally:
         srv.shutdown()
@@ -215,8 +226,21 @@ def test_lock_arch_cli_says_what_stays_unpinned(tmp_path, capsys):
 
     f = _copy(tmp_path)
     m = _mirror(tmp_path, versions.lock_targets(versions.load(f), arch="amd64"))
-    assert main(["versions", "lock", "--versions-file", str(f), "--artifact-mirror", str(m),
-                 "--arch", "amd64"]) == 0
+    assert (
+        main(
+            [
+                "versions",
+                "lock",
+                "--versions-file",
+                str(f),
+                "--artifact-mirror",
+                str(m),
+                "--arch",
+                "amd64",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert "still unpinned" in out.err and "enroot_deb [arm64]" in out.err
     assert "[amd64]" not in out.err.split("still unpinned", 1)[1]
@@ -228,6 +252,10 @@ def test_fetch_reports_progress_for_each_artifact(tmp_path):
     m = _mirror(tmp_path, v.all_artifacts())
     versions.lock(v, mirror=str(m))
     seen: list[tuple[int, int | None]] = []
-    versions.fetch(versions.load(f).for_arch("amd64"), tmp_path / "dl", mirror=str(m),
-                   progress=lambda done, total: seen.append((done, total)))
+    versions.fetch(
+        versions.load(f).for_arch("amd64"),
+        tmp_path / "dl",
+        mirror=str(m),
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert seen and all(total is not None and 0 < done <= total for done, total in seen)

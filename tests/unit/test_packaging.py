@@ -93,8 +93,12 @@ def test_full_wheel_carries_the_build_and_verify_data(full_install):
         assert f"nodeforge/images/box/{f.name}" in names, f
     meta = zipfile.ZipFile(wheel).read(f"nodeforge-{_version()}.dist-info/METADATA").decode()
     assert "License-Expression: Apache-2.0" in meta
-    requires = [ln for ln in meta.splitlines() if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
-    assert not [r for r in requires if any(x in r.lower() for x in ("setuptools", "wheel", "pytest"))]
+    requires = [
+        ln for ln in meta.splitlines() if ln.startswith("Requires-Dist:") and "extra ==" not in ln
+    ]
+    assert not [
+        r for r in requires if any(x in r.lower() for x in ("setuptools", "wheel", "pytest"))
+    ]
     assert any("pytest-testinfra" in ln and 'extra == "verify"' in ln for ln in meta.splitlines())
 
 
@@ -149,7 +153,10 @@ def test_installed_cli_renders_and_prints_its_version(full_install):
     cp = subprocess.run([str(nf), "validate", "--target", "local", "--target", "qemu", "--json"],
                         cwd=tmp, capture_output=True, text=True, env={**os.environ, "PATH": path})  # fmt: skip
     assert cp.returncode == 0, cp.stderr
-    assert {t: r["valid"] for t, r in json.loads(cp.stdout).items()} == {"local": True, "qemu": True}
+    assert {t: r["valid"] for t, r in json.loads(cp.stdout).items()} == {
+        "local": True,
+        "qemu": True,
+    }
 
 
 def test_checkout_version_names_the_git_revision():
@@ -197,7 +204,11 @@ def test_agent_wheel_is_core_bootstrap_and_gang_and_imports_alone(tmp_path):
     assert agent_wheel.write(tmp_path / "again").read_bytes() == wheel.read_bytes()
 
     py, _ = _venv(tmp_path / "venv", wheel)
-    mods = sorted(n[:-3].replace("/", ".").removesuffix(".__init__") for n in names if n.endswith(".py") and not n.endswith("__main__.py"))
+    mods = sorted(
+        n[:-3].replace("/", ".").removesuffix(".__init__")
+        for n in names
+        if n.endswith(".py") and not n.endswith("__main__.py")
+    )
     code = f"import importlib; [importlib.import_module(m) for m in {mods!r}]; print('ok')"
     assert _run(py, "-c", code, cwd=tmp_path).stdout.strip() == "ok"
     helptext = _run(py.with_name("nodeforge"), "--help", cwd=tmp_path).stdout

@@ -11,6 +11,8 @@ import os
 import threading
 
 import pytest
+
+from nodeforge import slurmconf
 from nodeforge.bootstrap import identity, strict_yaml
 from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.params import ParamsError, parse_params
@@ -26,8 +28,6 @@ from nodeforge.bootstrap.private_read import exposure
 from nodeforge.bootstrap.slurm import _sd_quote, conf_server, node_conf
 from nodeforge.bootstrap.state import State
 from nodeforge.bootstrap.status import as_text
-
-from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
 
 pytestmark = pytest.mark.unit
@@ -225,7 +225,7 @@ def test_anchors_aliases_merge_refused(tmp_path, text, what):
 
 def test_billion_laughs_refused_without_expansion():
     lol = "a: &a [x, x]\n" + "".join(
-        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
     )
     with pytest.raises(strict_yaml.StrictYAMLError, match="anchor &a"):
         strict_yaml.load(lol)

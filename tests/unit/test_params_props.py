@@ -17,6 +17,8 @@ import jinja2
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+
+from nodeforge import slurmconf
 from nodeforge.bootstrap import identity
 from nodeforge.bootstrap.node_roles import RoleContext
 from nodeforge.bootstrap.node_roles.compute import slurmd_exec
@@ -25,8 +27,6 @@ from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.bootstrap.params_sources import kernel_args
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.slurm import SlurmFeatures, _sd_quote, client_conf, dropin, node_conf
-
-from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
 
 pytestmark = pytest.mark.unit

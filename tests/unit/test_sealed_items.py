@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nodeforge.images import scan, seal, sealed_items
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import scan, seal, sealed_items
 
 pytestmark = pytest.mark.unit
 
@@ -137,8 +137,9 @@ def test_bytecode_of_a_packaged_module_is_public(tmp_path):
     t = _base(tmp_path)
     mod = "usr/lib/python3/dist-packages/lib/x.py"
     _plant(t, mod, f"DOC = '{BEGIN}{PRIV}'\n")
-    _plant(t, "usr/lib/python3/dist-packages/lib/__pycache__/x.cpython-313.pyc",
-           f"DOC {BEGIN}{PRIV}")
+    _plant(
+        t, "usr/lib/python3/dist-packages/lib/__pycache__/x.cpython-313.pyc", f"DOC {BEGIN}{PRIV}"
+    )
     _plant(t, "opt/venv/lib/__pycache__/y.cpython-313.pyc", f"DOC {BEGIN}{PRIV}")
     (t / "var/lib/dpkg/info/lib.list").write_text(f"/{mod}\n")
     assert [f.path for f in scan.scan(t)] == ["/opt/venv/lib/__pycache__/y.cpython-313.pyc"]
@@ -164,13 +165,16 @@ def test_glob_semantics():
     assert star.fullmatch("home/a/.netrc") and not star.fullmatch("home/a/b/.netrc")
 
 
-@pytest.mark.parametrize("edit, msg", [
-    (lambda d: d["items"][0].pop("reason"), r"machine-id\.reason: every item says why"),
-    (lambda d: d["items"][0].update(action="shred"), r"machine-id\.action"),
-    (lambda d: d["items"][1].update(id="machine-id"), r"items\[1\]\.id"),
-    (lambda d: d["items"][0].update(paths=["/etc/machine-id"]), r"machine-id\.paths"),
-    (lambda d: d["items"][0].update(extra=1), r"unknown keys \['extra'\]"),
-])
+@pytest.mark.parametrize(
+    "edit, msg",
+    [
+        (lambda d: d["items"][0].pop("reason"), r"machine-id\.reason: every item says why"),
+        (lambda d: d["items"][0].update(action="shred"), r"machine-id\.action"),
+        (lambda d: d["items"][1].update(id="machine-id"), r"items\[1\]\.id"),
+        (lambda d: d["items"][0].update(paths=["/etc/machine-id"]), r"machine-id\.paths"),
+        (lambda d: d["items"][0].update(extra=1), r"unknown keys \['extra'\]"),
+    ],
+)
 def test_bad_list_names_the_item(tmp_path, edit, msg):
     data = yaml.safe_load(sealed_items.SEALED_FILE.read_text())
     edit(data)
@@ -183,8 +187,9 @@ def test_bad_list_names_the_item(tmp_path, edit, msg):
 def test_seal_role_loads_the_same_list():
     tasks = yaml.safe_load((REPO / "roles/seal/tasks/install.yml").read_text())
     load = next(t for t in tasks if "ansible.builtin.include_vars" in t)
-    path = load["ansible.builtin.include_vars"]["file"].replace("{{ role_path }}",
-                                                                 str(REPO / "roles/seal"))
+    path = load["ansible.builtin.include_vars"]["file"].replace(
+        "{{ role_path }}", str(REPO / "roles/seal")
+    )
     assert Path(os.path.normpath(path)) == sealed_items.SEALED_FILE
     live = [p for i in sealed_items.load().items if i.live for p in i.paths if "*" not in p]
     assert "root/.aws" in live and "var/lib/systemd/credential.secret" in live

@@ -7,11 +7,11 @@ import logging
 import traceback
 
 import pytest
-from nodeforge.bootstrap.agent import StepFailed
-from nodeforge.bootstrap.node_roles import controller
 from test_bootstrap import CTL, make  # the agent harness (fake machine, real proc for mariadb)
 
 from nodeforge import proc
+from nodeforge.bootstrap.agent import StepFailed
+from nodeforge.bootstrap.node_roles import controller
 from nodeforge.errors import CommandError
 
 pytestmark = pytest.mark.unit
@@ -26,8 +26,10 @@ def _all_text(exc: BaseException) -> str:
 def test_failed_command_redacts_argv_and_output(caplog):
     caplog.set_level(logging.DEBUG)
     with pytest.raises(CommandError) as ei:
-        proc.run(["sh", "-c", f"echo using {SECRET}; echo {SECRET[:6]}; exit 3", "x", SECRET],
-                 redact=[SECRET])
+        proc.run(
+            ["sh", "-c", f"echo using {SECRET}; echo {SECRET[:6]}; exit 3", "x", SECRET],
+            redact=[SECRET],
+        )
     assert SECRET not in _all_text(ei.value) and "***" in str(ei.value)
     assert SECRET[:6] in str(ei.value)  # only the secret itself is hidden, not look-alikes
     assert SECRET not in caplog.text
@@ -36,8 +38,9 @@ def test_failed_command_redacts_argv_and_output(caplog):
 def test_timeout_redacts_argv_and_output(caplog):
     caplog.set_level(logging.DEBUG)
     with pytest.raises(CommandError, match="timed out after 0.5s") as ei:
-        proc.run(["sh", "-c", f"echo {SECRET}; exec sleep 5", "x", SECRET], timeout=0.5,
-                 redact=[SECRET])
+        proc.run(
+            ["sh", "-c", f"echo {SECRET}; exec sleep 5", "x", SECRET], timeout=0.5, redact=[SECRET]
+        )
     assert SECRET not in _all_text(ei.value)
     assert ei.value.__cause__ is None and ei.value.__suppress_context__
     assert SECRET not in caplog.text
@@ -63,10 +66,13 @@ def _mariadb_through_real_proc(fm, script: str, timeout: float | None = None):
     return run
 
 
-@pytest.mark.parametrize("script, timeout, expect", [
-    ('echo "ERROR 1064 (42000) near: $(cat)"; exit 1', None, "exit 1"),
-    ('cat; exec sleep 10', 0.5, "timed out after 0.5s"),
-])
+@pytest.mark.parametrize(
+    "script, timeout, expect",
+    [
+        ('echo "ERROR 1064 (42000) near: $(cat)"; exit 1', None, "exit 1"),
+        ("cat; exec sleep 10", 0.5, "timed out after 0.5s"),
+    ],
+)
 def test_controller_db_password_absent_on_failure(tmp_path, caplog, script, timeout, expect):
     caplog.set_level(logging.DEBUG)
     agent, fm, paths, _ = make(tmp_path, CTL)
@@ -76,6 +82,9 @@ def test_controller_db_password_absent_on_failure(tmp_path, caplog, script, time
     pw = (paths.secrets / controller.PASS_FILE).read_text().strip()
     assert len(pw) >= 40
     assert expect in str(ei.value) and "***" in str(ei.value)
-    for where, text in (("exception", _all_text(ei.value)), ("log", caplog.text),
-                        ("state.json", paths.state_file.read_text())):
+    for where, text in (
+        ("exception", _all_text(ei.value)),
+        ("log", caplog.text),
+        ("state.json", paths.state_file.read_text()),
+    ):
         assert pw not in text, f"the DB password leaked into the {where}"
