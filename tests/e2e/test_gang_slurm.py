@@ -532,7 +532,16 @@ def test_never_booting_node_drained_after_two_gang_timeouts(lab, gov, tmp_path):
     # The operator's view: status, metrics.
     cfgfile = tmp_path / "gang.yaml"
     cfgfile.write_text(yaml.safe_dump({"state_file": g.cfg.state_file}))
-    status = gang_status_json(cfgfile, env={"PYTHONPATH": str(REPO)})
+    # The drain is confirmed ("drained") once a later cycle sees it in Slurm: wait for that
+    # cycle (bounded) instead of racing it.
+    seen: list[dict] = []
+
+    def confirmed() -> bool:
+        seen.append(gang_status_json(cfgfile, env={"PYTHONPATH": str(REPO)}))
+        return [n["state"] for n in seen[-1]["nodes"]] == ["drained"]
+
+    wait_for(confirmed, 15, "gc1 drained in `gang status`")
+    status = seen[-1]
     assert [(n["node"], n["state"], n["strikes"], n["last_job"]) for n in status["nodes"]] == [
         ("gc1", "drained", 2, str(b))
     ], status["nodes"]
