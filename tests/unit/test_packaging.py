@@ -19,6 +19,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,10 @@ def _run(py: Path, *args: str, cwd: Path, check: bool = True) -> subprocess.Comp
 @pytest.fixture(scope="module")
 def full_install(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
+    have = version("setuptools")
+    if int(have.split(".")[0]) < 77:
+        pytest.fail(f"setuptools {have} in this venv cannot build nodeforge's wheel (PEP 639 "
+                    "license needs >=77): run `.venv/bin/pip install -e '.[dev]'`")  # fmt: skip
     # Build from a copy: setuptools writes build/ and *.egg-info into the source tree.
     src = tmp / "src"
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
