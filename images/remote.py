@@ -36,7 +36,7 @@ from .pipeline import (
     now_iso,
     output_session,
 )
-from .sandbox import release_mounts
+from .sandbox import release_mounts, session_key
 
 NETWORK_UNIT = """# nodeforge: DHCP on the VM's NIC (containers get their network from the host)
 [Match]
@@ -186,20 +186,7 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         if target == "qemu":
             with phases.phase("base"):
                 key = work / "build_ed25519"
-                proc.run(
-                    [
-                        "ssh-keygen",
-                        "-q",
-                        "-t",
-                        "ed25519",
-                        "-N",
-                        "",
-                        "-C",
-                        "nodeforge-build",
-                        "-f",
-                        key,
-                    ]
-                )
+                pub = session_key(key, "nodeforge-build")
                 values["ssh_private_key_file"] = key
                 if "base_disk" not in user_vars:
                     spec = base_mod.spec_for(inp.base, inp.arch)
@@ -208,7 +195,7 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                     )
                     base_key = spec.key()
                     disk, kernel, initrd = make_base_disk(
-                        tar, work / "base", Path(f"{key}.pub").read_text(), size_mib
+                        tar, work / "base", pub.read_text(), size_mib
                     )
                     values.update(base_disk=disk, kernel=kernel, initrd=initrd)
                 else:

@@ -36,6 +36,16 @@ def extract(tarball: Path, tree: Path) -> None:
     )
 
 
+def session_key(key: Path, comment: str) -> Path:
+    """A fresh passphrase-less ed25519 key pair for one build's SSH access; returns the .pub.
+    A stale pair from an interrupted build is replaced, never reused."""
+    pub = Path(f"{key}.pub")
+    key.unlink(missing_ok=True)
+    pub.unlink(missing_ok=True)
+    proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", key])
+    return pub
+
+
 def mounts_under(path: Path) -> list[str]:
     """Mount points at or below *path*, deepest first (from /proc/self/mountinfo)."""
     root = str(path.resolve())
@@ -88,23 +98,7 @@ class Sandbox:
     # -- build access -------------------------------------------------------------------
     def prepare(self) -> SandboxAccess:
         t = self.tree
-        if self.key_file.exists():
-            self.key_file.unlink()
-            Path(f"{self.key_file}.pub").unlink(missing_ok=True)
-        proc.run(
-            [
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                "nodeforge-build",
-                "-f",
-                self.key_file,
-            ]
-        )
+        pub = session_key(self.key_file, "nodeforge-build")
         (t / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
         (t / BUILD_SSHD_CONF).write_text(
             "# nodeforge build access; removed before the image is sealed\n"
@@ -116,7 +110,7 @@ class Sandbox:
         ssh_dir = t / "root/.ssh"
         ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         ak = ssh_dir / "authorized_keys"
-        ak.write_text(Path(f"{self.key_file}.pub").read_text())
+        ak.write_text(pub.read_text())
         ak.chmod(0o600)
         return SandboxAccess("127.0.0.1", self.port, "root", self.key_file)
 

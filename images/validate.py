@@ -15,6 +15,7 @@ from nodeforge import proc
 from . import packer, varfile
 from .pipeline import repo_paths
 from .remote import BOX_VAGRANTFILE
+from .sandbox import session_key
 
 
 def validate_targets(targets: list[str], var_files: list[Path]) -> dict[str, str]:
@@ -24,7 +25,7 @@ def validate_targets(targets: list[str], var_files: list[Path]) -> dict[str, str
     with tempfile.TemporaryDirectory(prefix="nodeforge-validate-") as tmp:
         t = Path(tmp)
         key = t / "stand-in-key"
-        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "validate", "-f", key])
+        session_key(key, "validate")
         ev = t / "extra-vars.json"
         ev.write_text("{}")
         disk = t / "base.qcow2"

@@ -27,3 +27,30 @@ def make_keypair(tmp_path: Path, name: str = "id_ed25519") -> tuple[str, str]:
         timeout=30,
     )
     return Path(f"{key}.pub").read_text().strip(), key.read_text()
+
+
+@pytest.fixture(autouse=True)
+def _unit_network_scope(request, monkeypatch):
+    """The unit tier reaches only loopback: a name or address anywhere else fails resolution
+    here, as it would on an offline node, instead of asking this machine's resolver."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import ipaddress
+    import socket
+
+    real = socket.getaddrinfo
+
+    def loopback_only(host, *a, **kw):
+        name = host.decode() if isinstance(host, bytes) else host
+        if name not in (None, "localhost"):
+            try:
+                ok = ipaddress.ip_address(name.strip("[]").split("%")[0]).is_loopback
+            except ValueError:
+                ok = False
+            if not ok:
+                raise socket.gaierror(
+                    socket.EAI_NONAME, f"unit tier: no network beyond loopback ({name})"
+                )
+        return real(host, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)

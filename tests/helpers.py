@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
+import ssl
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -112,3 +117,77 @@ def ctrl_c_enabled() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# -- loopback HTTP servers (the only network the unit tests touch) ----------------------------
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """Base of the tests' HTTP handlers: no access log on stderr, one way to answer."""
+
+    def log_message(self, *a):
+        pass
+
+    def send(
+        self,
+        code: int,
+        body: bytes = b"",
+        *,
+        length: int | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+        close: bool = False,
+    ) -> None:
+        """Answer *code* with *body*; *length* other than len(body) makes a truncated body."""
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body) if length is None else length))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+        if close:
+            self.close_connection = True
+
+
+def routes_handler(routes: dict[str, bytes]) -> type[QuietHandler]:
+    """A handler that serves *routes* (path -> body) with GET and 404s everything else."""
+
+    class Routes(QuietHandler):
+        def do_GET(self):
+            body = routes.get(self.path)
+            self.send(404, close=True) if body is None else self.send(200, body, close=True)
+
+    return Routes
+
+
+@contextlib.contextmanager
+def http_server(
+    handler: type[http.server.BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None
+) -> Iterator[str]:
+    """Serve *handler* on 127.0.0.1 (a free port) for the with-block; yields the base URL.
+    The server is shut down and its socket closed on exit, also when the test fails."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    if tls is not None:
+        srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+
+
+def loopback_tls(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A throwaway self-signed certificate for 127.0.0.1, made at run time in *directory* (no
+    key material in git). Returns (server context, client context that trusts only it)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    return server, ssl.create_default_context(cafile=str(cert))

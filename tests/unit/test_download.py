@@ -4,11 +4,7 @@ redirects (https->http refused), 500s then success, slow bodies, checks before t
 from __future__ import annotations
 
 import hashlib
-import http.server
 import socket
-import ssl
-import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +18,7 @@ from nodeforge.download import (
     fetch,
     fetch_bytes,
 )
+from tests.helpers import QuietHandler, http_server, loopback_tls
 
 pytestmark = pytest.mark.unit
 
@@ -30,47 +27,35 @@ SHA = hashlib.sha256(BODY).hexdigest()
 FAST = Policy(timeout=2, deadline=5, attempts=3, backoff=1, backoff_max=8)
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
     counts: dict[str, int]
     other: str = ""  # base URL of the other server (for cross-scheme redirects)
-
-    def log_message(self, *a):
-        pass
-
-    def _send(self, code, body=b"", length=None, headers=()):
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body) if length is None else length))
-        for k, v in headers:
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-        self.wfile.flush()
 
     def do_GET(self):  # one route table
         n = self.counts[self.path] = self.counts.get(self.path, 0) + 1
         p = self.path
         if p == "/ok":
-            self._send(200, BODY)
+            self.send(200, BODY)
         elif p == "/truncated":  # promises more than it sends, then closes
-            self._send(200, BODY[:1000], length=len(BODY))
+            self.send(200, BODY[:1000], length=len(BODY))
             self.close_connection = True
         elif p == "/flaky":  # 500, 500, then the body
-            self._send(500, b"oops") if n <= 2 else self._send(200, BODY)
+            self.send(500, b"oops") if n <= 2 else self.send(200, BODY)
         elif p == "/truncated-then-ok":
             if n == 1:
-                self._send(200, BODY[:10], length=len(BODY))
+                self.send(200, BODY[:10], length=len(BODY))
                 self.close_connection = True
             else:
-                self._send(200, BODY)
+                self.send(200, BODY)
         elif p == "/missing":
-            self._send(404, b"nope")
+            self.send(404, b"nope")
         elif p == "/redirect-same":
-            self._send(302, headers=[("Location", "/ok")])
+            self.send(302, headers=[("Location", "/ok")])
         elif p == "/redirect-to-http":
-            self._send(302, headers=[("Location", self.other + "/ok")])
+            self.send(302, headers=[("Location", self.other + "/ok")])
         elif p == "/redirect-loop":
-            self._send(302, headers=[("Location", "/redirect-loop")])
+            self.send(302, headers=[("Location", "/redirect-loop")])
         elif p == "/drip":  # one byte every 50 ms: each read is quick, the whole is slow
             self.send_response(200)
             self.send_header("Content-Length", "200")
@@ -98,59 +83,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.close_connection = True
         else:
-            self._send(404)
+            self.send(404)
 
 
-def _serve(tls_ctx=None):
-    counts: dict[str, int] = {}
-    h = type("H", (Handler,), {"counts": counts})
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
-    srv.daemon_threads = True
-    if tls_ctx is not None:
-        srv.socket = tls_ctx.wrap_socket(srv.socket, server_side=True)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    scheme = "https" if tls_ctx else "http"
-    return srv, f"{scheme}://127.0.0.1:{srv.server_address[1]}", counts, h
+def _handler() -> type[Handler]:
+    """A Handler subclass with its own request counts (one per server)."""
+    return type("H", (Handler,), {"counts": {}})
 
 
 @pytest.fixture
 def server():
-    srv, base, counts, _ = _serve()
-    yield base, counts
-    srv.shutdown()
-    srv.server_close()
+    h = _handler()
+    with http_server(h) as base:
+        yield base, h.counts
 
 
 @pytest.fixture(scope="module")
 def tls_pair(tmp_path_factory):
     """A self-signed cert for 127.0.0.1, made at run time (no key material in git)."""
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(d / "key.pem"),
-            "-out",
-            str(d / "cert.pem"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_ctx.load_cert_chain(d / "cert.pem", d / "key.pem")
-    client_ctx = ssl.create_default_context(cafile=str(d / "cert.pem"))
-    return server_ctx, client_ctx
+    return loopback_tls(tmp_path_factory.mktemp("tls"))
 
 
 def _dl(url, tmp_path, sleeps=None, policy=FAST, **kw):
@@ -284,22 +235,17 @@ def test_redirect_same_scheme_followed_and_loop_bounded(server, tmp_path):
 
 def test_https_to_http_redirect_refused(tls_pair, tmp_path):
     server_ctx, client_ctx = tls_pair
-    plain, plain_base, plain_counts, _ = _serve()
-    tls, tls_base, _, h = _serve(server_ctx)
-    h.other = plain_base
-    try:
+    plain, tls = _handler(), _handler()
+    with http_server(plain) as plain_base, http_server(tls, server_ctx) as tls_base:
+        tls.other = plain_base
         pol = Policy(attempts=3, timeout=5, context=client_ctx)
         assert _dl(tls_base + "/ok", tmp_path, policy=pol, sha256=SHA).size == len(BODY)
         with pytest.raises(DownloadError, match=r"redirect from https to http:// .* refused") as ei:
             _dl(tls_base + "/redirect-to-http", tmp_path, policy=pol)
-        assert not ei.value.retryable and "/ok" not in plain_counts
+        assert not ei.value.retryable and "/ok" not in plain.counts
         # An untrusted certificate is a TLS error, not a silent fallback.
         with pytest.raises(DownloadError, match="TLS certificate not trusted"):
             _dl(tls_base + "/ok", tmp_path, policy=Policy(attempts=1, timeout=5))
-    finally:
-        for s in (plain, tls):
-            s.shutdown()
-            s.server_close()
 
 
 def test_file_url_and_unknown_scheme(tmp_path):

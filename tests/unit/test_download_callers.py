@@ -3,9 +3,6 @@ naming the source, never half a params document."""
 
 from __future__ import annotations
 
-import http.server
-import threading
-
 import pytest
 
 from nodeforge import download
@@ -13,6 +10,7 @@ from nodeforge.bootstrap import params_sources
 from nodeforge.bootstrap.params import ParamsError
 from nodeforge.bootstrap.params_sources import SourceConfig, load_params
 from nodeforge.bootstrap.paths import Paths
+from tests.helpers import QuietHandler, http_server
 
 pytestmark = pytest.mark.unit
 
@@ -23,23 +21,14 @@ DOC = b"role: compute\ncluster_name: demo\ncontroller: ctl\nmunge_key_file: /etc
 
 @pytest.fixture
 def server():
-    class H(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
+    class H(QuietHandler):
         def do_GET(self):
             body = DOC if self.path != "/big" else b"x: y\n" * 300_000
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body) + (50 if self.path == "/cut" else 0)))
-            self.end_headers()
-            self.wfile.write(body)
-            self.close_connection = True
+            cut = 50 if self.path == "/cut" else 0  # promises 50 bytes more than it sends
+            self.send(200, body, length=len(body) + cut, close=True)
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}"
-    srv.shutdown()
-    srv.server_close()
+    with http_server(H) as base:
+        yield base
 
 
 def _load(tmp_path, url):

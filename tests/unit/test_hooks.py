@@ -14,6 +14,7 @@ import pytest
 from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover, fetch
 from nodeforge.bootstrap.params import parse_params
 from nodeforge.bootstrap.paths import Paths
+from tests.helpers import http_server, routes_handler
 
 pytestmark = pytest.mark.unit
 
@@ -191,25 +192,9 @@ def test_sha256_verified_before_running(paths, tmp_path):
 
 
 def test_http_fetch_and_missing_file(paths, tmp_path):
-    import http.server
-    import threading
-
     body = b"#!/bin/sh\nexit 0\n"
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            self.send_response(200 if self.path == "/h/30-net.sh" else 404)
-            self.end_headers()
-            if self.path == "/h/30-net.sh":
-                self.wfile.write(body)
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/h/30-net.sh"
+    with http_server(routes_handler({"/h/30-net.sh": body})) as base:
+        url = f"{base}/h/30-net.sh"
         p = params(hooks=[{"uri": url, "sha256": hashlib.sha256(body).hexdigest()}])
         assert runner(paths).run_all(discover(paths, p)).ok
         assert (paths.hook_cache / "30-net.sh").read_bytes() == body
@@ -225,9 +210,6 @@ def test_http_fetch_and_missing_file(paths, tmp_path):
         )
         assert res.status == "fetch-failed"
         assert res.reason == "hook 31-gone.sh could not be fetched: HTTP 404 Not Found"
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_s3_without_boto3_names_the_fix(paths, monkeypatch):

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
 import os
-import ssl
-import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +20,7 @@ from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.bootstrap.paths import Paths
+from tests.helpers import QuietHandler, http_server, loopback_tls, routes_handler
 
 pytestmark = pytest.mark.unit
 
@@ -96,61 +93,18 @@ def test_plain_http_without_sha256_is_refused_before_anything_runs(paths, tmp_pa
 
 
 def test_https_to_http_redirect_is_a_failed_fetch(paths, tmp_path, monkeypatch):
-    d = tmp_path / "tls"
-    d.mkdir()
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(d / "k.pem"),
-            "-out",
-            str(d / "c.pem"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    plain = _server({"/x.sh": b"#!/bin/sh\ntouch /nonexistent/never\n"})
+    server_tls, client_tls = loopback_tls(tmp_path)
+    with http_server(routes_handler({"/x.sh": b"#!/bin/sh\ntouch /nonexistent/never\n"})) as plain:
 
-    class Redirect(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
+        class Redirect(QuietHandler):
+            def do_GET(self):
+                self.send(302, headers=[("Location", f"{plain}/x.sh")])
 
-        def do_GET(self):
-            self.send_response(302)
-            self.send_header("Location", f"{plain[1]}/x.sh")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    sctx.load_cert_chain(d / "c.pem", d / "k.pem")
-    srv.socket = sctx.wrap_socket(srv.socket, server_side=True)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    monkeypatch.setattr(
-        hooks_mod,
-        "_FETCH_POLICY",
-        download.Policy(
-            attempts=1, timeout=5, context=ssl.create_default_context(cafile=str(d / "c.pem"))
-        ),
-    )
-    try:
-        url = f"https://127.0.0.1:{srv.server_address[1]}/x.sh"
-        res = runner(paths).run_all(discover(paths, params(hooks=[url]))).failure
-    finally:
-        for s in (srv, plain[0]):
-            s.shutdown()
-            s.server_close()
+        monkeypatch.setattr(
+            hooks_mod, "_FETCH_POLICY", download.Policy(attempts=1, timeout=5, context=client_tls)
+        )
+        with http_server(Redirect, server_tls) as tls:
+            res = runner(paths).run_all(discover(paths, params(hooks=[f"{tls}/x.sh"]))).failure
     assert res.status == "fetch-failed"
     assert res.reason.startswith("hook x.sh could not be fetched: redirect from https to http://")
     assert not (paths.hook_cache / "x.sh").exists()
@@ -306,39 +260,27 @@ def test_output_cap_bounds(paths):
 
 
 # -- fetch failures are retried attempts -------------------------------------------------------
-def _server(routes, truncate_first=0):
+def _truncating_handler(routes, truncate_first):
+    """Serves *routes*; the first *truncate_first* bodies stop after 5 bytes."""
     state = {"n": 0}
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
+    class H(QuietHandler):
         def do_GET(self):
             body = routes.get(self.path)
             if body is None:
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
+                return self.send(404, close=True)
             state["n"] += 1
             cut = state["n"] <= truncate_first
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body[:5] if cut else body)
-            self.close_connection = True
+            self.send(200, body[:5] if cut else body, length=len(body), close=True)
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    return srv, f"http://127.0.0.1:{srv.server_address[1]}", state
+    return H
 
 
 def test_truncated_fetch_is_retried_with_the_run_backoff(paths, tmp_path):
     marker = tmp_path / "ran"
     body = f"#!/bin/sh\ntouch {marker}\n".encode()
-    srv, base, _ = _server({"/40-net.sh": body}, truncate_first=2)
     sleeps: list[float] = []
-    try:
+    with http_server(_truncating_handler({"/40-net.sh": body}, truncate_first=2)) as base:
         p = params(
             hooks=[
                 {
@@ -351,9 +293,6 @@ def test_truncated_fetch_is_retried_with_the_run_backoff(paths, tmp_path):
         res = (
             runner(paths, sleeps, backoff=2, backoff_max=60).run_all(discover(paths, p)).results[0]
         )
-    finally:
-        srv.shutdown()
-        srv.server_close()
     assert res.ok and res.attempts == 3 and sleeps == [2, 4] and marker.exists()
     log = (paths.hooks_log_dir / "40-net.sh.log").read_text()
     assert log.count("FETCH FAILED") == 2 and "truncated body: got 5 of" in log

@@ -1,9 +1,7 @@
 """The versions file: validation, pinning, mirror use, checksum and download errors."""
 
-import http.server
 import re
 import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,7 @@ import yaml
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.images import versions
+from tests.helpers import QuietHandler, http_server
 
 pytestmark = pytest.mark.unit
 
@@ -129,25 +128,8 @@ def test_http_mirror(tmp_path):
     arts = versions.load(_copy(tmp_path)).for_arch("amd64")
     m = _mirror(tmp_path, arts)
 
-    class H(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **k):
-            super().__init__(*a, directory=str(m), **k)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        got = versions.fetch(
-            arts,
-            tmp_path / "dl",
-            mirror=f"http://127.0.0.1:{srv.server_port}/",
-            allow_unpinned=True,
-        )
-    finally:
-        srv.shutdown()
+    with http_server(_dir_handler(m)) as url:
+        got = versions.fetch(arts, tmp_path / "dl", mirror=f"{url}/", allow_unpinned=True)
     assert set(got) == {a.name for a in arts}
     assert (
         tmp_path / "dl" / "pyxis-0.24.0.tar.gz"
@@ -155,31 +137,19 @@ def test_http_mirror(tmp_path):
 
 
 # -- downloads through nodeforge.download (issue 9 item 6) -------------------------------------
-def _http_dir(directory, truncate=()):
+def _dir_handler(directory, truncate=()):
     """A loopback HTTP mirror of *directory*; files named in *truncate* promise more bytes than sent."""
 
-    class H(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **k):
-            super().__init__(*a, directory=str(directory), **k)
-
-        def log_message(self, *a):
-            pass
-
+    class H(QuietHandler):
         def do_GET(self):
-            name = self.path.rsplit("/", 1)[-1]
-            if name in truncate:
-                data = (Path(directory) / name).read_bytes()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data) + 100))
-                self.end_headers()
-                self.wfile.write(data)
-                self.close_connection = True
-                return
-            super().do_GET()
+            f = Path(directory) / self.path.rsplit("/", 1)[-1]  # the mirror is flat
+            if not f.is_file():
+                return self.send(404, close=True)
+            data = f.read_bytes()
+            extra = 100 if f.name in truncate else 0
+            self.send(200, data, length=len(data) + extra, close=True)
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    return srv, f"http://127.0.0.1:{srv.server_port}"
+    return H
 
 
 def test_lock_refuses_a_truncated_body_and_leaves_the_file_unchanged(tmp_path):
@@ -187,16 +157,12 @@ def test_lock_refuses_a_truncated_body_and_leaves_the_file_unchanged(tmp_path):
     before = f.read_text()
     v = versions.load(f)
     m = _mirror(tmp_path, v.all_artifacts())
-    srv, url = _http_dir(m, truncate={"pyxis-0.24.0.tar.gz"})
     sleeps: list[float] = []
-    try:
-        with pytest.raises(
-            NodeforgeError, match=r"pyxis_src .*truncated body: got 30 of 130 bytes"
-        ):
-            versions.lock(v, mirror=url, sleep=sleeps.append)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with (
+        http_server(_dir_handler(m, truncate={"pyxis-0.24.0.tar.gz"})) as url,
+        pytest.raises(NodeforgeError, match=r"pyxis_src .*truncated body: got 30 of 130 bytes"),
+    ):
+        versions.lock(v, mirror=url, sleep=sleeps.append)
     assert sleeps == [2.0, 4.0]
     assert f.read_text() == before  # nothing pinned from a partial download
 
@@ -206,12 +172,8 @@ def test_lock_arch_pins_only_what_the_mirror_holds(tmp_path):
     v = versions.load(f)
     amd64 = versions.lock_targets(v, arch="amd64")  # every variant's amd64 entry
     m = _mirror(tmp_path, amd64)  # the mirror has no arm64 files
-    srv, url = _http_dir(m)
-    try:
+    with http_server(_dir_handler(m)) as url:
         res = versions.lock(v, mirror=url, arch="amd64")
-    finally:
-        srv.shutdown()
-        srv.server_close()
     assert set(res) == {a.url for a in amd64}
     v2 = versions.load(f)
     for a in v2.all_artifacts():

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import socket
-import threading
 import time
 from typing import ClassVar
 
@@ -24,6 +22,7 @@ from nodeforge.bootstrap.params_sources import (
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.errors import NodeforgeError
 from tests.conftest import make_keypair
+from tests.helpers import QuietHandler, http_server
 
 pytestmark = pytest.mark.unit
 
@@ -198,13 +197,10 @@ def test_cmdline_errors_name_the_key(tmp_path):
 
 
 # -- user-data / IMDSv2 ----------------------------------------------------------------------
-class _Imds(http.server.BaseHTTPRequestHandler):
+class _Imds(QuietHandler):
     user_data: bytes | None = b""
     token = "tok-123"
     seen: ClassVar[list] = []
-
-    def log_message(self, *a):  # quiet
-        pass
 
     def do_PUT(self):
         self.seen.append(
@@ -213,40 +209,23 @@ class _Imds(http.server.BaseHTTPRequestHandler):
         if self.path != "/latest/api/token" or not self.headers.get(
             "X-aws-ec2-metadata-token-ttl-seconds"
         ):
-            self.send_response(400)
-            self.end_headers()
-            return
-        body = self.token.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            return self.send(400)
+        self.send(200, self.token.encode())
 
     def do_GET(self):
         self.seen.append(("GET", self.path, self.headers.get("X-aws-ec2-metadata-token")))
         if self.headers.get("X-aws-ec2-metadata-token") != self.token:
-            self.send_response(401)
-            self.end_headers()
-            return
+            return self.send(401)
         if self.user_data is None:
-            self.send_response(404)
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.user_data)))
-        self.end_headers()
-        self.wfile.write(self.user_data)
+            return self.send(404)
+        self.send(200, self.user_data)
 
 
 @pytest.fixture
 def imds():
     handler = type("H", (_Imds,), {"seen": [], "user_data": b""})
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield handler, f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with http_server(handler) as url:
+        yield handler, url
 
 
 def test_imds_token_flow(tmp_path, imds):

@@ -5,10 +5,8 @@ HyperPod resolution, and the renderers' own escaping (defence in depth)."""
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import os
-import threading
 
 import pytest
 
@@ -29,6 +27,7 @@ from nodeforge.bootstrap.slurm import _sd_quote, conf_server, node_conf
 from nodeforge.bootstrap.state import State
 from nodeforge.bootstrap.status import as_text
 from nodeforge.errors import NodeforgeError
+from tests.helpers import http_server, routes_handler
 
 pytestmark = pytest.mark.unit
 
@@ -316,20 +315,8 @@ def test_secret_in_readable_params_url_file_refused(tmp_path):
 def test_secret_from_http_params_url_refused(tmp_path):
     body = f"munge_key: {KEY}\n".encode()
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/p.yaml"
+    with http_server(routes_handler({"/p.yaml": body})) as root:
+        url = f"{root}/p.yaml"
         cfg = SourceConfig(Paths.under(tmp_path), imds_url=None)
         cfg.paths.cmdline.parent.mkdir(parents=True)
         cfg.paths.cmdline.write_text(
@@ -337,9 +324,6 @@ def test_secret_from_http_params_url_refused(tmp_path):
         )
         with pytest.raises(ParamsError, match="munge_key: refused, a params URL can be fetched"):
             load_params(cfg)
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_secret_in_user_data_refused_unless_imds_guarded(tmp_path):
