@@ -19,8 +19,18 @@ HOSTS_BEGIN = "# BEGIN nodeforge (managed by nodeforge node init)"
 HOSTS_END = "# END nodeforge"
 
 
+KEYGEN_UNIT = "nodeforge-ssh-keygen.service"
+
+
 def host_keys_present(paths: Paths) -> bool:
     return any(paths.ssh_etc.glob("ssh_host_*_key"))
+
+
+def keygen_unit_installed(paths: Paths) -> bool:
+    """The image's first-boot unit makes the host keys, in parallel with the agent (ordered only
+    before sshd). The agent then leaves them to it: two `ssh-keygen -A` at once could pair one
+    run's private key with the other's public key, and waiting for it delays readiness."""
+    return (paths.systemd_etc / KEYGEN_UNIT).is_file()
 
 
 def machine_id_present(paths: Paths) -> bool:
@@ -51,7 +61,7 @@ def users_keypair_paths(paths: Paths) -> tuple[Path, Path]:
 def run(host: Host, paths: Paths, params: Params, hostname: str, hosts: dict[str, str]) -> dict:
     """Create what is missing. *hosts* maps names to addresses for the managed /etc/hosts block."""
     done: dict[str, object] = {}
-    if not host_keys_present(paths):
+    if not host_keys_present(paths) and not keygen_unit_installed(paths):
         argv = ["ssh-keygen", "-A"]
         if paths.root != Path("/"):
             argv += ["-f", str(paths.root)]
@@ -82,7 +92,9 @@ def run(host: Host, paths: Paths, params: Params, hostname: str, hosts: dict[str
 
 
 def verify(paths: Paths, params: Params, hostname: str, hosts: dict[str, str]) -> bool:
-    if not (host_keys_present(paths) and machine_id_present(paths)):
+    if not machine_id_present(paths):
+        return False
+    if not (host_keys_present(paths) or keygen_unit_installed(paths)):
         return False
     if params.node_name and hostname != params.node_name:
         return False

@@ -324,6 +324,18 @@ def test_controller_order_and_secrets(tmp_path, caplog):
     assert "10.9.0.2 ctl" in paths.hosts_file.read_text()
 
 
+def test_host_keys_left_to_the_first_boot_unit_when_the_image_has_it(tmp_path):
+    """nodeforge-init is not ordered after nodeforge-ssh-keygen.service (readiness does not wait
+    for SSH); with that unit in the image the agent never runs a second `ssh-keygen -A`."""
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    paths.systemd_etc.mkdir(parents=True, exist_ok=True)
+    (paths.systemd_etc / "nodeforge-ssh-keygen.service").write_text("[Service]\n")
+    state = agent.init()
+    assert state.status == "ready" and state.steps["identity"].status == "done"
+    assert not any(c[0] == "ssh-keygen" for c in fm.calls)
+    assert not list(paths.ssh_etc.glob("ssh_host_*_key"))  # the unit's job, not the agent's
+
+
 def test_controller_rerun_is_idempotent_and_reboot_resumes(tmp_path):
     agent, fm, paths, _ = make(tmp_path, CTL)
     agent.init()

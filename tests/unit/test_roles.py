@@ -386,6 +386,8 @@ def test_bake_templates_render_with_defaults():
     assert "*" not in plugstack.split("include", 1)[1]  # slurmctld cannot parse a glob include
     init = rendered[("node_agent", "nodeforge-init.service.j2")]
     assert "After=network-online.target" in init
+    # Host keys are made in parallel (identity.keygen_unit_installed): Slurm does not wait on SSH.
+    assert not re.search(r"^After=.*ssh-keygen", init, re.MULTILINE)
     # contracts.md: no Before= on the Slurm units (the agent starts them from inside the unit).
     assert not re.search(r"^Before=", init, re.MULTILINE) and "Wants=network-online.target" in init
     assert "ExecStart=/usr/local/bin/nodeforge node init" in init
