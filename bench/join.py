@@ -16,12 +16,13 @@ Bounded: every wait has a timeout, and no node is added while the host has less 
 --min-free-mib of memory available; a node that exits during boot (the host's limits: with
 the default fs.inotify.max_user_instances=128 about 22 booted systemd instances fit) also
 stops the adding. The round then says how many fit and why, and reports the nodes that
-joined. The cluster is always taken down.
+joined. fs.inotify.max_user_instances is raised for the run to fit --computes (and restored). The cluster is always taken down.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -45,11 +46,34 @@ def mem_available_mib() -> int:
     raise NodeforgeError("/proc/meminfo has no MemAvailable")
 
 
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_PER_NODE = 8  # seen: ~7 inotify instances per booted systemd node (systemd, journald, ...)
+
+
 def inotify_limit() -> str:
     try:
-        return Path("/proc/sys/fs/inotify/max_user_instances").read_text().strip()
+        return INOTIFY_LIMIT.read_text().strip()
     except OSError:
         return "?"
+
+
+@contextlib.contextmanager
+def inotify_headroom(computes: int, wanted: int | None):
+    """Root's inotify instances are per user, and every booted node's systemd holds several:
+    at the default 128 only ~21 nodes boot. Raise the limit for this run only (to *wanted*, or
+    enough for *computes* + the controller + the host's own 128) and restore it afterwards."""
+    old = int(inotify_limit()) if inotify_limit().isdigit() else None
+    need = wanted if wanted is not None else 128 + (computes + 1) * INOTIFY_PER_NODE
+    if old is None or need <= old:
+        yield old
+        return
+    log(f"fs.inotify.max_user_instances {old} -> {need} for this run (restored afterwards)")
+    INOTIFY_LIMIT.write_text(f"{need}\n")
+    try:
+        yield need
+    finally:
+        INOTIFY_LIMIT.write_text(f"{old}\n")
+        log(f"fs.inotify.max_user_instances restored to {old}")
 
 
 def slope(xs: list[float], ys: list[float]) -> float | None:
@@ -240,10 +264,18 @@ def main() -> int:
         default=Path("/var/tmp/nodeforge-bench"),
         help="where join.json is written (default: %(default)s)",
     )
+    ap.add_argument(
+        "--inotify-instances",
+        type=int,
+        help="fs.inotify.max_user_instances for the run (default: raised to fit --computes if "
+        "lower; restored afterwards)",
+    )
     ap.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (network namespaces, overlays, systemd-nspawn)")
+    if args.inotify_instances is not None and not 128 <= args.inotify_instances <= 65536:
+        sys.exit("--inotify-instances: 128..65536")
     if not 1 <= args.computes <= 200:
         sys.exit("--computes: 1..200 (the cluster subnet has 247 addresses)")
     intervals = [float(x) for x in args.intervals.split(",") if x.strip()]
@@ -260,8 +292,10 @@ def main() -> int:
         "argv": sys.argv[1:],
         "rounds": [],
     }
-    for iv in intervals:
-        report["rounds"].append(round_(lc, image, args.computes, iv, args))
+    with inotify_headroom(args.computes, args.inotify_instances) as limit:
+        report["inotify_max_user_instances"] = limit
+        for iv in intervals:
+            report["rounds"].append(round_(lc, image, args.computes, iv, args))
     args.workdir.mkdir(parents=True, exist_ok=True)
     (args.workdir / "join.json").write_text(json.dumps(report, indent=2))
     if args.json:
