@@ -41,56 +41,9 @@ def lab():
 
 @pytest.fixture
 def clean(lab):
-    (lab.base / "prolog" / "release").unlink(missing_ok=True)
+    lab.rearm_prologs()
     yield lab
-    # Reset: cancel jobs, end hung prologs, revive killed slurmds, resume drained nodes,
-    # power cloud nodes back down (undrained, able to boot).
-    lab.release_prologs()
-    lab.run("scancel", "--partition=main", check=False)
-    for n in lab.node_names:
-        lab.set_prolog(n, None)
-        lab.set_epilog_sleep(n, None)
-        if not (lab.base / "run" / f"slurmd-{n}.pid").exists() or not _alive(lab, n):
-            lab.start_slurmd(n)
-    Lab.wait(
-        lambda: (
-            not lab.run("squeue", "-h", "-t", "all", "-p", "main", "-o", "%i %T", check=False)
-            .stdout.strip()
-            .replace("COMPLETED", "")
-            .replace("CANCELLED", "")
-            .replace("FAILED", "")
-            .split()
-            or _only_ids(lab)
-        ),
-        40,
-        "all jobs gone",
-    )
-    for n in lab.node_names:
-        st = lab.node_states().get(n, "")
-        if "DRAIN" in st or "DOWN" in st:
-            lab.run("scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
-    lab.wait_nodes_idle(lab.node_names, timeout=40)
-    for n in lab.cloud_names:
-        lab.reset_cloud(n)
-    (lab.base / "prolog" / "release").unlink(missing_ok=True)
-
-
-def _only_ids(lab) -> bool:
-    out = lab.run("squeue", "-h", "-p", "main", "-o", "%T", check=False).stdout.split()
-    return all(s in ("COMPLETED", "CANCELLED", "FAILED") for s in out)
-
-
-def _alive(lab, node) -> bool:
-    import os
-
-    pid = Lab._pid(lab.base / "run" / f"slurmd-{node}.pid")
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    lab.reset()
 
 
 class Gov:
@@ -164,13 +117,8 @@ def wait_for(pred, timeout, what):
 
 def test_happy_path_with_app_probe(lab, gov):
     g = gov(probe={"mode": "command"}).start()
-    script = (
-        f"#!/bin/sh\nexport PYTHONPATH={REPO}\n"
-        f"{sys.executable} -m nodeforge.cli gang ready --config /nonexistent.yaml --timeout 20 "
-        "|| true\nsleep 2\n"
-    )
-    # --config of a missing file would fail; use the default path which may be absent -> defaults
-    script = script.replace(" --config /nonexistent.yaml", "")
+    # the default config path (absent on the lab's nodes: defaults)
+    script = f"#!/bin/sh\n{lab.nodeforge_cmd} gang ready --timeout 20 || true\nsleep 2\n"
     j = lab.sbatch("-N2", "-w", "gn1,gn2", script=script)
     wait_for(
         lambda: (
@@ -603,9 +551,7 @@ def test_forged_workdir_and_comment_add_no_phantom_job(lab, gov, tmp_path):
     forged = (
         "x\nJobId=999 JobState=RUNNING NumNodes=2 StartTime=2020-01-01T00:00:00 NodeList=gn[1-2]"
     )
-    wd = lab.base / forged
-    wd.mkdir()
-    wd.chmod(0o777)
+    wd = lab.make_dir(forged)
     other = lab.sbatch("-N1", "-w", "gn1", script="#!/bin/sh\nsleep 20\n")  # a 1-node job
     g = gov(timeout=3).start()
     j = lab.run(
