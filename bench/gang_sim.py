@@ -766,10 +766,17 @@ def cmd_deadline(args) -> None:
             if delays[-1] > args.interval:  # where did the time go? client calls around it
                 near = [c for c in calls if ev["deadline"] - 2 <= c[0] <= ev["requeued_at"]]
                 slow = max(near, key=lambda c: c[1], default=None)
+                fails = [
+                    e
+                    for e in read_events(cfg.event_log)
+                    if e["action"] == "slurmctld_unreachable"
+                    and ev["deadline"] - 2 <= e.get("time", 0) <= ev["requeued_at"]
+                ]
                 print(
                     f"round {len(delays)}: delay {delays[-1]:.2f} s, "
                     f"{len(near)} client calls from deadline-2s to the requeue; slowest "
                     + (f"{slow[1]:.2f} s ({slow[2]})" if slow else "-")
+                    + "".join(f"; read failed: {e.get('detail', '')[-300:]}" for e in fails)
                 )
             slurm_delays.append(int(lab.job(j)["Restarts"]))
             lab.release_prologs()
@@ -777,6 +784,9 @@ def cmd_deadline(args) -> None:
             Lab.wait(lambda j=j: gone(j), 30, "job gone")
             lab.wait_nodes_idle(["gn1", "gn2"], 30)
         stop_gov()
+        unreachable = [
+            e for e in read_events(cfg.event_log) if e["action"] == "slurmctld_unreachable"
+        ]
         print(
             f"# deadline -> requeue on a real slurmctld ({backend}), interval={args.interval}s,"
             f" {args.rounds} rounds, governor phase {args.phase}; load average before: {load0}"
@@ -789,6 +799,9 @@ def cmd_deadline(args) -> None:
             f"goal p95 <= one interval ({args.interval} s): "
             f"{'OK' if p95 <= args.interval else 'MISSED'}  (Restarts after each: {slurm_delays})"
         )
+        print(f"failed reads of slurmctld (events): {len(unreachable)}")
+        for e in unreachable[:5]:
+            print("  " + str(e.get("detail", ""))[-300:])
         print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     finally:
         stop_gov()
