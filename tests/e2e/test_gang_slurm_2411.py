@@ -11,8 +11,9 @@ Cases that stay on 22.05 only, and why:
 - test_slurmctld_restart: the lab stops and starts its own slurmctld process,
 - test_cli_run_once_and_status: it runs the host's `nodeforge gang run` against the lab's
   SLURM_CONF; the host's 22.05 clients cannot talk to 24.11,
-- test_prolog_fails: on 24.11 PrologFlags=ForceRequeueOnFail (the image's config) requeues
-  the job itself; the 22.05 case's expectations (held, drained reason text) differ.
+- test_prolog_fails: its expectations are what 22.05 without ForceRequeueOnFail does; the
+  image's config sets PrologFlags=ForceRequeueOnFail, which changes Slurm's own reaction (not
+  covered here yet).
 Het jobs run only here: the 22.05 lab's select/linear refuses them, cons_tres accepts them.
 """
 
