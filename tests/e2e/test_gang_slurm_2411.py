@@ -112,8 +112,17 @@ def test_het_job_is_one_gang_requeued_by_its_leader(lab, gov):  # noqa: F811 (th
     assert str(int(leader) + 1) not in g.gov.state.jobs, sorted(g.gov.state.jobs)
     assert len(g.events(str(int(leader) + 1))) == 0
     lab.release_prologs()
-    wait_for(lambda: lab.job(leader)["JobState"] == "PENDING", 20, "het job PENDING")
-    comps = lab.run("squeue", "-h", "-j", leader, "-o", "%i %T").stdout.split("\n")
-    assert len([c for c in comps if c.strip()]) == 2, comps
-    assert all(c.split()[1] == "PENDING" for c in comps if c.strip()), comps
+
+    def components() -> dict[str, str]:
+        out = lab.run("squeue", "-h", "-j", leader, "-o", "%i %T").stdout
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+    # both components back in the queue (the second one COMPLETING until its prolog ends)
+    wait_for(
+        lambda: components() == {f"{leader}+0": "PENDING", f"{leader}+1": "PENDING"},
+        20,
+        "both het components PENDING",
+        components,
+    )
     assert lab.job(leader)["Restarts"] == "1"
+    assert len(g.events(leader, "requeue")) == 1
