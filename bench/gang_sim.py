@@ -683,8 +683,26 @@ def cmd_deadline(args) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
     from slurmlab import Lab
 
-    lab = Lab(nodes=2, cloud_nodes=0)
+    if args.slurm == "24.11":
+        # the image's own Slurm in a local nspawn cluster (tests/e2e/clusterlab.py)
+        from clusterlab import ClusterLab
+
+        if args.image is None:
+            raise SystemExit("deadline --slurm 24.11 needs --image (output dir of a build)")
+        lab = ClusterLab(args.image, nodes=2)
+        backend = "Slurm 24.11 local cluster (image)"
+    else:
+        lab = Lab(nodes=2, cloud_nodes=0)
+        backend = "Slurm 22.05 lab"
     tmp = Path(tempfile.mkdtemp(prefix="nfg-gang-bench-"))
+    running: list[tuple[Governor, threading.Thread]] = []
+
+    def stop_gov() -> None:
+        while running:
+            gov, th = running.pop()
+            gov.stop()
+            th.join(timeout=20)
+
     try:
         lab.start()
         lab.set_prolog("gn2", "hang")
@@ -699,10 +717,34 @@ def cmd_deadline(args) -> None:
             },
             "bench",
         )
-        gov = Governor(cfg, SlurmCli(prefix=lab.prefix(), env=lab.env, timeout=10))
-        th = threading.Thread(target=gov.run, kwargs={"duration": 300}, daemon=True)
-        th.start()
+
+        calls: list[tuple[float, float, str]] = []  # (end time, seconds, command) per client call
+
+        class TimedCli(SlurmCli):
+            """SlurmCli that records how long each client call took (for the slow rounds)."""
+
+            def _run(self, *argv: str, check: bool = True):
+                t0 = time.time()
+                try:
+                    return super()._run(*argv, check=check)
+                finally:
+                    calls.append((time.time(), time.time() - t0, " ".join(argv[:3])))
+
+        def start_gov() -> None:
+            gov = Governor(cfg, TimedCli(prefix=lab.prefix(), env=lab.env, timeout=10))
+            th = threading.Thread(target=gov.run, kwargs={"duration": 300}, daemon=True)
+            th.start()
+            running.append((gov, th))
+
+        # The delay depends on where the governor's cycles fall relative to the deadline
+        # (StartTime is whole seconds). One governor for all rounds keeps that phase fixed, so
+        # every round measures the same point; --phase random starts a fresh governor after a
+        # random pause (seeded) each round, which samples the phase.
+        rng = random.Random(args.seed)
+        if args.phase == "fixed":
+            start_gov()
         delays, slurm_delays = [], []
+        load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
         def requeues(job_id: int) -> list[dict]:
             return [e for e in read_events(cfg.event_log, str(job_id)) if e["action"] == "requeue"]
@@ -712,21 +754,42 @@ def cmd_deadline(args) -> None:
             return out in ("", "CANCELLED")
 
         for _ in range(args.rounds):
-            (lab.base / "prolog" / "release").unlink(missing_ok=True)
+            lab.rearm_prologs()
+            if args.phase == "random":
+                stop_gov()
+                time.sleep(rng.uniform(0, args.interval))
+                start_gov()
             j = lab.sbatch("-N2", "-w", "gn1,gn2")
             Lab.wait(lambda j=j: requeues(j), 30, "requeue")
             ev = requeues(j)[0]
             delays.append(ev["requeued_at"] - ev["deadline"])
+            if delays[-1] > args.interval:  # where did the time go? client calls around it
+                near = [c for c in calls if ev["deadline"] - 2 <= c[0] <= ev["requeued_at"]]
+                slow = max(near, key=lambda c: c[1], default=None)
+                fails = [
+                    e
+                    for e in read_events(cfg.event_log)
+                    if e["action"] == "slurmctld_unreachable"
+                    and ev["deadline"] - 2 <= e.get("time", 0) <= ev["requeued_at"]
+                ]
+                print(
+                    f"round {len(delays)}: delay {delays[-1]:.2f} s, "
+                    f"{len(near)} client calls from deadline-2s to the requeue; slowest "
+                    + (f"{slow[1]:.2f} s ({slow[2]})" if slow else "-")
+                    + "".join(f"; read failed: {e.get('detail', '')[-300:]}" for e in fails)
+                )
             slurm_delays.append(int(lab.job(j)["Restarts"]))
             lab.release_prologs()
             lab.run("scancel", str(j), check=False)
             Lab.wait(lambda j=j: gone(j), 30, "job gone")
             lab.wait_nodes_idle(["gn1", "gn2"], 30)
-        gov.stop()
-        th.join(timeout=20)
+        stop_gov()
+        unreachable = [
+            e for e in read_events(cfg.event_log) if e["action"] == "slurmctld_unreachable"
+        ]
         print(
-            f"# deadline -> requeue on a real slurmctld (Slurm 22.05 lab), interval={args.interval}s,"
-            f" {args.rounds} rounds"
+            f"# deadline -> requeue on a real slurmctld ({backend}), interval={args.interval}s,"
+            f" {args.rounds} rounds, governor phase {args.phase}; load average before: {load0}"
         )
         print("delays (s): " + " ".join(f"{d:.2f}" for d in delays))
         ds = sorted(delays)
@@ -736,7 +799,12 @@ def cmd_deadline(args) -> None:
             f"goal p95 <= one interval ({args.interval} s): "
             f"{'OK' if p95 <= args.interval else 'MISSED'}  (Restarts after each: {slurm_delays})"
         )
+        print(f"failed reads of slurmctld (events): {len(unreachable)}")
+        for e in unreachable[:5]:
+            print("  " + str(e.get("detail", ""))[-300:])
+        print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     finally:
+        stop_gov()
         lab.close()
         import shutil
 
@@ -754,6 +822,21 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument(
+        "--phase",
+        choices=("fixed", "random"),
+        default="random",
+        help="deadline: one governor for all rounds (fixed cycle phase) or a fresh one per round",
+    )
+    ap.add_argument(
+        "--slurm",
+        choices=("22.05", "24.11"),
+        default="22.05",
+        help="deadline: the host's 22.05 lab, or a local cluster from --image (24.11)",
+    )
+    ap.add_argument(
+        "--image", type=Path, help="deadline --slurm 24.11: output directory of `nodeforge build`"
+    )
     ap.add_argument("--timeout", default="20m", help="sim: the governor's timeout")
     ap.add_argument("--strike-limit", type=int, default=2, help="sim: node_strike_limit")
     ap.add_argument(

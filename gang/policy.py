@@ -340,21 +340,25 @@ def _pending(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
     if rec.phase in (ADMITTED, READY, RECOVERING, NOT_REQUEUEABLE):
         rec.phase = PENDING  # back in the queue without a requeue (e.g. preempted)
     if rec.phase == BACKOFF:
-        if rec.next_eligible is not None and c.now < rec.next_eligible:
-            if (
-                not job.held
-                and job.eligible_time is not None
-                and abs(job.eligible_time - rec.next_eligible) > 2.0
-            ):
-                # e.g. the governor died between requeue and StartTime update
+        nxt = rec.next_eligible
+        if nxt is not None and not job.held and job.eligible_time is not None:
+            # Before the backoff ends: the governor died between requeue and StartTime update.
+            # After it: the old allocation was COMPLETING past the backoff (a slow epilog), and
+            # when it ended Slurm moved a begin time already past to now + ~121 s (its
+            # requeue hold-off, batch_requeue_fini): the backoff would silently become 2 min.
+            early = c.now < nxt and abs(job.eligible_time - nxt) > 2.0
+            late = c.now >= nxt and job.eligible_time > c.now + 2.0
+            if early or late:
                 c.act(
                     ActionKind.SET_START,
                     rec,
                     job,
                     "Backoff",
                     "repair StartTime",
-                    start_at=rec.next_eligible,
+                    start_at=max(nxt, c.now),
                 )
+                return
+        if nxt is not None and c.now < nxt:
             return
         rec.phase = PENDING
     if not c.cfg.block_admission:

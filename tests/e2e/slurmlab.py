@@ -114,8 +114,63 @@ def _term_raises() -> None:
         signal.signal(signal.SIGTERM, _raise)
 
 
+class SlurmClients:
+    """What the gang cases read from any Slurm backend through its clients (`run`): this lab
+    (22.05) and tests/e2e/clusterlab.py (the image's 24.11)."""
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 15):
+        raise NotImplementedError
+
+    @staticmethod
+    def wait(pred, timeout: float, what: str, interval: float = 0.2):
+        deadline = time.monotonic() + timeout
+        last_exc: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                v = pred()
+                if v:
+                    return v
+            except NodeforgeError as exc:  # transient client errors while daemons start
+                last_exc = exc
+            time.sleep(interval)
+        raise LabError(
+            f"timed out after {timeout}s waiting for {what}" + (f": {last_exc}" if last_exc else "")
+        )
+
+    def node_states(self) -> dict[str, str]:
+        out = self.run("scontrol", "show", "node", "-o").stdout
+        res = {}
+        for line in out.splitlines():
+            f = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+            if "NodeName" in f:
+                res[f["NodeName"]] = f.get("State", "")
+        return res
+
+    def wait_nodes_idle(self, nodes: list[str], timeout: float) -> None:
+        def ok():
+            st = self.node_states()
+            return all(
+                st.get(n, "").split("+")[0] == "IDLE"
+                and "NOT_RESPONDING" not in st.get(n, "")
+                and "DRAIN" not in st.get(n, "")
+                for n in nodes
+            )
+
+        self.wait(ok, timeout, f"nodes {nodes} IDLE")
+
+    def job(self, job_id: int | str) -> dict[str, str]:
+        out = self.run("scontrol", "show", "job", "-o", str(job_id)).stdout
+        f: dict[str, str] = {}
+        # AdminComment/Comment may contain spaces only if we put them there; we don't.
+        for tok in out.split():
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                f.setdefault(k, v)
+        return f
+
+
 @dataclass
-class Lab:
+class Lab(SlurmClients):
     nodes: int = 4
     cloud_nodes: int = 1
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="nfg-gang-lab-")))
@@ -330,6 +385,59 @@ class Lab:
     def release_prologs(self) -> None:
         (self.base / "prolog" / "release").touch()
 
+    def rearm_prologs(self) -> None:
+        (self.base / "prolog" / "release").unlink(missing_ok=True)
+
+    def make_dir(self, name: str) -> str:
+        """A directory *name* in the lab, writable by all (a job's --chdir); its path."""
+        d = self.base / name
+        d.mkdir()
+        d.chmod(0o777)
+        return str(d)
+
+    # what a batch script runs to call nodeforge on a node: this checkout
+    @property
+    def nodeforge_cmd(self) -> str:
+        import sys
+
+        repo = Path(__file__).resolve().parents[2]
+        return f"PYTHONPATH={repo} {sys.executable} -m nodeforge.cli"
+
+    def slurmd_alive(self, node: str) -> bool:
+        pid = self._pid(self.base / "run" / f"slurmd-{node}.pid")
+        if not pid:
+            return False
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def reset(self) -> None:
+        """Between cases: cancel jobs, end hung prologs, revive killed slurmds, resume drained
+        nodes, power cloud nodes back down (undrained, able to boot)."""
+        self.release_prologs()
+        self.run("scancel", "--partition=main", check=False)
+        for n in self.node_names:
+            self.set_prolog(n, None)
+            self.set_epilog_sleep(n, None)
+            if not self.slurmd_alive(n):
+                self.start_slurmd(n)
+
+        def no_live_job() -> bool:
+            out = self.run("squeue", "-h", "-p", "main", "-o", "%T", check=False).stdout.split()
+            return all(s in ("COMPLETED", "CANCELLED", "FAILED") for s in out)
+
+        self.wait(no_live_job, 40, "all jobs gone")
+        for n in self.node_names:
+            st = self.node_states().get(n, "")
+            if "DRAIN" in st or "DOWN" in st:
+                self.run("scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
+        self.wait_nodes_idle(self.node_names, timeout=40)
+        for n in self.cloud_names:
+            self.reset_cloud(n)
+        self.rearm_prologs()
+
     def set_never(self, node: str) -> None:
         (self.base / "never" / node).touch()
 
@@ -354,53 +462,6 @@ class Lab:
         return out.startswith("NodeName=")
 
     # ---- helpers ------------------------------------------------------------------------
-    @staticmethod
-    def wait(pred, timeout: float, what: str, interval: float = 0.2):
-        deadline = time.monotonic() + timeout
-        last_exc: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                v = pred()
-                if v:
-                    return v
-            except NodeforgeError as exc:  # transient client errors while daemons start
-                last_exc = exc
-            time.sleep(interval)
-        raise LabError(
-            f"timed out after {timeout}s waiting for {what}" + (f": {last_exc}" if last_exc else "")
-        )
-
-    def node_states(self) -> dict[str, str]:
-        out = self.run("scontrol", "show", "node", "-o").stdout
-        res = {}
-        for line in out.splitlines():
-            f = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-            if "NodeName" in f:
-                res[f["NodeName"]] = f.get("State", "")
-        return res
-
-    def wait_nodes_idle(self, nodes: list[str], timeout: float) -> None:
-        def ok():
-            st = self.node_states()
-            return all(
-                st.get(n, "").split("+")[0] == "IDLE"
-                and "NOT_RESPONDING" not in st.get(n, "")
-                and "DRAIN" not in st.get(n, "")
-                for n in nodes
-            )
-
-        self.wait(ok, timeout, f"nodes {nodes} IDLE")
-
-    def job(self, job_id: int | str) -> dict[str, str]:
-        out = self.run("scontrol", "show", "job", "-o", str(job_id)).stdout
-        f: dict[str, str] = {}
-        # AdminComment/Comment may contain spaces only if we put them there; we don't.
-        for tok in out.split():
-            if "=" in tok:
-                k, v = tok.split("=", 1)
-                f.setdefault(k, v)
-        return f
-
     def job_json(self, job_id: int | str) -> dict:
         """The job as the governor reads it (22.05: squeue --json), {} if not listed."""
         import json

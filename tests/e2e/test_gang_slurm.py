@@ -21,7 +21,7 @@ from nodeforge.gang.governor import Governor
 from nodeforge.gang.slurm import SlurmCli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurmlab import Lab, check_tools
+from slurmlab import Lab, LabError, check_tools
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -41,56 +41,9 @@ def lab():
 
 @pytest.fixture
 def clean(lab):
-    (lab.base / "prolog" / "release").unlink(missing_ok=True)
+    lab.rearm_prologs()
     yield lab
-    # Reset: cancel jobs, end hung prologs, revive killed slurmds, resume drained nodes,
-    # power cloud nodes back down (undrained, able to boot).
-    lab.release_prologs()
-    lab.run("scancel", "--partition=main", check=False)
-    for n in lab.node_names:
-        lab.set_prolog(n, None)
-        lab.set_epilog_sleep(n, None)
-        if not (lab.base / "run" / f"slurmd-{n}.pid").exists() or not _alive(lab, n):
-            lab.start_slurmd(n)
-    Lab.wait(
-        lambda: (
-            not lab.run("squeue", "-h", "-t", "all", "-p", "main", "-o", "%i %T", check=False)
-            .stdout.strip()
-            .replace("COMPLETED", "")
-            .replace("CANCELLED", "")
-            .replace("FAILED", "")
-            .split()
-            or _only_ids(lab)
-        ),
-        40,
-        "all jobs gone",
-    )
-    for n in lab.node_names:
-        st = lab.node_states().get(n, "")
-        if "DRAIN" in st or "DOWN" in st:
-            lab.run("scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
-    lab.wait_nodes_idle(lab.node_names, timeout=40)
-    for n in lab.cloud_names:
-        lab.reset_cloud(n)
-    (lab.base / "prolog" / "release").unlink(missing_ok=True)
-
-
-def _only_ids(lab) -> bool:
-    out = lab.run("squeue", "-h", "-p", "main", "-o", "%T", check=False).stdout.split()
-    return all(s in ("COMPLETED", "CANCELLED", "FAILED") for s in out)
-
-
-def _alive(lab, node) -> bool:
-    import os
-
-    pid = Lab._pid(lab.base / "run" / f"slurmd-{node}.pid")
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    lab.reset()
 
 
 class Gov:
@@ -158,19 +111,20 @@ def parse_time(value: str) -> float:
     return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
 
 
-def wait_for(pred, timeout, what):
-    return Lab.wait(pred, timeout, what, interval=0.2)
+def wait_for(pred, timeout, what, show=None):
+    """Lab.wait; on a timeout, *show()* (what Slurm and the governor say) joins the error."""
+    try:
+        return Lab.wait(pred, timeout, what, interval=0.2)
+    except LabError as exc:
+        if show is None:
+            raise
+        raise LabError(f"{exc}; seen: {show()!r:.3000}") from None
 
 
 def test_happy_path_with_app_probe(lab, gov):
     g = gov(probe={"mode": "command"}).start()
-    script = (
-        f"#!/bin/sh\nexport PYTHONPATH={REPO}\n"
-        f"{sys.executable} -m nodeforge.cli gang ready --config /nonexistent.yaml --timeout 20 "
-        "|| true\nsleep 2\n"
-    )
-    # --config of a missing file would fail; use the default path which may be absent -> defaults
-    script = script.replace(" --config /nonexistent.yaml", "")
+    # the default config path (absent on the lab's nodes: defaults)
+    script = f"#!/bin/sh\n{lab.nodeforge_cmd} gang ready --timeout 20 || true\nsleep 2\n"
     j = lab.sbatch("-N2", "-w", "gn1,gn2", script=script)
     wait_for(
         lambda: (
@@ -603,9 +557,7 @@ def test_forged_workdir_and_comment_add_no_phantom_job(lab, gov, tmp_path):
     forged = (
         "x\nJobId=999 JobState=RUNNING NumNodes=2 StartTime=2020-01-01T00:00:00 NodeList=gn[1-2]"
     )
-    wd = lab.base / forged
-    wd.mkdir()
-    wd.chmod(0o777)
+    wd = lab.make_dir(forged)
     other = lab.sbatch("-N1", "-w", "gn1", script="#!/bin/sh\nsleep 20\n")  # a 1-node job
     g = gov(timeout=3).start()
     j = lab.run(
@@ -629,11 +581,16 @@ def test_forged_workdir_and_comment_add_no_phantom_job(lab, gov, tmp_path):
 
 
 def test_deactivation_is_final_until_an_operator_releases(lab, gov):
-    """Owner's job deactivated: requeuehold with a slow epilog (COMPLETING is not a release),
-    then the admin hold, which the owner cannot release; the operator's release resets."""
-    lab.set_prolog("gn4", "hang")
+    """A never-ready gang of a non-root owner: requeued at the deadline twice, with backoff,
+    then requeuehold at its third timeout. Its epilog is slow, so Slurm shows it COMPLETING
+    after the requeuehold: that is no release. Then the admin hold, which the owner cannot
+    release; the operator's release resets the count."""
     lab.set_epilog_sleep("gn3", 4)
-    g = gov(timeout=3, requeuing={"backoff_limit_count": 0}).start()
+    g = gov(
+        timeout=3,
+        probe={"mode": "command"},  # the job never runs `gang ready`: never ready
+        requeuing={"backoff_base_seconds": 1, "backoff_limit_count": 2},
+    ).start()
     j = lab.as_user(
         "sbatch",
         "--parsable",
@@ -645,24 +602,39 @@ def test_deactivation_is_final_until_an_operator_releases(lab, gov):
         "sleep 60",
     ).stdout.strip()
     assert j.isdigit(), j
-    wait_for(lambda: g.events(j, "requeuehold"), 20, "deactivated")
-    lab.release_prologs()
     seen = set()
 
-    def held_admin():
+    def shown_state() -> dict:
         info = lab.job_json(j)
         seen.add(str(info.get("job_state")))
+        return info
+
+    def deactivated() -> bool:
+        shown_state()
+        return bool(g.events(j, "requeuehold"))
+
+    wait_for(deactivated, 60, "deactivated at the third timeout", lambda: (lab.job(j), g.events(j)))
+    reqs = g.events(j, "requeue")
+    assert [(e["count"], e["backoff_seconds"]) for e in reqs] == [(1, 1), (2, 2)], reqs
+    assert all(e["requeued_at"] >= e["deadline"] and e["waited"] >= 3 for e in reqs), reqs
+    (hold,) = g.events(j, "requeuehold")
+    assert hold["count"] == 3 and hold["requeued_at"] >= hold["deadline"], hold
+
+    def held_admin():
+        info = shown_state()
         return info.get("job_state") == "PENDING" and info.get("state_reason") == "JobHeldAdmin"
 
     wait_for(held_admin, 30, "admin hold after requeuehold")
+    assert "COMPLETING" in seen, seen  # the slow epilog was seen (and survived)
     rec = g.rec(j)
-    assert rec.phase == "deactivated" and rec.count == 1, rec
+    assert rec.phase == "deactivated" and rec.count == 3, rec
     assert not g.events(j, "annotate")  # COMPLETING (slow epilog) was no release
-    cp = lab.as_user("scontrol", "release", j)
+    cp = lab.as_user("scontrol", "release", j)  # the owner
     assert cp.returncode != 0 and "denied" in (cp.stdout or "").lower(), cp.stdout
     time.sleep(1.5)
-    assert lab.job_json(j)["state_reason"] == "JobHeldAdmin" and g.rec(j).count == 1
+    assert lab.job_json(j)["state_reason"] == "JobHeldAdmin" and g.rec(j).count == 3
     assert g.rec(j).hold_confirmed
+    assert lab.job(j)["Restarts"] == "3"
     lab.run("scontrol", "release", j)  # the operator
     wait_for(lambda: g.rec(j).count == 0, 10, "counter reset by the operator's release")
     assert g.events(j, "annotate")[-1]["reason"] == "Released"

@@ -216,6 +216,38 @@ def test_interrupted_requeue_is_reissued_not_double_counted():
     assert st.jobs["1"].count == 1
 
 
+def test_slurm_requeue_hold_off_after_a_slow_epilog_is_repaired():
+    """The old allocation stays COMPLETING (slow epilog) past the backoff; when it ends, Slurm
+    moves the begin time that has passed to now + 121 s (batch_requeue_fini). The governor
+    puts it back to now, once, and then leaves the pending job alone."""
+    c = cfg()  # backoff 5 s
+    st, acts = run(c, GovState(), snap(job(reason="Prolog")), T0 + 10)
+    assert [(a.kind, a.start_at) for a in acts] == [("requeue", T0 + 15)]
+    # COMPLETING through the backoff: nothing to decide
+    for t in (T0 + 12, T0 + 16, T0 + 19):
+        st, acts = run(c, st, snap(job(state="COMPLETING", restarts=1)), t)
+        assert acts == [] and st.jobs["1"].phase == "backoff"
+    # the epilog ended at T0 + 20: Slurm's hold-off
+    pend = job(state="PENDING", nodes=(), restarts=1, eligible_time=T0 + 141)
+    st, acts = run(c, st, snap(pend), T0 + 20.5)
+    assert [(a.kind, a.start_at, a.count) for a in acts] == [("set_start", T0 + 20.5, 1)]
+    # Slurm took it: eligible now; pending as usual, no second update
+    pend = job(state="PENDING", nodes=(), restarts=1, eligible_time=T0 + 21)
+    st, acts = run(c, st, snap(pend), T0 + 21.5)
+    assert acts == [] and st.jobs["1"].phase == "pending" and st.jobs["1"].count == 1
+    st, acts = run(c, st, snap(pend), T0 + 22.5)
+    assert acts == []
+
+
+def test_owner_hold_after_the_backoff_is_not_overridden():
+    """A held job (owner's hold) past the backoff: its begin time is not ours to move."""
+    c = cfg()
+    st, _ = run(c, GovState(), snap(job(reason="Prolog")), T0 + 10)
+    pend = job(state="PENDING", nodes=(), restarts=1, eligible_time=T0 + 141, held=True)
+    st, acts = run(c, st, snap(pend), T0 + 20)
+    assert acts == []
+
+
 def test_state_rebuilt_from_admin_comment():
     ac = encode_admin(
         "ops-note", count=3, phase="backoff", next_eligible=T0 + 50, restarts=2, why="x"
