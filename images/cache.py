@@ -87,10 +87,17 @@ def _source_files(d: Path) -> list[Path]:
     ]
 
 
+# Roles that never run in the install pass (the layer is the tree before sealing).
+NOT_IN_LAYER = frozenset({"seal"})
+
+
 def role_install_digests(roles_dir: Path) -> dict[str, str]:
-    """Per role: digest of every file that is not a template (templates are configuration)."""
+    """Per role: digest of every file that is not a template (templates are configuration).
+    A role that never runs in the install pass (NOT_IN_LAYER) does not key the layer."""
     out = {}
     for role in sorted(p for p in roles_dir.iterdir() if p.is_dir()):
+        if role.name in NOT_IN_LAYER:
+            continue
         files = [f for f in _source_files(role) if f.relative_to(role).parts[0] != "templates"]
         out[role.name] = files_digest(role, files)
     return out

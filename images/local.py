@@ -4,10 +4,16 @@ With the layered cache (images/cache.py):
 - no input changed (same build key as the published output, its artifacts intact): the
   published build is reported as it is, in seconds (`--force` rebuilds);
 - a cached layer for the install inputs: the layer is the read-only lower dir of an overlay
-  mount, and one pass of the whole playbook over it installs nothing and applies every
-  template, configuration variable and the agent again; then seal and export;
+  mount; the roles whose templates, configuration variables or agent changed since the
+  layer was made are applied again by one pass of the playbook (they install nothing), and
+  with none changed the sandbox is not even booted; then seal and export;
 - no layer: the base is provisioned without the seal role, the unsealed tree moves into the
-  cache (temp name, then rename), and the seal role runs over the overlay of that layer.
+  cache (temp name, then rename), and the overlay of that layer is sealed and exported.
+
+Sealing is the post-stop sealer's (images/seal.py) over the stopped tree: it applies the
+whole sealed-items list (images/sealed.yaml), which covers everything the Ansible seal role
+removes, and the scanner then proves nothing on that list is left. The seal role is for the
+targets without a post-stop step; here it would only add a boot and ~20 round trips.
 
 Only what is specific to this target lives here; options, inputs, extra vars, the manifest
 skeleton and the output session (partial output, logs, cleanup) are images/pipeline.py.
@@ -44,12 +50,14 @@ from .pipeline import (
 from .sandbox import Sandbox, extract, release_mounts
 
 # Ansible tag selections (passed through Packer's environment) for the cache's passes:
-# every role in images/site.yml is tagged with its name.
+# every role in images/site.yml is tagged with its name. No pass runs the seal role: the
+# post-stop sealer applies the whole sealed-items list to the stopped tree.
 PASS_INSTALL = {"ANSIBLE_SKIP_TAGS": "seal"}
 
 
-def pass_roles(roles: list[str]) -> dict[str, str]:
-    return {"ANSIBLE_RUN_TAGS": ",".join([*roles, "seal"])}
+def pass_roles(roles: list[str] | None) -> dict[str, str]:
+    """The pass that applies *roles* again (None: every role) over a cached layer."""
+    return PASS_INSTALL if roles is None else {"ANSIBLE_RUN_TAGS": ",".join(roles)}
 
 
 def playbook_roles(playbook: Path) -> list[str] | None:
@@ -181,6 +189,15 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         )
         # An interrupted layer write (only this build's, under the lock) is no entry: drop it.
         s.on_cleanup("drop an unfinished layer", store.drop_unfinished)
+        # Tool versions (three programs started) and the Packer template (`packer fmt`) take
+        # seconds on a loaded machine and nothing waits for them until provision or the
+        # manifest: they run beside the layer's verification.
+        for tool in ("packer", "ansible-playbook", "mmdebstrap"):
+            proc.require_tool(tool)  # a missing tool fails now, naming its package
+        background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="preflight")
+        s.on_cleanup("finish background work", lambda: background.shutdown(cancel_futures=True))
+        tools_job = background.submit(tool_versions)
+        template_job = background.submit(packer.render, "local")
         phases = Phases(reporter)
         logfile.write(
             f"nodeforge {__version__} build {name} target={opts.target} base={inp.base.name}\n"
@@ -193,14 +210,13 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 roles_dir=data.path("roles"), repo=REPO_ROOT, ansible_vars=inp.ansible_vars
             )
             logfile.write(f"cache keys: layer {lkey} build {bkey}\n")
-            fetched = Fetched(tool_versions(), arts, seen)
+            fetched = Fetched({}, arts, seen)  # tools: from tools_job, for the manifest
             wheel = cached_wheel(
                 cache_dir / "wheels", cache.sources_digest(REPO_ROOT), work, logfile
             )
             ev = work / "extra-vars.json"
             ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
-            tpl = work / "local.pkr.hcl"
-            tpl.write_text(packer.render("local"))
+        tpl = work / "local.pkr.hcl"
         apt_cache = cache_dir / "apt-archives"
         (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
         tree = work / "rootfs"
@@ -220,6 +236,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
 
         def provision(env: dict[str, str]) -> None:
             logfile.write(f"provision pass: {env or 'all tags'}\n")
+            if not tpl.exists():
+                tpl.write_text(template_job.result())
             packer.build(
                 tpl, values, opts.var_files, logfile=logfile, on_line=on_line, ansible_env=env
             )
@@ -243,10 +261,10 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             else:
                 reporter("cache", f"reusing layer {lkey[:16]}")
                 mount_overlay(layer.tree, work)
-        with phases.phase("sandbox"):
-            boot()
         layer_reused = layer is not None
         if layer is None:
+            with phases.phase("sandbox"):
+                boot()
             with phases.phase("provision"):
                 provision(PASS_INSTALL)
             with phases.phase("layer"):
@@ -254,9 +272,6 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 layer = store.store(lkey, tree, layer_in, config)
                 mount_overlay(layer.tree, work)
                 store.prune(opts.cache_max_bytes, keep=lkey)
-            with phases.phase("configure"):
-                boot()
-                provision(pass_roles([]))
             reapplied: list[str] | None = []
         else:
             roles = playbook_roles(inp.playbook)
@@ -269,13 +284,21 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 + ("every role" if reapplied is None else ", ".join(reapplied) or "no role")
                 + " over the layer, then seal",
             )
-            with phases.phase("provision"):
-                provision({} if reapplied is None else pass_roles(reapplied))
+            if reapplied == []:
+                phases.skip("sandbox", "no role to re-apply over the layer")
+                phases.skip("provision", "no role to re-apply over the layer")
+            else:
+                with phases.phase("sandbox"):
+                    boot()
+                with phases.phase("provision"):
+                    provision(pass_roles(reapplied))
         with phases.phase("seal"):
-            sandbox[-1].stop()
+            if sandbox:
+                sandbox[-1].stop()
             export.write_fstab(tree)
             seal.seal_and_scan(tree, logfile)
         with phases.phase("export"):
+            fetched.tools = tools_job.result()
             manifest = manifest_mod.with_packages(
                 manifest_header(
                     inp, fetched, created=started, base_key=spec.key(), base_cached=base_cached

@@ -81,6 +81,11 @@ class Phases:
         self.durations[name] = round(time.monotonic() - t0, 2)
         self.report(name, f"done {self.durations[name]:.1f}s")
 
+    def skip(self, name: str, why: str) -> None:
+        """A phase this build does not need: recorded as 0 s, reported with its reason."""
+        self.durations[name] = 0.0
+        self.report(name, f"skipped: {why}")
+
 
 def repo_paths(need_playbook: bool = True) -> tuple[Path, Path, Path]:
     """site.yml, ansible.cfg and roles/: in the checkout, or the installed wheel's copies."""

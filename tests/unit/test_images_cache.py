@@ -108,6 +108,7 @@ def test_layer_key_changes_with_what_affects_installation(repo, change):
         "agent code",
         "extension hook",
         "pycache",
+        "seal role",
     ],
 )
 def test_layer_key_ignores_configuration_but_build_key_sees_it(repo, change):
@@ -122,6 +123,8 @@ def test_layer_key_ignores_configuration_but_build_key_sees_it(repo, change):
         (repo / "bootstrap/agent.py").write_text("STEP = 2\n")
     elif change == "extension hook":
         _append(repo / "extensions/hooks/10-x.sh", "echo y\n")
+    elif change == "seal role":  # the layer is the tree before sealing
+        _append(repo / "roles/seal/tasks/install.yml", "\n# changed\n")
     elif change == "pycache":
         (repo / "bootstrap/__pycache__").mkdir()
         (repo / "bootstrap/__pycache__/agent.cpython-313.pyc").write_bytes(b"\0junk")
@@ -448,7 +451,26 @@ def test_install_variables_are_not_configuration(repo):
 def test_every_role_of_the_real_playbook_is_selectable_by_its_tag():
     roles = local.playbook_roles(REPO / "images/site.yml")
     assert roles is not None and roles[0] == "base" and "node_agent" in roles
-    assert "seal" not in roles  # every pass ends with seal anyway
+    assert "seal" not in roles  # never re-applied: the post-stop sealer seals every build
+
+
+def test_no_pass_runs_the_seal_role():
+    """The post-stop sealer seals every local build (the whole sealed-items list)."""
+    assert local.PASS_INSTALL == {"ANSIBLE_SKIP_TAGS": "seal"}
+    assert local.pass_roles(None) == local.PASS_INSTALL  # every role but seal
+    assert local.pass_roles(["logrotate", "node_agent"]) == {
+        "ANSIBLE_RUN_TAGS": "logrotate,node_agent"
+    }
+
+
+def test_a_skipped_phase_is_recorded_as_zero_with_its_reason():
+    from nodeforge.images.pipeline import Phases
+
+    said: list[tuple[str, str]] = []
+    ph = Phases(lambda name, msg: said.append((name, msg)))
+    ph.skip("sandbox", "no role to re-apply over the layer")
+    assert ph.durations == {"sandbox": 0.0}
+    assert said == [("sandbox", "skipped: no role to re-apply over the layer")]
 
 
 def test_playbook_with_an_untagged_role_reapplies_everything(tmp_path):
