@@ -142,9 +142,10 @@ def layer_inputs(
     )
 
 
-# The agent wheel is built from these (pyproject's package-dir mapping) plus the unit file
-# the node_agent role copies from gang/.
-AGENT_SOURCE_DIRS = ("nodeforge", "images", "bootstrap", "gang", "lab")
+# The agent wheel is built from these (images/agent_wheel.py: the core, bootstrap and gang;
+# never the build code or the test bed) plus the unit file the node_agent role copies from
+# gang/. A change to images/ or lab/ alone does not re-apply node_agent.
+AGENT_SOURCE_DIRS = ("nodeforge", "bootstrap", "gang")
 
 
 def config_inputs(

@@ -431,6 +431,9 @@ def test_only_roles_whose_configuration_changed_are_reapplied(repo):
     assert cache.roles_to_reapply(old, _config(repo), ROLES) == ["logrotate"]  # var dropped
     _append(repo / "roles/slurm/templates/slurm.conf.j2", "\n# changed\n")
     assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == ["slurm"]
+    (repo / "images").mkdir(exist_ok=True)
+    (repo / "images/build_step.py").write_text("X = 1\n")  # build code: not in the wheel
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == ["slurm"]
     (repo / "bootstrap/agent.py").write_text("STEP = 2\n")
     assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == [
         "slurm",
