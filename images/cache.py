@@ -221,14 +221,20 @@ def build_key(
 # -- tree digest ----------------------------------------------------------------------------
 
 
-def tree_digest(tree: Path) -> tuple[str, int, int]:
+class Cancelled(Exception):
+    """A digest given up because its build is stopping."""
+
+
+def tree_digest(tree: Path, cancelled: Callable[[], bool] = lambda: False) -> tuple[str, int, int]:
     """(sha256, bytes, entries) over every entry of *tree*: path, type, mode, owner, size,
     link target and the content of regular files. Any truncated, missing, extra or altered
-    file changes it."""
+    file changes it. *cancelled* is asked once per directory (raises Cancelled)."""
     h = hashlib.sha256()
     total = count = 0
     root = str(tree)
     for dirpath, dirnames, filenames in os.walk(root):
+        if cancelled():
+            raise Cancelled(tree)
         dirnames.sort()
         for name in sorted(dirnames + filenames):
             p = os.path.join(dirpath, name)
@@ -293,6 +299,7 @@ class Layer:
     key: str
     path: Path  # layers/<key>
     config: dict  # config_inputs() of the build that made it
+    digest: str = ""  # the content digest recorded when it was stored
 
     @property
     def tree(self) -> Path:
@@ -338,39 +345,61 @@ class LayerStore:
     def lookup(self, key: str) -> Layer | None:
         """The verified layer for *key*, or None. An entry that fails verification (no or
         bad layer.json, a digest that no longer matches its tree) is dropped."""
+        layer = self.open(key)
+        if layer is not None:
+            problem = self.verify(layer)
+            if problem:
+                self.drop(layer, problem)
+                return None
+        return layer
+
+    def open(self, key: str) -> Layer | None:
+        """The layer for *key* when its record is sound (schema, key, digest, tree present),
+        its content NOT yet verified: a caller that starts work on it must finish verify()
+        before anything made from it is kept, and drop() it when that fails. An entry with
+        an unsound record is dropped here."""
         if not KEY_RE.fullmatch(key):
             raise NodeforgeError(f"internal: bad layer key {key!r}")
         path = self.root / key
         if not path.exists():
             return None
-        problem = self._verify(path, key)
+        meta, problem = self._record(path, key)
         if problem:
-            self.log(f"cache: layer {key[:16]} is unusable ({problem}); dropped, rebuilding")
-            shutil.rmtree(path, ignore_errors=True)
+            self.drop(Layer(key, path, {}), problem)
             return None
-        meta = json.loads(self._meta(key).read_text())
         meta["last_used"] = self.clock()
         write_json_atomic(self._meta(key), meta)
-        return Layer(key, path, meta.get("config") or {})
+        return Layer(key, path, meta.get("config") or {}, meta["digest"])
 
-    def _verify(self, path: Path, key: str) -> str:
+    def verify(self, layer: Layer, cancelled: Callable[[], bool] = lambda: False) -> str:
+        """Empty when the layer's tree has the content digest recorded with it, else why not."""
+        try:
+            digest, _, _ = tree_digest(layer.tree, cancelled)
+        except OSError as e:
+            return f"its tree cannot be read ({e})"
+        if digest != layer.digest:
+            return "its content digest does not match (corrupt or altered tree)"
+        return ""
+
+    def drop(self, layer: Layer, problem: str) -> None:
+        self.log(f"cache: layer {layer.key[:16]} is unusable ({problem}); dropped, rebuilding")
+        shutil.rmtree(layer.path, ignore_errors=True)
+
+    def _record(self, path: Path, key: str) -> tuple[dict, str]:
         try:
             meta = json.loads((path / LAYER_META).read_text())
         except (OSError, ValueError) as e:
-            return f"no readable {LAYER_META}: {e}"
+            return {}, f"no readable {LAYER_META}: {e}"
         if (
             not isinstance(meta, dict)
             or meta.get("schema") != LAYER_SCHEMA
             or meta.get("key") != key
             or not KEY_RE.fullmatch(str(meta.get("digest", "")))
         ):
-            return f"{LAYER_META} is not a schema-{LAYER_SCHEMA} record of this key"
+            return {}, f"{LAYER_META} is not a schema-{LAYER_SCHEMA} record of this key"
         if not (path / "tree").is_dir():
-            return "its tree is missing"
-        digest, _, _ = tree_digest(path / "tree")
-        if digest != meta["digest"]:
-            return "its content digest does not match (corrupt or altered tree)"
-        return ""
+            return {}, "its tree is missing"
+        return meta, ""
 
     def store(self, key: str, tree: Path, inputs: LayerInputs, config: dict | None = None) -> Layer:
         """Move *tree* into the cache as the layer for *key*: written under a temp name and
@@ -402,7 +431,7 @@ class LayerStore:
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        return Layer(key, final, config or {})
+        return Layer(key, final, config or {}, digest)
 
     def entries(self) -> list[LayerInfo]:
         out = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -194,8 +195,16 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         # manifest: they run beside the layer's verification.
         for tool in ("packer", "ansible-playbook", "mmdebstrap"):
             proc.require_tool(tool)  # a missing tool fails now, naming its package
-        background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="preflight")
-        s.on_cleanup("finish background work", lambda: background.shutdown(cancel_futures=True))
+        # The third worker verifies a reused layer's content while it is already mounted,
+        # booted and provisioned (see "verify" below).
+        background = ThreadPoolExecutor(max_workers=3, thread_name_prefix="background")
+        stopping = threading.Event()
+
+        def finish_background() -> None:
+            stopping.set()
+            background.shutdown(cancel_futures=True)
+
+        s.on_cleanup("finish background work", finish_background)
         tools_job = background.submit(tool_versions)
         template_job = background.submit(packer.render, "local")
         phases = Phases(reporter)
@@ -249,30 +258,37 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             "ansible_config": inp.ansible_cfg,
             "image_name": name,
         }
-        with phases.phase("base"):
-            store.drop_unfinished()
-            layer = store.lookup(lkey)
-            base_cached = True
-            if layer is None:
+        base_cached = True
+
+        def make_layer() -> None:
+            """The layer-miss path: base, the install pass, the tree into the cache."""
+            nonlocal base_cached
+            with phases.phase("base"):
                 base_tar, base_cached = base_mod.ensure_base(
                     spec, cache_dir / "base", inp.base.keyring, logfile
                 )
                 extract(base_tar, tree)
-            else:
-                reporter("cache", f"reusing layer {lkey[:16]}")
-                mount_overlay(layer.tree, work)
-        layer_reused = layer is not None
-        if layer is None:
             with phases.phase("sandbox"):
                 boot()
             with phases.phase("provision"):
                 provision(PASS_INSTALL)
             with phases.phase("layer"):
                 sandbox[-1].stop()
-                layer = store.store(lkey, tree, layer_in, config)
-                mount_overlay(layer.tree, work)
+                made = store.store(lkey, tree, layer_in, config)
+                mount_overlay(made.tree, work)
                 store.prune(opts.cache_max_bytes, keep=lkey)
-            reapplied: list[str] | None = []
+
+        with phases.phase("base"):
+            store.drop_unfinished()
+            layer = store.open(lkey)
+            if layer is not None:
+                reporter("cache", f"reusing layer {lkey[:16]} (its content verified meanwhile)")
+                verify_job = background.submit(store.verify, layer, stopping.is_set)
+                mount_overlay(layer.tree, work)
+        layer_reused = layer is not None
+        reapplied: list[str] | None = []
+        if layer is None:
+            make_layer()
         else:
             roles = playbook_roles(inp.playbook)
             reapplied = (
@@ -292,6 +308,20 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                     boot()
                 with phases.phase("provision"):
                     provision(pass_roles(reapplied))
+            # Nothing made from the layer is kept unless its content digest matched: a
+            # corrupt or altered layer is dropped here and this build starts again from the
+            # base (a layer miss), never sealing or exporting what was made over it.
+            with phases.phase("verify"):
+                problem = verify_job.result()
+            if problem:
+                if sandbox:
+                    sandbox[-1].stop()
+                release_mounts(work)
+                store.drop(layer, problem)
+                for d in ("upper", "overlay-work", "rootfs"):
+                    shutil.rmtree(work / d)
+                layer_reused, reapplied = False, []
+                make_layer()
         with phases.phase("seal"):
             if sandbox:
                 sandbox[-1].stop()

@@ -236,6 +236,33 @@ def test_corrupt_or_partial_entry_is_dropped_never_used(tmp_path, damage):
     assert logged and "dropped, rebuilding" in logged[0]
 
 
+def test_open_checks_the_record_and_verify_the_content(tmp_path):
+    """The build mounts a layer once its record is sound and verifies the content beside
+    the work it starts on it; a mismatch is reported, and drop() removes the entry."""
+    logged: list[str] = []
+    store = cache.LayerStore(tmp_path / "cache", log=logged.append)
+    layer = store.store(KEY_A, _tree(tmp_path / "rootfs"), INPUTS)
+    opened = store.open(KEY_A)
+    assert opened is not None and opened.digest == layer.digest and store.verify(opened) == ""
+    tool = layer.tree / "usr/bin/tool"
+    data = bytearray(tool.read_bytes())
+    data[0] ^= 1
+    tool.write_bytes(bytes(data))
+    opened = store.open(KEY_A)  # the record is still sound: content is verify()'s job
+    assert opened is not None
+    problem = store.verify(opened)
+    assert "content digest does not match" in problem
+    store.drop(opened, problem)
+    assert not layer.path.exists() and "dropped, rebuilding" in logged[-1]
+    assert store.open(KEY_A) is None
+
+
+def test_verification_stops_when_the_build_does(tmp_path):
+    tree = _tree(tmp_path / "rootfs")
+    with pytest.raises(cache.Cancelled):
+        cache.tree_digest(tree, cancelled=lambda: True)
+
+
 def test_interrupted_store_leaves_no_entry(tmp_path, monkeypatch):
     store = cache.LayerStore(tmp_path / "cache")
 
