@@ -341,7 +341,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 manifest["gpu"] = json.loads((tree / "etc/nodeforge/gpu.json").read_text())
             manifest["phases"] = dict(phases.durations)
             export.write_image_json(tree, manifest)
-            export_parallel(tree, s.partial)
+            sums = export_parallel(tree, s.partial)
         manifest["phases"] = dict(phases.durations)
         manifest["cache"] = {
             "build_key": bkey,
@@ -349,7 +349,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             "layer_reused": layer_reused,
             "reapplied": "all" if reapplied is None else reapplied,
         }
-        manifest["artifacts"] = manifest_mod.artifact_sums(s.partial)
+        manifest["artifacts"] = manifest_mod.artifact_sums(s.partial, known=sums)
         manifest_mod.require_valid(manifest)
         export.write_json_atomic(s.partial / "manifest.json", manifest)
         logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
@@ -374,15 +374,22 @@ def cached_wheel(wheels: Path, sources: str, work: Path, logfile) -> Path:
     return d / built.name
 
 
-def export_parallel(tree: Path, dest: Path) -> None:
+def export_parallel(tree: Path, dest: Path) -> dict[str, dict]:
     """The rootfs archive (zstd on all cores) and the disk image are made at the same time:
-    both only read the sealed tree."""
+    both only read the sealed tree. Each job then sums its own files while they are still
+    in the page cache (and while the other job runs): the manifest's artifacts entries."""
+
+    def rootfs() -> dict[str, dict]:
+        export.export_rootfs(tree, dest / export.ROOTFS)
+        return manifest_mod.file_sums([dest / export.ROOTFS])
+
+    def disk() -> dict[str, dict]:
+        return manifest_mod.file_sums(export.export_disk(tree, dest))
+
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="export") as pool:
-        jobs = [
-            pool.submit(export.export_rootfs, tree, dest / export.ROOTFS),
-            pool.submit(export.export_disk, tree, dest),
-        ]
+        jobs = [pool.submit(rootfs), pool.submit(disk)]
         errors = [j.exception() for j in jobs]
     for e in errors:
         if e is not None:
             raise e if isinstance(e, NodeforgeError) else NodeforgeError(f"export failed: {e}")
+    return {name: s for j in jobs for name, s in j.result().items()}

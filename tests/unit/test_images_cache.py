@@ -533,6 +533,33 @@ def test_parallel_export_runs_both_and_reports_a_failure(tmp_path, monkeypatch):
     assert sorted(ran) == ["disk", "rootfs"]  # the other export is not abandoned midway
 
 
+def test_parallel_export_sums_what_it_wrote(tmp_path, monkeypatch):
+    import hashlib
+
+    from nodeforge.images import export
+    from nodeforge.images import manifest as manifest_mod
+
+    def rootfs(tree, dest):
+        dest.write_bytes(b"archive")
+
+    def disk(tree, dest):
+        (dest / "disk.qcow2").write_bytes(b"disk")
+        return [dest / "disk.qcow2"]
+
+    monkeypatch.setattr(export, "export_rootfs", rootfs)
+    monkeypatch.setattr(export, "export_disk", disk)
+    sums = local.export_parallel(tmp_path, tmp_path)
+    assert sums == {
+        "rootfs.tar.zst": {"sha256": hashlib.sha256(b"archive").hexdigest(), "bytes": 7},
+        "disk.qcow2": {"sha256": hashlib.sha256(b"disk").hexdigest(), "bytes": 4},
+    }
+    (tmp_path / "build.log").write_text("log")
+    (tmp_path / "disk.qcow2").write_bytes(b"other disk")  # changed since: read again
+    got = manifest_mod.artifact_sums(tmp_path, known=sums)
+    assert got == manifest_mod.artifact_sums(tmp_path)
+    assert got["disk.qcow2"]["sha256"] == hashlib.sha256(b"other disk").hexdigest()
+
+
 def test_agent_wheel_is_built_once_per_source_digest(tmp_path, monkeypatch):
     built: list[Path] = []
 
