@@ -72,6 +72,11 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/nodeforge-bench"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--no-install-affecting",
+        action="store_true",
+        help="stop after force_warm (the install-affecting run is a second install pass)",
+    )
+    ap.add_argument(
         "--seed-from", type=Path, help="copy base/, apt-archives/, artifacts/ of this cache dir"
     )
     args = ap.parse_args()
@@ -98,9 +103,14 @@ def main() -> None:
         args.workdir / "out-config", cache, args, "--var-file", str(var_files["config_only"])
     )
     runs["force_warm"] = build(out, cache, args, "--force")
-    runs["install_affecting"] = build(
-        args.workdir / "out-install", cache, args, "--var-file", str(var_files["install_affecting"])
-    )
+    if not args.no_install_affecting:
+        runs["install_affecting"] = build(
+            args.workdir / "out-install",
+            cache,
+            args,
+            "--var-file",
+            str(var_files["install_affecting"]),
+        )
     load_after = os.getloadavg()
     cold = runs[first]["wall_seconds"]
     report = {
