@@ -87,10 +87,17 @@ def _source_files(d: Path) -> list[Path]:
     ]
 
 
+# Roles that never run in the install pass (the layer is the tree before sealing).
+NOT_IN_LAYER = frozenset({"seal"})
+
+
 def role_install_digests(roles_dir: Path) -> dict[str, str]:
-    """Per role: digest of every file that is not a template (templates are configuration)."""
+    """Per role: digest of every file that is not a template (templates are configuration).
+    A role that never runs in the install pass (NOT_IN_LAYER) does not key the layer."""
     out = {}
     for role in sorted(p for p in roles_dir.iterdir() if p.is_dir()):
+        if role.name in NOT_IN_LAYER:
+            continue
         files = [f for f in _source_files(role) if f.relative_to(role).parts[0] != "templates"]
         out[role.name] = files_digest(role, files)
     return out
@@ -135,9 +142,10 @@ def layer_inputs(
     )
 
 
-# The agent wheel is built from these (pyproject's package-dir mapping) plus the unit file
-# the node_agent role copies from gang/.
-AGENT_SOURCE_DIRS = ("nodeforge", "images", "bootstrap", "gang", "lab")
+# The agent wheel is built from these (images/agent_wheel.py: the core, bootstrap and gang;
+# never the build code or the test bed) plus the unit file the node_agent role copies from
+# gang/. A change to images/ or lab/ alone does not re-apply node_agent.
+AGENT_SOURCE_DIRS = ("nodeforge", "bootstrap", "gang")
 
 
 def config_inputs(
@@ -213,14 +221,20 @@ def build_key(
 # -- tree digest ----------------------------------------------------------------------------
 
 
-def tree_digest(tree: Path) -> tuple[str, int, int]:
+class Cancelled(Exception):
+    """A digest given up because its build is stopping."""
+
+
+def tree_digest(tree: Path, cancelled: Callable[[], bool] = lambda: False) -> tuple[str, int, int]:
     """(sha256, bytes, entries) over every entry of *tree*: path, type, mode, owner, size,
     link target and the content of regular files. Any truncated, missing, extra or altered
-    file changes it."""
+    file changes it. *cancelled* is asked once per directory (raises Cancelled)."""
     h = hashlib.sha256()
     total = count = 0
     root = str(tree)
     for dirpath, dirnames, filenames in os.walk(root):
+        if cancelled():
+            raise Cancelled(tree)
         dirnames.sort()
         for name in sorted(dirnames + filenames):
             p = os.path.join(dirpath, name)
@@ -285,6 +299,7 @@ class Layer:
     key: str
     path: Path  # layers/<key>
     config: dict  # config_inputs() of the build that made it
+    digest: str = ""  # the content digest recorded when it was stored
 
     @property
     def tree(self) -> Path:
@@ -330,39 +345,61 @@ class LayerStore:
     def lookup(self, key: str) -> Layer | None:
         """The verified layer for *key*, or None. An entry that fails verification (no or
         bad layer.json, a digest that no longer matches its tree) is dropped."""
+        layer = self.open(key)
+        if layer is not None:
+            problem = self.verify(layer)
+            if problem:
+                self.drop(layer, problem)
+                return None
+        return layer
+
+    def open(self, key: str) -> Layer | None:
+        """The layer for *key* when its record is sound (schema, key, digest, tree present),
+        its content NOT yet verified: a caller that starts work on it must finish verify()
+        before anything made from it is kept, and drop() it when that fails. An entry with
+        an unsound record is dropped here."""
         if not KEY_RE.fullmatch(key):
             raise NodeforgeError(f"internal: bad layer key {key!r}")
         path = self.root / key
         if not path.exists():
             return None
-        problem = self._verify(path, key)
+        meta, problem = self._record(path, key)
         if problem:
-            self.log(f"cache: layer {key[:16]} is unusable ({problem}); dropped, rebuilding")
-            shutil.rmtree(path, ignore_errors=True)
+            self.drop(Layer(key, path, {}), problem)
             return None
-        meta = json.loads(self._meta(key).read_text())
         meta["last_used"] = self.clock()
         write_json_atomic(self._meta(key), meta)
-        return Layer(key, path, meta.get("config") or {})
+        return Layer(key, path, meta.get("config") or {}, meta["digest"])
 
-    def _verify(self, path: Path, key: str) -> str:
+    def verify(self, layer: Layer, cancelled: Callable[[], bool] = lambda: False) -> str:
+        """Empty when the layer's tree has the content digest recorded with it, else why not."""
+        try:
+            digest, _, _ = tree_digest(layer.tree, cancelled)
+        except OSError as e:
+            return f"its tree cannot be read ({e})"
+        if digest != layer.digest:
+            return "its content digest does not match (corrupt or altered tree)"
+        return ""
+
+    def drop(self, layer: Layer, problem: str) -> None:
+        self.log(f"cache: layer {layer.key[:16]} is unusable ({problem}); dropped, rebuilding")
+        shutil.rmtree(layer.path, ignore_errors=True)
+
+    def _record(self, path: Path, key: str) -> tuple[dict, str]:
         try:
             meta = json.loads((path / LAYER_META).read_text())
         except (OSError, ValueError) as e:
-            return f"no readable {LAYER_META}: {e}"
+            return {}, f"no readable {LAYER_META}: {e}"
         if (
             not isinstance(meta, dict)
             or meta.get("schema") != LAYER_SCHEMA
             or meta.get("key") != key
             or not KEY_RE.fullmatch(str(meta.get("digest", "")))
         ):
-            return f"{LAYER_META} is not a schema-{LAYER_SCHEMA} record of this key"
+            return {}, f"{LAYER_META} is not a schema-{LAYER_SCHEMA} record of this key"
         if not (path / "tree").is_dir():
-            return "its tree is missing"
-        digest, _, _ = tree_digest(path / "tree")
-        if digest != meta["digest"]:
-            return "its content digest does not match (corrupt or altered tree)"
-        return ""
+            return {}, "its tree is missing"
+        return meta, ""
 
     def store(self, key: str, tree: Path, inputs: LayerInputs, config: dict | None = None) -> Layer:
         """Move *tree* into the cache as the layer for *key*: written under a temp name and
@@ -394,7 +431,7 @@ class LayerStore:
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        return Layer(key, final, config or {})
+        return Layer(key, final, config or {}, digest)
 
     def entries(self) -> list[LayerInfo]:
         out = []

@@ -4,10 +4,16 @@ With the layered cache (images/cache.py):
 - no input changed (same build key as the published output, its artifacts intact): the
   published build is reported as it is, in seconds (`--force` rebuilds);
 - a cached layer for the install inputs: the layer is the read-only lower dir of an overlay
-  mount, and one pass of the whole playbook over it installs nothing and applies every
-  template, configuration variable and the agent again; then seal and export;
+  mount; the roles whose templates, configuration variables or agent changed since the
+  layer was made are applied again by one pass of the playbook (they install nothing), and
+  with none changed the sandbox is not even booted; then seal and export;
 - no layer: the base is provisioned without the seal role, the unsealed tree moves into the
-  cache (temp name, then rename), and the seal role runs over the overlay of that layer.
+  cache (temp name, then rename), and the overlay of that layer is sealed and exported.
+
+Sealing is the post-stop sealer's (images/seal.py) over the stopped tree: it applies the
+whole sealed-items list (images/sealed.yaml), which covers everything the Ansible seal role
+removes, and the scanner then proves nothing on that list is left. The seal role is for the
+targets without a post-stop step; here it would only add a boot and ~20 round trips.
 
 Only what is specific to this target lives here; options, inputs, extra vars, the manifest
 skeleton and the output session (partial output, logs, cleanup) are images/pipeline.py.
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +32,7 @@ from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import cache, export, packer, seal, versions
+from . import cache, export, packer, seal, template, versions
 from . import manifest as manifest_mod
 from .pipeline import (
     REPO_ROOT,
@@ -44,12 +51,14 @@ from .pipeline import (
 from .sandbox import Sandbox, extract, release_mounts
 
 # Ansible tag selections (passed through Packer's environment) for the cache's passes:
-# every role in images/site.yml is tagged with its name.
+# every role in images/site.yml is tagged with its name. No pass runs the seal role: the
+# post-stop sealer applies the whole sealed-items list to the stopped tree.
 PASS_INSTALL = {"ANSIBLE_SKIP_TAGS": "seal"}
 
 
-def pass_roles(roles: list[str]) -> dict[str, str]:
-    return {"ANSIBLE_RUN_TAGS": ",".join([*roles, "seal"])}
+def pass_roles(roles: list[str] | None) -> dict[str, str]:
+    """The pass that applies *roles* again (None: every role) over a cached layer."""
+    return PASS_INSTALL if roles is None else {"ANSIBLE_RUN_TAGS": ",".join(roles)}
 
 
 def playbook_roles(playbook: Path) -> list[str] | None:
@@ -181,6 +190,23 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         )
         # An interrupted layer write (only this build's, under the lock) is no entry: drop it.
         s.on_cleanup("drop an unfinished layer", store.drop_unfinished)
+        # Tool versions (three programs started) and the Packer template (`packer fmt`) take
+        # seconds on a loaded machine and nothing waits for them until provision or the
+        # manifest: they run beside the layer's verification.
+        for tool in ("packer", "ansible-playbook", "mmdebstrap"):
+            proc.require_tool(tool)  # a missing tool fails now, naming its package
+        # The third worker verifies a reused layer's content while it is already mounted,
+        # booted and provisioned (see "verify" below).
+        background = ThreadPoolExecutor(max_workers=3, thread_name_prefix="background")
+        stopping = threading.Event()
+
+        def finish_background() -> None:
+            stopping.set()
+            background.shutdown(cancel_futures=True)
+
+        s.on_cleanup("finish background work", finish_background)
+        tools_job = background.submit(tool_versions)
+        template_job = background.submit(packer.render, "local")
         phases = Phases(reporter)
         logfile.write(
             f"nodeforge {__version__} build {name} target={opts.target} base={inp.base.name}\n"
@@ -193,14 +219,13 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 roles_dir=data.path("roles"), repo=REPO_ROOT, ansible_vars=inp.ansible_vars
             )
             logfile.write(f"cache keys: layer {lkey} build {bkey}\n")
-            fetched = Fetched(tool_versions(), arts, seen)
+            fetched = Fetched({}, arts, seen)  # tools: from tools_job, for the manifest
             wheel = cached_wheel(
                 cache_dir / "wheels", cache.sources_digest(REPO_ROOT), work, logfile
             )
             ev = work / "extra-vars.json"
             ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
-            tpl = work / "local.pkr.hcl"
-            tpl.write_text(packer.render("local"))
+        tpl = work / "local.pkr.hcl"
         apt_cache = cache_dir / "apt-archives"
         (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
         tree = work / "rootfs"
@@ -220,8 +245,40 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
 
         def provision(env: dict[str, str]) -> None:
             logfile.write(f"provision pass: {env or 'all tags'}\n")
+            if not tpl.exists():
+                tpl.write_text(template_job.result())
             packer.build(
                 tpl, values, opts.var_files, logfile=logfile, on_line=on_line, ansible_env=env
+            )
+
+        def reapply(env: dict[str, str]) -> None:
+            """A pass over the cached layer: ansible-playbook straight at the sandbox, which
+            has already answered SSH, with what Packer's ansible provisioner passes
+            (images/template.py: playbook, extra vars, config, environment, user root, the
+            build's SSH key). Packer's start-up and SSH wait would add seconds, nothing else."""
+            logfile.write(f"re-apply pass: {env}\n")
+            inventory = work / "inventory"
+            inventory.write_text(
+                f"default ansible_host=127.0.0.1 ansible_port={values['ssh_port']} "
+                "ansible_user=root\n"
+            )
+            proc.stream(
+                [
+                    proc.require_tool("ansible-playbook"),
+                    "-i",
+                    inventory,
+                    "--ssh-extra-args=-o IdentitiesOnly=yes",
+                    "-e",
+                    f"ansible_ssh_private_key_file={values['ssh_private_key_file']}",
+                    "--extra-vars",
+                    f"@{ev}",
+                    inp.playbook,
+                ],
+                logfile=logfile,
+                on_line=on_line,
+                env={"ANSIBLE_CONFIG": str(inp.ansible_cfg), **template.ANSIBLE_ENV, **env},
+                timeout=3600,
+                hint=f"the full Ansible output is in {getattr(logfile, 'name', 'the build log')}",
             )
 
         values: dict[str, object] = {
@@ -231,33 +288,37 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             "ansible_config": inp.ansible_cfg,
             "image_name": name,
         }
-        with phases.phase("base"):
-            store.drop_unfinished()
-            layer = store.lookup(lkey)
-            base_cached = True
-            if layer is None:
+        base_cached = True
+
+        def make_layer() -> None:
+            """The layer-miss path: base, the install pass, the tree into the cache."""
+            nonlocal base_cached
+            with phases.phase("base"):
                 base_tar, base_cached = base_mod.ensure_base(
                     spec, cache_dir / "base", inp.base.keyring, logfile
                 )
                 extract(base_tar, tree)
-            else:
-                reporter("cache", f"reusing layer {lkey[:16]}")
-                mount_overlay(layer.tree, work)
-        with phases.phase("sandbox"):
-            boot()
-        layer_reused = layer is not None
-        if layer is None:
+            with phases.phase("sandbox"):
+                boot()
             with phases.phase("provision"):
                 provision(PASS_INSTALL)
             with phases.phase("layer"):
                 sandbox[-1].stop()
-                layer = store.store(lkey, tree, layer_in, config)
-                mount_overlay(layer.tree, work)
+                made = store.store(lkey, tree, layer_in, config)
+                mount_overlay(made.tree, work)
                 store.prune(opts.cache_max_bytes, keep=lkey)
-            with phases.phase("configure"):
-                boot()
-                provision(pass_roles([]))
-            reapplied: list[str] | None = []
+
+        with phases.phase("base"):
+            store.drop_unfinished()
+            layer = store.open(lkey)
+            if layer is not None:
+                reporter("cache", f"reusing layer {lkey[:16]} (its content verified meanwhile)")
+                verify_job = background.submit(store.verify, layer, stopping.is_set)
+                mount_overlay(layer.tree, work)
+        layer_reused = layer is not None
+        reapplied: list[str] | None = []
+        if layer is None:
+            make_layer()
         else:
             roles = playbook_roles(inp.playbook)
             reapplied = (
@@ -269,13 +330,35 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 + ("every role" if reapplied is None else ", ".join(reapplied) or "no role")
                 + " over the layer, then seal",
             )
-            with phases.phase("provision"):
-                provision({} if reapplied is None else pass_roles(reapplied))
+            if reapplied == []:
+                phases.skip("sandbox", "no role to re-apply over the layer")
+                phases.skip("provision", "no role to re-apply over the layer")
+            else:
+                with phases.phase("sandbox"):
+                    boot()
+                with phases.phase("provision"):
+                    reapply(pass_roles(reapplied))
+            # Nothing made from the layer is kept unless its content digest matched: a
+            # corrupt or altered layer is dropped here and this build starts again from the
+            # base (a layer miss), never sealing or exporting what was made over it.
+            with phases.phase("verify"):
+                problem = verify_job.result()
+            if problem:
+                if sandbox:
+                    sandbox[-1].stop()
+                release_mounts(work)
+                store.drop(layer, problem)
+                for d in ("upper", "overlay-work", "rootfs"):
+                    shutil.rmtree(work / d)
+                layer_reused, reapplied = False, []
+                make_layer()
         with phases.phase("seal"):
-            sandbox[-1].stop()
+            if sandbox:
+                sandbox[-1].stop()
             export.write_fstab(tree)
             seal.seal_and_scan(tree, logfile)
         with phases.phase("export"):
+            fetched.tools = tools_job.result()
             manifest = manifest_mod.with_packages(
                 manifest_header(
                     inp, fetched, created=started, base_key=spec.key(), base_cached=base_cached
@@ -288,7 +371,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 manifest["gpu"] = json.loads((tree / "etc/nodeforge/gpu.json").read_text())
             manifest["phases"] = dict(phases.durations)
             export.write_image_json(tree, manifest)
-            export_parallel(tree, s.partial)
+            sums = export_parallel(tree, s.partial)
         manifest["phases"] = dict(phases.durations)
         manifest["cache"] = {
             "build_key": bkey,
@@ -296,7 +379,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             "layer_reused": layer_reused,
             "reapplied": "all" if reapplied is None else reapplied,
         }
-        manifest["artifacts"] = manifest_mod.artifact_sums(s.partial)
+        manifest["artifacts"] = manifest_mod.artifact_sums(s.partial, known=sums)
         manifest_mod.require_valid(manifest)
         export.write_json_atomic(s.partial / "manifest.json", manifest)
         logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
@@ -321,15 +404,22 @@ def cached_wheel(wheels: Path, sources: str, work: Path, logfile) -> Path:
     return d / built.name
 
 
-def export_parallel(tree: Path, dest: Path) -> None:
+def export_parallel(tree: Path, dest: Path) -> dict[str, dict]:
     """The rootfs archive (zstd on all cores) and the disk image are made at the same time:
-    both only read the sealed tree."""
+    both only read the sealed tree. Each job then sums its own files while they are still
+    in the page cache (and while the other job runs): the manifest's artifacts entries."""
+
+    def rootfs() -> dict[str, dict]:
+        export.export_rootfs(tree, dest / export.ROOTFS)
+        return manifest_mod.file_sums([dest / export.ROOTFS])
+
+    def disk() -> dict[str, dict]:
+        return manifest_mod.file_sums(export.export_disk(tree, dest))
+
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="export") as pool:
-        jobs = [
-            pool.submit(export.export_rootfs, tree, dest / export.ROOTFS),
-            pool.submit(export.export_disk, tree, dest),
-        ]
+        jobs = [pool.submit(rootfs), pool.submit(disk)]
         errors = [j.exception() for j in jobs]
     for e in errors:
         if e is not None:
             raise e if isinstance(e, NodeforgeError) else NodeforgeError(f"export failed: {e}")
+    return {name: s for j in jobs for name, s in j.result().items()}

@@ -145,15 +145,24 @@ def with_packages(m: dict, pkgs: dict[str, str]) -> dict:
     }
 
 
-def artifact_sums(directory: Path) -> dict[str, dict]:
-    """sha256 and size of every artifact in a build's output directory (not its log)."""
+def file_sums(paths: list[Path]) -> dict[str, dict]:
+    """{name: {sha256, bytes}} of *paths*."""
     from .versions import sha256_file
 
-    return {
-        p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-        for p in sorted(directory.iterdir())
-        if p.is_file() and p.name != "build.log"
-    }
+    return {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in paths}
+
+
+def artifact_sums(directory: Path, known: dict[str, dict] | None = None) -> dict[str, dict]:
+    """sha256 and size of every artifact in a build's output directory (not its log).
+    *known*: sums the exporter took as it wrote the files, used while the size still
+    matches; every other file is read here."""
+    out = {}
+    for p in sorted(directory.iterdir()):
+        if not p.is_file() or p.name == "build.log":
+            continue
+        k = (known or {}).get(p.name)
+        out[p.name] = k if k and k["bytes"] == p.stat().st_size else file_sums([p])[p.name]
+    return out
 
 
 def require_valid(m: dict, *, outer: bool = True) -> None:

@@ -75,11 +75,21 @@ class Phases:
         try:
             yield
         except BaseException:
-            self.durations[name] = round(time.monotonic() - t0, 2)
+            self._add(name, time.monotonic() - t0)
             self.report(name, "failed")
             raise
-        self.durations[name] = round(time.monotonic() - t0, 2)
-        self.report(name, f"done {self.durations[name]:.1f}s")
+        took = time.monotonic() - t0
+        self._add(name, took)
+        self.report(name, f"done {took:.1f}s")
+
+    def _add(self, name: str, seconds: float) -> None:
+        # A phase run again (a dropped layer rebuilt from the base) adds to its total.
+        self.durations[name] = round(self.durations.get(name, 0.0) + seconds, 2)
+
+    def skip(self, name: str, why: str) -> None:
+        """A phase this build does not need: recorded as 0 s, reported with its reason."""
+        self.durations[name] = 0.0
+        self.report(name, f"skipped: {why}")
 
 
 def repo_paths(need_playbook: bool = True) -> tuple[Path, Path, Path]:

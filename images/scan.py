@@ -67,6 +67,7 @@ def scan(tree: Path, sealed: SealList | None = None) -> list[Finding]:
                 for i in sl.items
                 if i.find != "never"
                 and i.matches(rel)
+                and i.applies_to(path, is_dir)
                 and (i.owned or not public)
                 and _found(i, path, is_dir)
             ),

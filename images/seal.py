@@ -42,7 +42,7 @@ def _apply(path: Path, action: str, content: str = "") -> bool:
 
 
 def _selected(item: SealItem, rel: str, path: Path, is_dir: bool, owned: set[str]) -> bool:
-    if item.action == "keep" or not item.matches(rel):
+    if item.action == "keep" or not item.matches(rel) or not item.applies_to(path, is_dir):
         return False
     if not item.owned and "/" + rel in owned:
         return False  # a file a Debian package ships is public

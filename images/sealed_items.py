@@ -19,6 +19,8 @@ from nodeforge.errors import NodeforgeError
 SEALED_FILE = Path(__file__).with_name("sealed.yaml")
 ACTIONS = ("remove", "truncate", "replace", "keep")
 FINDS = ("exists", "nonempty", "match", "never")
+TYPES = ("any", "file")  # file: regular files only (not directories, links or devices)
+_CLASS = re.compile(r"\[([A-Za-z0-9_.-]+)\]")  # a glob character class, e.g. [0-9]
 SKIP_TOP = frozenset({"proc", "sys", "dev", "run"})  # never part of an image tree
 CONFIG_SUFFIXES = (".conf", ".cnf", ".ini", ".yaml", ".yml", ".env", ".json", ".credentials")
 
@@ -34,11 +36,16 @@ class SealItem:
     content: str = ""  # for "replace"
     owned: bool = False  # also files a Debian package ships
     live: bool = False  # the Ansible seal role removes it during the build too
+    type: str = "any"
     regex: re.Pattern[str] | None = None  # all of `paths`, compiled
 
     def matches(self, rel: str) -> bool:
         assert self.regex is not None
         return self.regex.fullmatch(rel) is not None
+
+    def applies_to(self, path: Path, is_dir: bool) -> bool:
+        """Whether the item's `type` admits *path* (a match of its globs)."""
+        return self.type == "any" or (not is_dir and path.is_file() and not path.is_symlink())
 
 
 @dataclass(frozen=True)
@@ -59,10 +66,15 @@ class SealList:
 
 
 def glob_regex(pattern: str) -> str:
-    """A path glob as a regex: `*` and `?` stay in one segment, `**/` spans any directories."""
+    """A path glob as a regex: `*` and `?` stay in one segment, `**/` spans any directories,
+    `[0-9]` is one character of the class (letters, digits, `_.-` and ranges only)."""
     out, i = [], 0
     while i < len(pattern):
-        if pattern.startswith("**/", i):
+        cls = _CLASS.match(pattern, i)
+        if cls:
+            out.append(f"[{cls.group(1)}]")
+            i = cls.end()
+        elif pattern.startswith("**/", i):
             out.append("(?:[^/]+/)*")
             i += 3
         elif pattern[i] == "*":
@@ -103,6 +115,7 @@ def load(path: Path = SEALED_FILE) -> SealList:
             "content",
             "owned",
             "live",
+            "type",
         }
         if unknown:
             _fail(path, w, f"unknown keys {sorted(unknown)}")
@@ -124,6 +137,8 @@ def load(path: Path = SEALED_FILE) -> SealList:
             _fail(path, f"{iid}.find", f"one of {', '.join(FINDS)}")
         if not isinstance(it.get("reason"), str) or not it["reason"].strip():
             _fail(path, f"{iid}.reason", "every item says why")
+        if it.get("type", "any") not in TYPES:
+            _fail(path, f"{iid}.type", f"one of {', '.join(TYPES)}")
         pat = it.get("pattern")
         if find == "match" and not pat:
             _fail(path, f"{iid}.pattern", "find: match needs a pattern")
@@ -138,6 +153,7 @@ def load(path: Path = SEALED_FILE) -> SealList:
                 content=str(it.get("content", "")),
                 owned=bool(it.get("owned", False)),
                 live=bool(it.get("live", False)),
+                type=it.get("type", "any"),
                 regex=re.compile("|".join(f"(?:{glob_regex(p)})" for p in paths)),
             )
         )

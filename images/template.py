@@ -181,6 +181,11 @@ def _declare(b: hcl2.Builder, target: str) -> None:
         b.block("variable", [q(v.name)], **attrs)
 
 
+# Environment of every ansible-playbook run (besides ANSIBLE_CONFIG): Packer's provisioner
+# and the local target's passes over a cached layer (images/local.py) use the same.
+ANSIBLE_ENV = {"ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_FORCE_COLOR": "0"}
+
+
 def _ansible(build: hcl2.Builder, *, user: str, become: bool) -> None:
     args = ["--extra-vars", "@${var.extra_vars_file}"]
     if become:
@@ -196,8 +201,7 @@ def _ansible(build: hcl2.Builder, *, user: str, become: bool) -> None:
         extra_arguments=[q(a) for a in args],
         ansible_env_vars=[
             q("ANSIBLE_CONFIG=${var.ansible_config}"),
-            q("ANSIBLE_HOST_KEY_CHECKING=False"),
-            q("ANSIBLE_FORCE_COLOR=0"),
+            *(q(f"{k}={v}") for k, v in ANSIBLE_ENV.items()),
         ],
     )
 

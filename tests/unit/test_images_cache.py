@@ -108,6 +108,7 @@ def test_layer_key_changes_with_what_affects_installation(repo, change):
         "agent code",
         "extension hook",
         "pycache",
+        "seal role",
     ],
 )
 def test_layer_key_ignores_configuration_but_build_key_sees_it(repo, change):
@@ -122,6 +123,8 @@ def test_layer_key_ignores_configuration_but_build_key_sees_it(repo, change):
         (repo / "bootstrap/agent.py").write_text("STEP = 2\n")
     elif change == "extension hook":
         _append(repo / "extensions/hooks/10-x.sh", "echo y\n")
+    elif change == "seal role":  # the layer is the tree before sealing
+        _append(repo / "roles/seal/tasks/install.yml", "\n# changed\n")
     elif change == "pycache":
         (repo / "bootstrap/__pycache__").mkdir()
         (repo / "bootstrap/__pycache__/agent.cpython-313.pyc").write_bytes(b"\0junk")
@@ -231,6 +234,33 @@ def test_corrupt_or_partial_entry_is_dropped_never_used(tmp_path, damage):
     assert store.lookup(KEY_A) is None
     assert not layer.path.exists(), "a damaged entry must be dropped"
     assert logged and "dropped, rebuilding" in logged[0]
+
+
+def test_open_checks_the_record_and_verify_the_content(tmp_path):
+    """The build mounts a layer once its record is sound and verifies the content beside
+    the work it starts on it; a mismatch is reported, and drop() removes the entry."""
+    logged: list[str] = []
+    store = cache.LayerStore(tmp_path / "cache", log=logged.append)
+    layer = store.store(KEY_A, _tree(tmp_path / "rootfs"), INPUTS)
+    opened = store.open(KEY_A)
+    assert opened is not None and opened.digest == layer.digest and store.verify(opened) == ""
+    tool = layer.tree / "usr/bin/tool"
+    data = bytearray(tool.read_bytes())
+    data[0] ^= 1
+    tool.write_bytes(bytes(data))
+    opened = store.open(KEY_A)  # the record is still sound: content is verify()'s job
+    assert opened is not None
+    problem = store.verify(opened)
+    assert "content digest does not match" in problem
+    store.drop(opened, problem)
+    assert not layer.path.exists() and "dropped, rebuilding" in logged[-1]
+    assert store.open(KEY_A) is None
+
+
+def test_verification_stops_when_the_build_does(tmp_path):
+    tree = _tree(tmp_path / "rootfs")
+    with pytest.raises(cache.Cancelled):
+        cache.tree_digest(tree, cancelled=lambda: True)
 
 
 def test_interrupted_store_leaves_no_entry(tmp_path, monkeypatch):
@@ -428,6 +458,9 @@ def test_only_roles_whose_configuration_changed_are_reapplied(repo):
     assert cache.roles_to_reapply(old, _config(repo), ROLES) == ["logrotate"]  # var dropped
     _append(repo / "roles/slurm/templates/slurm.conf.j2", "\n# changed\n")
     assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == ["slurm"]
+    (repo / "images").mkdir(exist_ok=True)
+    (repo / "images/build_step.py").write_text("X = 1\n")  # build code: not in the wheel
+    assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == ["slurm"]
     (repo / "bootstrap/agent.py").write_text("STEP = 2\n")
     assert cache.roles_to_reapply(old, _config(repo, logrotate_slurm_rotate=14), ROLES) == [
         "slurm",
@@ -448,7 +481,26 @@ def test_install_variables_are_not_configuration(repo):
 def test_every_role_of_the_real_playbook_is_selectable_by_its_tag():
     roles = local.playbook_roles(REPO / "images/site.yml")
     assert roles is not None and roles[0] == "base" and "node_agent" in roles
-    assert "seal" not in roles  # every pass ends with seal anyway
+    assert "seal" not in roles  # never re-applied: the post-stop sealer seals every build
+
+
+def test_no_pass_runs_the_seal_role():
+    """The post-stop sealer seals every local build (the whole sealed-items list)."""
+    assert local.PASS_INSTALL == {"ANSIBLE_SKIP_TAGS": "seal"}
+    assert local.pass_roles(None) == local.PASS_INSTALL  # every role but seal
+    assert local.pass_roles(["logrotate", "node_agent"]) == {
+        "ANSIBLE_RUN_TAGS": "logrotate,node_agent"
+    }
+
+
+def test_a_skipped_phase_is_recorded_as_zero_with_its_reason():
+    from nodeforge.images.pipeline import Phases
+
+    said: list[tuple[str, str]] = []
+    ph = Phases(lambda name, msg: said.append((name, msg)))
+    ph.skip("sandbox", "no role to re-apply over the layer")
+    assert ph.durations == {"sandbox": 0.0}
+    assert said == [("sandbox", "skipped: no role to re-apply over the layer")]
 
 
 def test_playbook_with_an_untagged_role_reapplies_everything(tmp_path):
@@ -479,6 +531,33 @@ def test_parallel_export_runs_both_and_reports_a_failure(tmp_path, monkeypatch):
     with pytest.raises(NodeforgeError, match="tar failed: disk full"):
         local.export_parallel(tmp_path, tmp_path)
     assert sorted(ran) == ["disk", "rootfs"]  # the other export is not abandoned midway
+
+
+def test_parallel_export_sums_what_it_wrote(tmp_path, monkeypatch):
+    import hashlib
+
+    from nodeforge.images import export
+    from nodeforge.images import manifest as manifest_mod
+
+    def rootfs(tree, dest):
+        dest.write_bytes(b"archive")
+
+    def disk(tree, dest):
+        (dest / "disk.qcow2").write_bytes(b"disk")
+        return [dest / "disk.qcow2"]
+
+    monkeypatch.setattr(export, "export_rootfs", rootfs)
+    monkeypatch.setattr(export, "export_disk", disk)
+    sums = local.export_parallel(tmp_path, tmp_path)
+    assert sums == {
+        "rootfs.tar.zst": {"sha256": hashlib.sha256(b"archive").hexdigest(), "bytes": 7},
+        "disk.qcow2": {"sha256": hashlib.sha256(b"disk").hexdigest(), "bytes": 4},
+    }
+    (tmp_path / "build.log").write_text("log")
+    (tmp_path / "disk.qcow2").write_bytes(b"other disk")  # changed since: read again
+    got = manifest_mod.artifact_sums(tmp_path, known=sums)
+    assert got == manifest_mod.artifact_sums(tmp_path)
+    assert got["disk.qcow2"]["sha256"] == hashlib.sha256(b"other disk").hexdigest()
 
 
 def test_agent_wheel_is_built_once_per_source_digest(tmp_path, monkeypatch):

@@ -173,6 +173,7 @@ def test_glob_semantics():
         (lambda d: d["items"][1].update(id="machine-id"), r"items\[1\]\.id"),
         (lambda d: d["items"][0].update(paths=["/etc/machine-id"]), r"machine-id\.paths"),
         (lambda d: d["items"][0].update(extra=1), r"unknown keys \['extra'\]"),
+        (lambda d: d["items"][0].update(type="dir"), r"machine-id\.type: one of any, file"),
     ],
 )
 def test_bad_list_names_the_item(tmp_path, edit, msg):
@@ -193,3 +194,93 @@ def test_seal_role_loads_the_same_list():
     assert Path(os.path.normpath(path)) == sealed_items.SEALED_FILE
     live = [p for i in sealed_items.load().items if i.live for p in i.paths if "*" not in p]
     assert "root/.aws" in live and "var/lib/systemd/credential.secret" in live
+
+
+# Everything the Ansible seal role removes or empties (roles/seal/tasks/install.yml and its
+# defaults), as one concrete path each: the local target runs the post-stop sealer instead of
+# the role, so the list must seal each of them too.
+ROLE_REMOVES = [
+    "etc/ssh/ssh_host_ed25519_key",
+    "etc/ssh/ssh_host_rsa_key.pub",
+    "var/lib/dbus/machine-id",
+    "etc/munge/munge.key",
+    "etc/slurm/slurmdbd.conf",
+    "etc/mysql/debian.cnf",
+    "root/.my.cnf",
+    "root/.mysql_history",
+    "var/lib/apt/lists/deb.debian.org_debian_dists_trixie_main_binary-amd64_Packages",
+    "var/lib/apt/lists/deb.debian.org_debian_dists_trixie_main_i18n_Translation-en",
+    "var/lib/apt/lists/deb.debian.org_debian_dists_trixie_Release.gpg",
+    "var/lib/apt/lists/partial/deb.debian.org_debian_dists_trixie_InRelease.FAILED",
+    "var/cache/apt/pkgcache.bin",
+    "var/cache/apt/archives/slurmd_24.11_amd64.deb",
+    "var/cache/apt/archives/partial/munge_0.5_amd64.deb",
+    "var/log/apt/eipp.log.xz",
+    "var/log/dpkg.log.1",
+    "var/log/syslog.2.gz",
+    "var/log/slurm/slurmd.log.12",
+    "var/log/installer/cdebconf/questions.dat.zst",
+    "root/.bash_history",
+    "root/.python_history",
+    "root/.lesshst",
+    "root/.viminfo",
+    "root/.wget-hsts",
+    "tmp/build-scratch",
+    "var/tmp/.hidden-scratch",
+    "var/lib/cloud/instance/boot-finished",
+    "usr/sbin/policy-rc.d",
+    "root/.ssh/authorized_keys",
+]
+ROLE_TRUNCATES = [
+    "var/log/dpkg.log",
+    "var/log/apt/history.log",
+    "var/log/faillog",
+    "var/log/alternatives",
+]
+
+
+def test_the_list_seals_everything_the_seal_role_does(tmp_path):
+    t = _base(tmp_path)
+    (t / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+    for rel in ROLE_REMOVES + ROLE_TRUNCATES:
+        _plant(t, rel, "from the build\n")
+    (t / "var/lib/apt/lists/lock").write_text("")
+    (t / "var/log/journal").mkdir(parents=True)
+    os.symlink("../../usr/share/doc/systemd/README.logs", t / "var/log/README")
+    seal.finalize(t, io.StringIO())
+    left = [rel for rel in ROLE_REMOVES if (t / rel).exists() or (t / rel).is_symlink()]
+    assert left == [], f"the seal role removes these, the sealed-items list does not: {left}"
+    for rel in [*ROLE_TRUNCATES, "etc/machine-id"]:
+        assert (t / rel).is_file() and (t / rel).stat().st_size == 0, rel
+    # Directories, links and apt's lock are not files to empty: they stay as they were.
+    assert (t / "var/log/journal").is_dir() and (t / "var/log/apt").is_dir()
+    assert os.readlink(t / "var/log/README") == "../../usr/share/doc/systemd/README.logs"
+    assert (t / "var/lib/apt/lists/lock").is_file()
+    assert scan.scan(t) == []
+
+
+def test_the_seal_role_still_names_each_kind_the_list_covers():
+    """A tripwire: a new removal in the seal role (the seal of targets without the post-stop
+    step) needs its path in ROLE_REMOVES above and an item in the list."""
+    text = (REPO / "roles/seal/tasks/install.yml").read_text()
+    removals = re.findall(r"^- name: (?:Remove|Truncate|Empty) (.+)$", text, re.M)
+    assert len(removals) == 15, f"the seal role's removals changed: {removals}"
+
+
+def test_file_items_leave_directories_and_links_alone(tmp_path):
+    sl = sealed_items.load()
+    item = next(i for i in sl.items if i.id == "other-logs")
+    assert item.type == "file" and item.matches("var/log/journal")
+    t = _base(tmp_path)
+    (t / "var/log/journal").mkdir(parents=True)
+    assert not item.applies_to(t / "var/log/journal", True)
+    _plant(t, "var/log/x")
+    assert item.applies_to(t / "var/log/x", False)
+
+
+def test_glob_character_class():
+    rx = re.compile(sealed_items.glob_regex("var/log/**/*.[0-9]"))
+    assert rx.fullmatch("var/log/dpkg.log.1") and rx.fullmatch("var/log/a/b.7")
+    assert not rx.fullmatch("var/log/dpkg.log.x") and not rx.fullmatch("var/log/dpkg.log.12")
+    # Anything else in brackets stays literal.
+    assert re.fullmatch(sealed_items.glob_regex("a[!b]"), "a[!b]")
