@@ -22,12 +22,17 @@ ROLES = ("controller", "compute", "login")
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 # One RFC 1123 label: the node name becomes the hostname and an /etc/hosts name.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_NODE_RE = re.compile(_LABEL)
+# One label that the resolver cannot read as an IPv4 address (all digits, or 0x-hex).
+_NODE_RE = re.compile(rf"(?![0-9]+\Z)(?!0[xX][0-9a-fA-F]*\Z){_LABEL}")
 # A DNS name: dot-separated labels, no trailing dot, <= 253 chars, last label not all digits
 # (so "1.2.3.999" is neither an IP nor a name).
 _HOSTNAME_RE = re.compile(
     rf"(?=.{{1,253}}\Z)(?:{_LABEL}\.)*(?=[A-Za-z0-9-]*[A-Za-z-]){_LABEL}", re.DOTALL
 )
+# What inet_aton(3) (and so getaddrinfo) reads as an IPv4 address: 1-4 parts, each decimal,
+# octal or 0x-hex. "0", "0x7f" or "1.0x7f" must never be a host or node name: `ssh 0` goes to
+# 0.0.0.0, whatever /etc/hosts says.
+_INET_ATON_RE = re.compile(r"(?:(?:0[xX][0-9a-fA-F]*|[0-9]+)\.){0,3}(?:0[xX][0-9a-fA-F]*|[0-9]+)")
 _PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _FEATURE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -77,11 +82,12 @@ def is_ip(s: str) -> bool:
 
 def is_hostname(s: str) -> bool:
     """A DNS name per RFC 1123 (labels of letters, digits and inner hyphens; no trailing dot)."""
-    return bool(_HOSTNAME_RE.fullmatch(s)) and not is_ip(s)
+    return bool(_HOSTNAME_RE.fullmatch(s)) and not is_ip(s) and not _INET_ATON_RE.fullmatch(s)
 
 
 def is_node_name(s: str) -> bool:
-    """A Slurm node name that is also a hostname: one RFC 1123 label."""
+    """A Slurm node name that is also a hostname: one RFC 1123 label, not all digits and not
+    0x-hex (the resolver would read either as an IPv4 address)."""
     return bool(_NODE_RE.fullmatch(s))
 
 
@@ -328,7 +334,8 @@ def parse_params(data: Any, source: str) -> Params:
             d["node_name"],
             "node_name",
             _NODE_RE,
-            "a node name (one hostname label: a-z, 0-9, inner '-', at most 63 characters)",
+            "a node name (one hostname label: a-z, 0-9, inner '-', at most 63 characters, not "
+            "all digits or 0x-hex, which resolvers read as an IPv4 address)",
         )
 
     if d.get("node_address") is not None:

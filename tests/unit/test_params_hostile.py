@@ -61,6 +61,9 @@ def err(**patch) -> str:
         ({"node_name": "c_1"}, "node_name"),  # not a hostname label
         ({"node_name": "c1-"}, "node_name"),
         ({"node_name": "a" * 64}, "node_name"),
+        ({"node_name": "0"}, "node_name"),  # getaddrinfo reads "0" as 0.0.0.0 (hypothesis found)
+        ({"node_name": "123"}, "node_name"),
+        ({"node_name": "0x7f"}, "node_name"),  # inet_aton hex: 0.0.0.127
         ({"cluster_name": "demo\n"}, "cluster_name"),
         ({"role": "compute\n"}, "role"),
         ({"partitions": [{"name": "main\nNodes=x"}]}, "partitions[0].name"),
@@ -126,6 +129,8 @@ def test_controller_forms_accepted(raw, host, addr):
         ({"host": "ctl", "address": "ctl2.example.org"}, "controller.address", "give an IP"),
         ({"host": "ctl%n"}, "controller.host", "not a hostname"),
         ({"host": "$(reboot)"}, "controller.host", "not a hostname"),
+        ("1.0x7f", "controller", "neither"),  # inet_aton reads it as 1.0.0.127
+        ({"host": "0x7f", "address": "10.0.0.1"}, "controller.host", "not a hostname"),
     ],
 )
 def test_controller_forms_refused(raw, field, why):
