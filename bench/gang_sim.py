@@ -635,12 +635,20 @@ def cmd_cycle(args) -> None:
     cache = JobCache()  # as SlurmCli keeps it between cycles
     node_cache: list = ["", {}]
 
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+
     def one(st, change: float):
         nonlocal saved
         # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
         for k in rng.sample(range(len(jobs)), int(len(jobs) * change)):
             jobs[k]["restart_cnt"] += 1
         job_txt = json.dumps({"jobs": jobs, "errors": []}, indent=2)  # squeue pretty-prints
+        if prof is not None:
+            prof.enable()
         t0 = time.perf_counter()
         js = parse_jobs(job_txt, "bench", cache)
         if node_txt != node_cache[0]:  # as SlurmCli: unchanged text, the same map
@@ -651,6 +659,8 @@ def cmd_cycle(args) -> None:
         t2 = time.perf_counter()
         saved = state_mod.save_if_changed(st2, path, saved)
         t3 = time.perf_counter()
+        if prof is not None:
+            prof.disable()
         return st2, (t1 - t0, t2 - t1, t3 - t2), len(job_txt) + len(node_txt)
 
     st, _cold, _b = one(GovState(), 0)
@@ -669,6 +679,9 @@ def cmd_cycle(args) -> None:
     print(
         f"(median of {args.repeat}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
+    if prof is not None:
+        prof.dump_stats(args.profile)
+        print(f"cProfile of the timed parts (all cycles, cold one included): {args.profile}")
 
 
 def cmd_deadline(args) -> None:
@@ -753,6 +766,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile", metavar="FILE", help="cycle: cProfile the timed parts to FILE")
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--timeout", default="20m", help="sim: the governor's timeout")
     ap.add_argument("--strike-limit", type=int, default=2, help="sim: node_strike_limit")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -413,6 +414,30 @@ def test_state_written_only_when_it_changed(tmp_path):
     )
     st_mod.save_if_changed(changed, p, saved)
     assert st_mod.load(p).jobs["1"].phase == "ready"
+
+
+def test_state_written_incrementally_is_byte_for_byte_a_full_dump(tmp_path):
+    """save_if_changed reuses the bytes of unchanged records: the file must still be exactly
+    what a full serialization gives, through added, changed, equal-but-new and gone records."""
+    p = tmp_path / "state.json"
+    recs = {str(i): st_mod.GangRecord(str(i), phase="pending", partition='p\n"x') for i in range(5)}
+    st = st_mod.GovState(jobs=dict(recs))
+    saved = st_mod.save_if_changed(st, p)
+    assert p.read_bytes() == st_mod.dumps(st)
+    steps = [
+        lambda j: j.update({"2": dataclasses.replace(j["2"], phase="admitted", admitted_at=1.5)}),
+        lambda j: j.update({"7": st_mod.GangRecord("7", why="new \u00e9")}),
+        lambda j: j.pop("0"),
+        lambda j: j.update({"3": dataclasses.replace(j["3"])}),  # equal content, new object
+    ]
+    for step in steps:
+        jobs = dict(st.jobs)
+        step(jobs)
+        st = st_mod.GovState(jobs=jobs, counters=st.counters)
+        st.counters.released += 1  # so that every step writes
+        saved = st_mod.save_if_changed(st, p, saved)
+        assert p.read_bytes() == st_mod.dumps(st)
+        assert st_mod.load(p).jobs.keys() == jobs.keys()
 
 
 @pytest.mark.parametrize(
