@@ -113,6 +113,11 @@ class NodeRecord:
     name: str
     flags: frozenset[str]  # base state and flags, upper case: {"IDLE", "DRAIN", "CLOUD"}
     reason: str = ""
+    base: str = ""  # the base state alone (IDLE, MIXED, FUTURE, ...); "" if none is listed
+
+
+# Node base states (node_state_base_string); anything else in a state list is a flag.
+NODE_BASE_STATES = frozenset({"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE"})
 
 
 def _fail(what: str, field: str, value: object) -> SlurmDataError:
@@ -399,7 +404,10 @@ def node_from_json(d: object) -> NodeRecord:
             raise _fail(what, "state", w)
         flags.add(w.upper())
     reason = _free_text(d.get("reason"), what, "reason")
-    return NodeRecord(name=name, flags=frozenset(flags), reason=reason)
+    base = next(
+        (w.upper() for w in words if isinstance(w, str) and w.upper() in NODE_BASE_STATES), ""
+    )
+    return NodeRecord(name=name, flags=frozenset(flags), reason=reason, base=base)
 
 
 def parse_nodes(text: str, source: str = "scontrol show node --json") -> dict[str, NodeRecord]:
@@ -410,6 +418,38 @@ def parse_nodes(text: str, source: str = "scontrol show node --json") -> dict[st
             raise SlurmDataError(f"{source}: node {n.name} is listed twice")
         out[n.name] = n
     return out
+
+
+_LINE_STATE = re.compile(r" State=([A-Z_]+(?:\+[A-Z_]+)*)(?= |$)")
+REASON_AMBIGUOUS = "?ambiguous: "  # never starts like anyone's own reason prefix
+
+
+def node_from_line(text: str, name: str) -> NodeRecord | None:
+    """One node from Slurm 22.05's `scontrol --future -o show node NAME` (22.05's scontrol
+    has no --json, and its `sinfo --json` does not list FUTURE nodes, which the agent's
+    readiness gate must see). None if the line is not about *name*.
+
+    Not a general Key=Value split: State is the first ` State=` word, because every field
+    printed before it (name, arch, features, gres, address, OS, memory) comes from the
+    config or slurmd, while the free texts (Comment, Extra, Reason) come after it. Reason
+    is everything after ` Reason=`; a line where that appears twice (an admin's Comment or
+    Reason holding ` Reason=`) cannot say whose drain it is: the reason is returned marked
+    REASON_AMBIGUOUS, so that no caller takes it for its own."""
+    line = text.strip().split("\n", 1)[0]
+    if not line.startswith(f"NodeName={name} "):
+        return None
+    m = _LINE_STATE.search(line)
+    if m is None:
+        raise SlurmDataError(f"scontrol show node {name}: no State= in {line!r:.200}")
+    words = m.group(1).split("+")
+    parts = line.split(" Reason=")
+    reason = "" if len(parts) == 1 else parts[1].strip() if len(parts) == 2 else ""
+    if len(parts) > 2:
+        reason = REASON_AMBIGUOUS + " Reason=".join(parts[1:]).strip()
+    if "\x00" in reason:
+        raise SlurmDataError(f"scontrol show node {name}: NUL in Reason")
+    base = words[0] if words[0] in NODE_BASE_STATES else ""
+    return NodeRecord(name=name, flags=frozenset(words), reason=reason, base=base)
 
 
 def parse_version(text: str) -> tuple[int, int]:
