@@ -34,8 +34,12 @@ def observe(st: GovState, name: str, value: float) -> None:
 
 
 # Kueue's eviction reason for a deactivated workload, and the cause beneath it
-REASON_DEACTIVATED = "InactiveWorkload"
+# (kubernetes-sigs/kueue apis/kueue/v1beta1/workload_types.go: WorkloadDeactivated,
+# WorkloadRequeuingLimitExceeded). Kueue < 0.10 said "InactiveWorkload"; counts a state
+# file kept under that name are shown under the current one.
+REASON_DEACTIVATED = "Deactivated"
 CAUSE_REQUEUING_LIMIT = "RequeuingLimitExceeded"
+_OLD_REASONS = {"InactiveWorkload": REASON_DEACTIVATED}
 
 
 def esc(value: str) -> str:
@@ -51,8 +55,8 @@ def inc_evicted(st: GovState, reason: str, queue: str, cause: str = "") -> None:
 def _evicted_key(k: str) -> tuple[str, str, str]:
     parts = k.split("|", 2)
     if len(parts) == 2:  # a state file from before underlying_cause
-        return parts[0], "", parts[1]
-    return parts[0], parts[1], parts[2]
+        parts = [parts[0], "", parts[1]]
+    return _OLD_REASONS.get(parts[0], parts[0]), parts[1], parts[2]
 
 
 def render(
@@ -65,8 +69,11 @@ def render(
         L.append(f"# TYPE {name} {typ}")
 
     head("kueue_evicted_workloads_total", "counter", "Workloads evicted (requeued or deactivated)")
-    for k, v in sorted(st.counters.evicted.items()):
-        reason, cause, q = _evicted_key(k)
+    evicted: dict[tuple[str, str, str], int] = {}
+    for k, v in st.counters.evicted.items():  # one series per label set, old names merged
+        key = _evicted_key(k)
+        evicted[key] = evicted.get(key, 0) + v
+    for (reason, cause, q), v in sorted(evicted.items()):
         L.append(
             f'kueue_evicted_workloads_total{{cluster_queue="{esc(q)}",reason="{esc(reason)}",'
             f'underlying_cause="{esc(cause)}"}} {v}'

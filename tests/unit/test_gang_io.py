@@ -380,11 +380,14 @@ def test_metrics_label_values_escaped_and_deactivation_under_kueue_reason():
     st = st_mod.GovState()
     metrics.inc_evicted(st, metrics.REASON_DEACTIVATED, 'a"b\\c\nd', metrics.CAUSE_REQUEUING_LIMIT)
     st.counters.evicted["PodsReadyTimeout|old"] = 2  # a state file from before the cause label
+    # Kueue < 0.10's name for it, kept by an older state file: merged into one series
+    st.counters.evicted['InactiveWorkload|RequeuingLimitExceeded|a"b\\c\nd'] = 4
     txt = metrics.render(st)
     assert (
-        'kueue_evicted_workloads_total{cluster_queue="a\\"b\\\\c\\nd",reason="InactiveWorkload",'
-        'underlying_cause="RequeuingLimitExceeded"} 1'
+        'kueue_evicted_workloads_total{cluster_queue="a\\"b\\\\c\\nd",reason="Deactivated",'
+        'underlying_cause="RequeuingLimitExceeded"} 5'
     ) in txt
+    assert "InactiveWorkload" not in txt
     assert 'cluster_queue="old",reason="PodsReadyTimeout",underlying_cause=""} 2' in txt
     # every sample line is one line: no raw newline leaked from a label value
     assert all(ln.startswith(("#", "kueue_", "nodeforge_")) for ln in txt.splitlines())
