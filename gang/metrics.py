@@ -9,12 +9,15 @@ drains among them: Kueue has no equivalent).
 
 from __future__ import annotations
 
+import operator
 import os
+from collections import Counter
 
 from nodeforge.fsutil import write_atomic
 
 from .state import ADMITTED, BACKOFF, DEACTIVATED, PENDING, READY, RECOVERING, WAITING, GovState
 
+_PHASE_QUEUE = operator.attrgetter("phase", "partition")
 BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 HISTOGRAMS = {
     "kueue_admitted_until_ready_wait_time_seconds": "Time from admission (allocation) to all nodes ready",
@@ -89,15 +92,16 @@ def render(
     pend: dict[tuple[str, str], int] = {}
     adm: dict[str, int] = {}
     phases: dict[str, int] = {}
-    for r in st.jobs.values():
-        phases[r.phase] = phases.get(r.phase, 0) + 1
-        q = r.partition or ""
-        if r.phase in (PENDING, WAITING):
-            pend[(q, "active")] = pend.get((q, "active"), 0) + 1
-        elif r.phase in (BACKOFF, DEACTIVATED):
-            pend[(q, "inadmissible")] = pend.get((q, "inadmissible"), 0) + 1
-        elif r.phase in (ADMITTED, READY, RECOVERING):
-            adm[q] = adm.get(q, 0) + 1
+    # counted in C (Counter over attrgetter): a Python loop was ~7 ms per cycle at 7.6k gangs
+    for (phase, part), n in Counter(map(_PHASE_QUEUE, st.jobs.values())).items():
+        phases[phase] = phases.get(phase, 0) + n
+        q = part or ""
+        if phase in (PENDING, WAITING):
+            pend[(q, "active")] = pend.get((q, "active"), 0) + n
+        elif phase in (BACKOFF, DEACTIVATED):
+            pend[(q, "inadmissible")] = pend.get((q, "inadmissible"), 0) + n
+        elif phase in (ADMITTED, READY, RECOVERING):
+            adm[q] = adm.get(q, 0) + n
     head(
         "kueue_pending_workloads",
         "gauge",

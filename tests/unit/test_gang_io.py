@@ -456,3 +456,27 @@ def test_admin_comment_token_out_of_grammar_is_ignored(text):
     from nodeforge.gang.events import decode_admin
 
     assert decode_admin(text) is None
+
+
+def test_metrics_count_gangs_per_phase_and_partition():
+    recs = [
+        ("1", "pending", "a"),
+        ("2", "waiting_admission", "a"),
+        ("3", "backoff", "a"),
+        ("4", "deactivated", "b"),
+        ("5", "admitted", "b"),
+        ("6", "ready", "b"),
+        ("7", "recovering", ""),
+        ("8", "done", "a"),
+    ]
+    st = st_mod.GovState(jobs={j: st_mod.GangRecord(j, phase=ph, partition=p) for j, ph, p in recs})
+    lines = set(metrics.render(st).splitlines())
+    assert {
+        'kueue_pending_workloads{cluster_queue="a",status="active"} 2',
+        'kueue_pending_workloads{cluster_queue="a",status="inadmissible"} 1',
+        'kueue_pending_workloads{cluster_queue="b",status="inadmissible"} 1',
+        'kueue_admitted_active_workloads{cluster_queue="b"} 2',
+        'kueue_admitted_active_workloads{cluster_queue=""} 1',
+        'nodeforge_gang_jobs{phase="done"} 1',
+        'nodeforge_gang_jobs{phase="pending"} 1',
+    } <= lines
