@@ -621,6 +621,7 @@ def cmd_cycle(args) -> None:
                 "time_limit": 1440,
                 "cpus": nn * 96,
                 "tasks": nn * 8,
+                **(FILLER if args.full_jobs else {}),
             }
         )
     node_txt = json.dumps(nodes_doc)
@@ -646,6 +647,10 @@ def cmd_cycle(args) -> None:
         # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
         for k in rng.sample(range(len(jobs)), int(len(jobs) * change)):
             jobs[k]["restart_cnt"] += 1
+        if args.full_jobs:  # every scheduler pass stamps the pending jobs it looked at
+            for j in jobs:
+                if j["job_state"] == "PENDING":
+                    j["last_sched_evaluation"] += 1
         job_txt = json.dumps({"jobs": jobs, "errors": []}, indent=2)  # squeue pretty-prints
         if prof is not None:
             prof.enable()
@@ -767,6 +772,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", metavar="FILE", help="cycle: cProfile the timed parts to FILE")
+    ap.add_argument(
+        "--full-jobs",
+        action="store_true",
+        help="cycle: 22.05-sized jobs (~100 keys) whose last_sched_evaluation moves every cycle",
+    )
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--timeout", default="20m", help="sim: the governor's timeout")
     ap.add_argument("--strike-limit", type=int, default=2, help="sim: node_strike_limit")

@@ -368,11 +368,21 @@ def _job_blocks(text: str) -> tuple[str, list[str]] | None:
     if end < body_start:
         return None
     head = text[: i + 1] + '  "jobs": []' + text[end + 4 :]
-    if end == body_start or text[body_start:end].isspace():
+    if text.find("{", body_start, end) < 0:  # (not a slice: the body is ~10-40 MB)
         return head, []
+    first, last = body_start + 6, end - 6
     if not (text.startswith("    {\n", body_start) and text.endswith("\n    }", body_start, end)):
         return None
-    return head, text[body_start + 6 : end - 6].split(_JOB_SEP)
+    if text.count(_JOB_SEP, 0, first) or text.count(_JOB_SEP, last):
+        return head, text[first:last].split(_JOB_SEP)  # separators outside the list too
+    # No separator outside the list: split the document itself and trim the first and last
+    # block (saves two copies of the body).
+    blocks = text.split(_JOB_SEP)
+    if len(blocks) == 1:
+        return head, [text[first:last]]
+    blocks[0] = blocks[0][first:]
+    blocks[-1] = blocks[-1][: len(blocks[-1]) - (len(text) - last)]
+    return head, blocks
 
 
 def _stable(chunk: str) -> str:

@@ -321,8 +321,11 @@ def test_block_cache_reads_any_layout_exactly_as_the_full_parse():
     objs_after = json.dumps({"jobs": jobs, "meta": {}, "warnings": w}, indent=2)
     j7 = json.dumps({"jobs": [job22(7)]}, indent=2).split('"jobs": [\n', 1)[1]
     second = last[: last.rindex("\n  ]")] + '\n  ],\n  "jobs": [\n' + j7
-    assert sr._job_blocks(last) is not None and sr._job_blocks(first) is not None
-    for text in (last, first, objs_after, second):
+    objs_before = json.dumps({"meta": {}, "warnings": w, "jobs": jobs}, indent=2)
+    one = json.dumps({"meta": {}, "jobs": jobs[:1]}, indent=2)
+    for text in (last, first, objs_before, one):
+        assert sr._job_blocks(text) is not None
+    for text in (last, first, objs_after, second, objs_before, one):
         cache: dict = {}
         for _ in range(2):  # cold, then through the cache
             assert sr.parse_jobs(text, cache=cache) == sr.parse_jobs(text)
