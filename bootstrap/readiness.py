@@ -208,7 +208,14 @@ class Gate:
         if cp.returncode != 0 or not out.strip() or (not self.json and "not found" in out):
             return None
         if self.json:
-            return slurm_records.parse_nodes(out, "scontrol show node --json").get(self.node)
+            try:
+                return slurm_records.parse_nodes(out, "scontrol show node --json").get(self.node)
+            except slurm_records.SlurmDataError:
+                # an unknown node may come back as a JSON error (ESLURM_INVALID_NODE_NAME)
+                # rather than an exit status: that is "not known", anything else is raised
+                if "Invalid node name specified" in out:
+                    return None
+                raise
         return slurm_records.node_from_line(out, self.node)
 
     def state(self) -> NodeState:

@@ -97,6 +97,25 @@ def test_gate_on_json_sees_future_nodes_and_unknown_ones():
     assert gate(host, "c999").state().why_not() == "not registered"
 
 
+class AnswersWithJsonError(Recorded):
+    """Unknown node answered with exit 0 and a JSON error (ESLURM_INVALID_NODE_NAME's text),
+    or with another error the gate must not take for "not there"."""
+
+    def __init__(self, error: str):
+        super().__init__(fixture_doc())
+        self.error = error
+
+    def run(self, argv, check=True, timeout=None, env=None, **kw):
+        doc = {"nodes": [], "meta": {}, "errors": [{"error": self.error, "error_number": 2008}]}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(doc, indent=2), "")
+
+
+def test_gate_on_json_reads_an_invalid_node_name_error_as_not_known():
+    assert gate(AnswersWithJsonError("Invalid node name specified"), "c9").record() is None
+    with pytest.raises(sr.SlurmDataError, match="errors"):
+        gate(AnswersWithJsonError("Access/permission denied"), "c9").record()
+
+
 def test_gate_on_json_refuses_a_body_that_is_not_slurm_json():
     host = Recorded(fixture_doc())
     host.nodes["c001"] = {"name": "c001", "state": "IDLE; rm -rf /"}
