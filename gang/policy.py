@@ -176,9 +176,14 @@ def decide(
     """One cycle, one small function per phase (Kueue's workload controller style)."""
     c = _Cycle(cfg, st, snap, now)
     same_nodes = snap.nodes is st.seen_nodes
+    seen_get, old_get = st.seen_jobs.get, st.jobs.get
     for job in snap.jobs:
-        if st.seen_jobs.get(job.job_id) is job and _quiet(c, job, same_nodes):
-            continue
+        if seen_get(job.job_id) is job:
+            old = old_get(job.job_id)
+            if old is None:
+                continue  # no record for this very observation last cycle: not a gang
+            if _quiet(c, job, old, same_nodes):
+                continue
         rec = _record(c, job)
         if rec is None:
             continue
@@ -201,16 +206,13 @@ def decide(
     return out, c.actions
 
 
-def _quiet(c: _Cycle, job: JobObs, same_nodes: bool) -> bool:
+def _quiet(c: _Cycle, job: JobObs, old: GangRecord, same_nodes: bool) -> bool:
     """The job's observation is the same object as last cycle's: if its record is in a
     phase where this cycle would decide exactly what the last one did, keep the record as
     it is (no copy, no work). The last cycle ran every phase function on these very inputs
     (job, node map, config); what still differs is the clock, so a running clock is quiet
     only while its deadline is ahead (tests/unit/test_gang_policy.py checks the result
     against the full path over random cycles)."""
-    old = c.st.jobs.get(job.job_id)
-    if old is None:
-        return False
     ph = old.phase
     now = c.now
     if ph == PENDING:

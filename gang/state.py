@@ -123,10 +123,28 @@ class GovState:
     seen_nodes: object = field(default=None, compare=False, repr=False)
 
 
+# A record's fields at their defaults are left out of the file (from_json restores them):
+# most of a pending gang's 27 fields are None/0/"", and the file is rewritten and fsynced
+# whole on every change, so its size is the cost.
+_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(GangRecord)
+    if f.default is not dataclasses.MISSING
+}
+
+
+def _record_dict(r: GangRecord) -> dict:
+    return {
+        k: v
+        for k, v in r.__dict__.items()
+        if k not in _DEFAULTS or type(v) is not type(_DEFAULTS[k]) or v != _DEFAULTS[k]
+    }
+
+
 def to_json(st: GovState) -> dict:
     # GangRecord holds only scalars: a dict copy is ~10x faster than dataclasses.asdict at 10k
     return {
-        "jobs": {k: dict(v.__dict__) for k, v in st.jobs.items()},
+        "jobs": {k: _record_dict(v) for k, v in st.jobs.items()},
         "counters": dataclasses.asdict(st.counters),
         "version": st.version,
         "nodes": {k: dataclasses.asdict(v) for k, v in st.nodes.items()},
@@ -213,7 +231,7 @@ def save_if_changed(st: GovState, path: str | os.PathLike, last: Saved | None = 
         if o is not None and k in old_parts and (o is r or o.__dict__ == r.__dict__):
             parts[k] = old_parts[k]
         else:
-            parts[k] = f"{_ENCODE(k)}:{_ENCODE(r.__dict__)}".encode()
+            parts[k] = f"{_ENCODE(k)}:{_ENCODE(_record_dict(r))}".encode()
     _write(b'{"jobs":{' + b",".join(parts.values()) + b"}," + rest[1:], path)
     return Saved(dict(st.jobs), rest, parts)
 

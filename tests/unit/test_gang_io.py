@@ -480,3 +480,30 @@ def test_metrics_count_gangs_per_phase_and_partition():
         'nodeforge_gang_jobs{phase="done"} 1',
         'nodeforge_gang_jobs{phase="pending"} 1',
     } <= lines
+
+
+def test_state_file_leaves_defaults_out_and_loads_every_record_back_exactly(tmp_path):
+    p = tmp_path / "state.json"
+    bare = st_mod.GangRecord("1")
+    # values that equal a default only loosely (0 vs None, 0.0 vs None, False vs 0) stay
+    full = st_mod.GangRecord(
+        "2_3",
+        phase="backoff",
+        count=0,
+        admitted_at=0.0,
+        restarts_at_action=0,
+        released_by_us=True,
+        why='q"\n=',
+        updated=5.5,
+    )
+    st = st_mod.GovState(jobs={"1": bare, "2_3": full})
+    st_mod.save_if_changed(st, p)
+    raw = json.loads(p.read_text())["jobs"]
+    assert raw["1"] == {"job_id": "1"}  # nothing but the identity for a fresh record
+    assert raw["2_3"]["admitted_at"] == 0.0 and raw["2_3"]["restarts_at_action"] == 0
+    back = st_mod.load(p).jobs
+    for k, r in st.jobs.items():
+        assert back[k].__dict__ == r.__dict__
+        assert {f: type(v) for f, v in back[k].__dict__.items()} == {
+            f: type(v) for f, v in r.__dict__.items()
+        }

@@ -806,15 +806,14 @@ def _walk_job(rng, jid: str, prev: JobObs | None, t: float) -> JobObs:
         if held
         else rng.choice(["None", "Priority", "BeginTime", "Prolog"])
     )
-    nodes = (
-        () if state == "PENDING" else tuple(rng.sample(["a", "b", "c", "d"], rng.choice([2, 3])))
-    )
+    size = rng.choice([1, 2, 3])  # 1 node: not a gang (min_nodes 2), unless it was one
+    nodes = () if state == "PENDING" else tuple(rng.sample(["a", "b", "c", "d"], size))
     return JobObs(
         job_id=jid,
         state=state,
         reason=reason,
         nodes=nodes,
-        num_nodes=len(nodes) or 2,
+        num_nodes=len(nodes) or size,
         partition="main",
         start_time=t - rng.choice([0, 3, 12]) if state != "PENDING" else None,
         submit_time=T0 - 100,
