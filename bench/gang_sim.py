@@ -621,6 +621,7 @@ def cmd_cycle(args) -> None:
                 "time_limit": 1440,
                 "cpus": nn * 96,
                 "tasks": nn * 8,
+                **(FILLER if args.full_jobs else {}),
             }
         )
     node_txt = json.dumps(nodes_doc)
@@ -635,12 +636,24 @@ def cmd_cycle(args) -> None:
     cache = JobCache()  # as SlurmCli keeps it between cycles
     node_cache: list = ["", {}]
 
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+
     def one(st, change: float):
         nonlocal saved
         # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
         for k in rng.sample(range(len(jobs)), int(len(jobs) * change)):
             jobs[k]["restart_cnt"] += 1
+        if args.full_jobs:  # every scheduler pass stamps the pending jobs it looked at
+            for j in jobs:
+                if j["job_state"] == "PENDING":
+                    j["last_sched_evaluation"] += 1
         job_txt = json.dumps({"jobs": jobs, "errors": []}, indent=2)  # squeue pretty-prints
+        if prof is not None:
+            prof.enable()
         t0 = time.perf_counter()
         js = parse_jobs(job_txt, "bench", cache)
         if node_txt != node_cache[0]:  # as SlurmCli: unchanged text, the same map
@@ -651,6 +664,8 @@ def cmd_cycle(args) -> None:
         t2 = time.perf_counter()
         saved = state_mod.save_if_changed(st2, path, saved)
         t3 = time.perf_counter()
+        if prof is not None:
+            prof.disable()
         return st2, (t1 - t0, t2 - t1, t3 - t2), len(job_txt) + len(node_txt)
 
     st, _cold, _b = one(GovState(), 0)
@@ -669,6 +684,9 @@ def cmd_cycle(args) -> None:
     print(
         f"(median of {args.repeat}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
+    if prof is not None:
+        prof.dump_stats(args.profile)
+        print(f"cProfile of the timed parts (all cycles, cold one included): {args.profile}")
 
 
 def cmd_deadline(args) -> None:
@@ -821,6 +839,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile", metavar="FILE", help="cycle: cProfile the timed parts to FILE")
+    ap.add_argument(
+        "--full-jobs",
+        action="store_true",
+        help="cycle: 22.05-sized jobs (~100 keys) whose last_sched_evaluation moves every cycle",
+    )
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument(
         "--phase",

@@ -32,17 +32,19 @@ waits for that answer, and a node that needs no hooks is never drained (no RESUM
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.slurm import controller_up
 
 from .host import Host
-from .slurm import parse_node
+
+if TYPE_CHECKING:
+    from nodeforge.slurm_records import NodeRecord
 
 log = logging.getLogger("nodeforge.readiness")
 
@@ -124,6 +126,11 @@ def from_scontrol(state: str) -> NodeState:
     return from_flags(state.split("+"))
 
 
+def from_record(rec: NodeRecord) -> NodeState:
+    """A node read by nodeforge.slurm_records (JSON, or 22.05's `scontrol -o` line)."""
+    return NodeState(rec.base, rec.flags - {rec.base})
+
+
 def from_sinfo(state: str) -> NodeState:
     """sinfo's %t or %T: `idle`, `idle*`, `mix-`, `drain`, `drained*`, `down~`, ...
 
@@ -141,26 +148,18 @@ def from_sinfo(state: str) -> NodeState:
 
 
 def from_json(text: str) -> dict[str, NodeState]:
-    """`scontrol show node --json` (Slurm >= 23.02): {node: NodeState}, the flags as a list.
+    """`scontrol show node --json` (Slurm >= 23.02; 22.05's `sinfo --json` shape too):
+    {node: NodeState}, read by nodeforge.slurm_records (the governor's reader).
 
     Raises ValueError on a body that is not that shape (truncated, wrong types, duplicates).
     """
-    doc = json.loads(text)  # json.JSONDecodeError is a ValueError
-    nodes = doc.get("nodes") if isinstance(doc, dict) else None
-    if not isinstance(nodes, list):
-        raise ValueError("no 'nodes' list")
-    out: dict[str, NodeState] = {}
-    for n in nodes:
-        name = n.get("name") if isinstance(n, dict) else None
-        state = n.get("state") if isinstance(n, dict) else None
-        if not isinstance(name, str) or not name:
-            raise ValueError("a node without a name")
-        if not isinstance(state, list) or not all(isinstance(x, str) for x in state):
-            raise ValueError(f"node {name}: 'state' is not a list of strings")
-        if name in out:
-            raise ValueError(f"node {name} listed twice")
-        out[name] = from_flags(state)
-    return out
+    from nodeforge import slurm_records  # lazy: `node --help` does not need it
+
+    try:
+        nodes = slurm_records.parse_nodes(text)
+    except slurm_records.SlurmDataError as exc:
+        raise ValueError(str(exc)) from exc
+    return {name: from_record(rec) for name, rec in nodes.items()}
 
 
 def from_sinfo_table(text: str) -> dict[str, NodeState]:
@@ -179,6 +178,7 @@ class Gate:
     node: str
     client_conf: Path
     timeout: float = 30.0  # per scontrol call
+    json: bool = False  # Slurm >= 23.02: read the node as JSON (see record())
     poll: float = 0.05  # between two looks at the node's state (each one scontrol call, ~10 ms)
 
     def _scontrol(self, *args: str, check: bool = True):
@@ -192,15 +192,35 @@ class Gate:
     def controller_up(self) -> bool:
         return controller_up(lambda argv: self._scontrol(*argv[1:], check=False))
 
-    def show(self) -> dict[str, str] | None:
-        cp = self._scontrol("--future", "-o", "show", "node", self.node, check=False)
-        if cp.returncode != 0 or not (cp.stdout or "").strip() or "not found" in cp.stdout:
+    def record(self) -> NodeRecord | None:
+        """The node as slurmctld shows it now (None: not known to it), read by the one Slurm
+        reader (nodeforge.slurm_records): JSON on Slurm >= 23.02, so no Reason or Comment
+        text can pose as a state; on 22.05 (no --json in its scontrol, and its sinfo --json
+        hides the FUTURE nodes the gate must see) `-o` with slurm_records.node_from_line."""
+        from nodeforge import slurm_records  # lazy: `node --help` does not need it
+
+        if self.json:
+            argv: tuple[str, ...] = ("--future", "show", "node", "--json", self.node)
+        else:
+            argv = ("--future", "-o", "show", "node", self.node)
+        cp = self._scontrol(*argv, check=False)
+        out = cp.stdout or ""
+        if cp.returncode != 0 or not out.strip() or (not self.json and "not found" in out):
             return None
-        return parse_node(cp.stdout)
+        if self.json:
+            try:
+                return slurm_records.parse_nodes(out, "scontrol show node --json").get(self.node)
+            except slurm_records.SlurmDataError:
+                # an unknown node may come back as a JSON error (ESLURM_INVALID_NODE_NAME)
+                # rather than an exit status: that is "not known", anything else is raised
+                if "Invalid node name specified" in out:
+                    return None
+                raise
+        return slurm_records.node_from_line(out, self.node)
 
     def state(self) -> NodeState:
-        info = self.show()
-        return from_scontrol(info.get("State", "")) if info is not None else NodeState("")
+        rec = self.record()
+        return from_record(rec) if rec is not None else NodeState("")
 
     def hold(self, spec: dict[str, str], reason: str = INITIALIZING, *, drain: bool = True) -> str:
         """Make sure the node exists in slurmctld BEFORE slurmd starts, drained when *drain*.
@@ -212,7 +232,7 @@ class Gate:
         reboot) is always drained. Never `create` a node that exists: on 24.11.5 the failed
         create DELETES the existing node (measured), hence the `show` first.
         """
-        if self.show() is not None:
+        if self.record() is not None:
             self.drain(reason)
             return HELD_EXISTING
         words = [
@@ -240,13 +260,13 @@ class Gate:
 
         Returns what was done and the seconds waited for slurmctld to see the node ready.
         """
-        info = self.show()
-        if info is None:
+        rec = self.record()
+        if rec is None:
             raise NodeforgeError(
                 f"node {self.node} is not known to slurmctld; cannot mark it ready"
             )
-        st = from_scontrol(info.get("State", ""))
-        reason = info.get("Reason", "")
+        st = from_record(rec)
+        reason = rec.reason
         if "DRAIN" not in st.flags:
             done = "not drained"
         elif reason and reason != "none" and not reason.startswith(PREFIX):

@@ -10,9 +10,11 @@ Slurm's numeric id (`slurm_id`), never text taken from a job.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from nodeforge import proc, slurm_records
 from nodeforge.errors import CommandError
@@ -126,37 +128,46 @@ def jobs_from_records(
     records: list[JobRecord], cache: dict[int, tuple[JobRecord, JobObs]] | None = None
 ) -> list[JobObs]:
     """*cache* (id(record) -> (record, obs)) reuses the observation of a record the reader
-    took from its own cache (the same object): unchanged jobs cost a lookup."""
-    out: list[JobObs] = []
-    fresh: dict[int, tuple[JobRecord, JobObs]] = {}
+    took from its own cache (the same object): unchanged jobs cost a lookup. The cache holds
+    each record it names, so an id in it cannot belong to another, newer object."""
+    ids = list(map(id, records))
+    hits: list[tuple[JobRecord, JobObs] | None] = (
+        list(map(cache.get, ids)) if cache is not None else [None] * len(records)
+    )
+    out: list[JobObs]
     het: dict[int, list[JobRecord]] = {}
-    keys: set[str] = set()
-    for r in records:
-        if r.het_job_id is not None:
-            het.setdefault(r.het_job_id, []).append(r)
-            continue
-        hit = cache.get(id(r)) if cache is not None else None
-        o = hit[1] if hit is not None and hit[0] is r else obs_from_record(r)
-        fresh[id(r)] = (r, o)
-        if o.job_id in keys:
-            raise slurm_records.SlurmDataError(f"Slurm JSON: job {o.job_id} is listed twice")
-        keys.add(o.job_id)
-        out.append(o)
+    all_hit = None not in hits  # (tuples compare with None in C)
+    if all_hit:  # every job unchanged: no Python-level loop
+        out = list(map(_OBS, cast(list[tuple[JobRecord, JobObs]], hits)))
+    else:
+        for i in [i for i, h in enumerate(hits) if h is None]:
+            r = records[i]
+            if r.het_job_id is not None:
+                het.setdefault(r.het_job_id, []).append(r)  # merged below, never cached
+            else:
+                hits[i] = (r, obs_from_record(r))
+        out = [h[1] for h in hits if h is not None]
     for hid, recs in het.items():
         recs.sort(key=lambda r: r.het_job_offset or 0)
         lead = next((r for r in recs if r.job_id == hid), None)
         if lead is None:
             continue  # the leader is not listed (purged): nothing to command
         parts = [obs_from_record(r) for r in recs]
-        o = _merge_het(parts[recs.index(lead)], parts)
-        if o.job_id in keys:
-            raise slurm_records.SlurmDataError(f"Slurm JSON: job {o.job_id} is listed twice")
-        keys.add(o.job_id)
-        out.append(o)
-    if cache is not None:
-        cache.clear()
-        cache.update(fresh)
+        out.append(_merge_het(parts[recs.index(lead)], parts))
+    if len(set(map(_KEY, out))) != len(out):
+        keys: set[str] = set()
+        for o in out:
+            if o.job_id in keys:
+                raise slurm_records.SlurmDataError(f"Slurm JSON: job {o.job_id} is listed twice")
+            keys.add(o.job_id)
+    if cache is not None and not (all_hit and len(cache) == len(ids)):
+        cache.clear()  # (all hit and the same size: the cache holds exactly these records)
+        cache.update((i, h) for i, h in zip(ids, hits, strict=True) if h is not None)
     return out
+
+
+_OBS = operator.itemgetter(1)
+_KEY = operator.attrgetter("job_id")
 
 
 class JobCache:

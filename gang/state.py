@@ -123,10 +123,28 @@ class GovState:
     seen_nodes: object = field(default=None, compare=False, repr=False)
 
 
+# A record's fields at their defaults are left out of the file (from_json restores them):
+# most of a pending gang's 27 fields are None/0/"", and the file is rewritten and fsynced
+# whole on every change, so its size is the cost.
+_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(GangRecord)
+    if f.default is not dataclasses.MISSING
+}
+
+
+def _record_dict(r: GangRecord) -> dict:
+    return {
+        k: v
+        for k, v in r.__dict__.items()
+        if k not in _DEFAULTS or type(v) is not type(_DEFAULTS[k]) or v != _DEFAULTS[k]
+    }
+
+
 def to_json(st: GovState) -> dict:
     # GangRecord holds only scalars: a dict copy is ~10x faster than dataclasses.asdict at 10k
     return {
-        "jobs": {k: dict(v.__dict__) for k, v in st.jobs.items()},
+        "jobs": {k: _record_dict(v) for k, v in st.jobs.items()},
         "counters": dataclasses.asdict(st.counters),
         "version": st.version,
         "nodes": {k: dataclasses.asdict(v) for k, v in st.nodes.items()},
@@ -170,19 +188,25 @@ def save(st: GovState, path: str | os.PathLike) -> bytes:
 @dataclass(frozen=True)
 class Saved:
     """What was last written: the job records (decide() never mutates a record it was
-    given, so keeping them is enough) and the small rest, serialized."""
+    given, so keeping them is enough), each record's serialized member of the file, and the
+    small rest, serialized."""
 
     jobs: dict[str, GangRecord]
     rest: bytes
+    parts: dict[str, bytes] = field(default_factory=dict)
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # what dumps() writes, reused
 
 
 def _rest(st: GovState) -> bytes:
+    """`{"counters":...,"version":...,"nodes":...}`: the file's members after "jobs"."""
     d = {
         "counters": dataclasses.asdict(st.counters),
         "version": st.version,
         "nodes": {k: dataclasses.asdict(v) for k, v in st.nodes.items()},
     }
-    return json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
+    return _ENCODE(d).encode()
 
 
 def _same(a: dict[str, GangRecord], b: dict[str, GangRecord]) -> bool:
@@ -194,12 +218,22 @@ def _same(a: dict[str, GangRecord], b: dict[str, GangRecord]) -> bool:
 
 def save_if_changed(st: GovState, path: str | os.PathLike, last: Saved | None = None) -> Saved:
     """Write only when the state differs from *last*: a quiet cycle costs a comparison of
-    the records, no serialization and no fsync (the fsync was 183 ms at 7.6k gangs)."""
+    the records, no serialization and no fsync (the fsync was 183 ms at 7.6k gangs). A
+    cycle that changes a few records serializes only those: the others' bytes are reused
+    (the file is byte for byte what dumps() gives)."""
     rest = _rest(st)
     if last is not None and last.rest == rest and _same(last.jobs, st.jobs):
         return last
-    _write(dumps(st), path)
-    return Saved(dict(st.jobs), rest)
+    old_jobs, old_parts = (last.jobs, last.parts) if last is not None else ({}, {})
+    parts: dict[str, bytes] = {}
+    for k, r in st.jobs.items():
+        o = old_jobs.get(k)
+        if o is not None and k in old_parts and (o is r or o.__dict__ == r.__dict__):
+            parts[k] = old_parts[k]
+        else:
+            parts[k] = f"{_ENCODE(k)}:{_ENCODE(_record_dict(r))}".encode()
+    _write(b'{"jobs":{' + b",".join(parts.values()) + b"}," + rest[1:], path)
+    return Saved(dict(st.jobs), rest, parts)
 
 
 def _write(data: bytes, path: str | os.PathLike) -> None:

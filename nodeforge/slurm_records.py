@@ -24,8 +24,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import re
 from dataclasses import dataclass
+from typing import cast
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.slurm import has
@@ -111,6 +113,11 @@ class NodeRecord:
     name: str
     flags: frozenset[str]  # base state and flags, upper case: {"IDLE", "DRAIN", "CLOUD"}
     reason: str = ""
+    base: str = ""  # the base state alone (IDLE, MIXED, FUTURE, ...); "" if none is listed
+
+
+# Node base states (node_state_base_string); anything else in a state list is a flag.
+NODE_BASE_STATES = frozenset({"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE"})
 
 
 def _fail(what: str, field: str, value: object) -> SlurmDataError:
@@ -299,35 +306,44 @@ def parse_jobs(
     With *cache* (block text -> JobRecord, kept by the caller between calls and replaced by
     this call's blocks), a job whose JSON block did not change costs one dict lookup instead
     of a JSON parse: see `_job_blocks` for why splitting the text is safe."""
-    blocks = _job_blocks(text) if cache is not None else None
-    if blocks is None:
+    out = _parse_blocks(text, source, cache) if cache is not None else None
+    if out is None:
         out = [job_from_json(d) for d in _load(text, "jobs", source)]
-    else:
-        head, chunks = blocks
-        _load(head, "jobs", source)  # meta and errors (the jobs list emptied)
-        seen: dict[str, JobRecord] = {}
-        out = []
-        for chunk in chunks:
-            key = _stable(chunk)
-            j = cache.get(key) if cache is not None else None
-            if j is None:
-                try:
-                    j = job_from_json(json.loads("{" + chunk + "}"))
-                except ValueError as exc:
-                    raise SlurmDataError(f"{source}: a job block is not JSON ({exc})") from exc
-            seen[key] = j
-            out.append(j)
-        assert cache is not None  # blocks is set only with a cache
-        cache.clear()
-        cache.update(seen)
-    ids: set[int] = set()
-    for j in out:
-        if j.job_id in ids:
-            raise SlurmDataError(f"{source}: job {j.job_id} is listed twice")
-        ids.add(j.job_id)
+    if len(set(map(_JOB_ID, out))) != len(out):
+        ids: set[int] = set()
+        for j in out:
+            if j.job_id in ids:
+                raise SlurmDataError(f"{source}: job {j.job_id} is listed twice")
+            ids.add(j.job_id)
     return out
 
 
+def _parse_blocks(text: str, source: str, cache: dict[str, JobRecord]) -> list[JobRecord] | None:
+    """The jobs block by block through *cache*; None when the document does not split
+    into one JSON object per job (another layout, or any error: the caller then parses the
+    whole document, which gives the true records or the true error). A block that is not
+    one job object never parses, so it is never cached."""
+    blocks = _job_blocks(text)
+    if blocks is None:
+        return None
+    head, chunks = blocks
+    # The per-job work of a quiet cycle runs in C (map over the lists): at 10k jobs a
+    # Python-level loop here costs more than the lookups themselves.
+    keys = chunks if _VOLATILE not in text else list(map(_stable, chunks))
+    out = list(map(cache.get, keys))
+    try:
+        _load(head, "jobs", source)  # meta and errors (the jobs list emptied)
+        for i in [i for i, j in enumerate(out) if j is None]:  # new or changed jobs
+            out[i] = job_from_json(json.loads("{" + chunks[i] + "}"))
+    except (ValueError, SlurmDataError):
+        return None
+    done = cast(list[JobRecord], out)  # every None was filled in
+    cache.clear()
+    cache.update(zip(keys, done, strict=True))
+    return done
+
+
+_JOB_ID = operator.attrgetter("job_id")
 _JOBS_OPEN = '\n  "jobs": [\n'
 _JOB_SEP = "\n    },\n    {\n"
 _VOLATILE = '\n      "last_sched_evaluation": '  # changes every scheduler pass; not read
@@ -344,16 +360,29 @@ def _job_blocks(text: str) -> tuple[str, list[str]] | None:
     if i < 0:
         return None
     body_start = i + len(_JOBS_OPEN)
-    end = text.find("\n  ]", body_start)
-    if end < 0 or text.find(_JOBS_OPEN, body_start) >= 0:
+    # The end of the jobs list is searched from the back: 22.05 prints it last, and a forward
+    # search of 10 MB for "\n  ]" costs ~15 ms. Should the candidate belong to a member after
+    # the jobs list, that member's text lands inside a block, which then is not one JSON
+    # object (see parse_jobs: any failure here falls back to parsing the whole document).
+    end = text.rfind("\n  ]")
+    if end < body_start:
         return None
-    body = text[body_start:end]
     head = text[: i + 1] + '  "jobs": []' + text[end + 4 :]
-    if not body.strip():
+    if text.find("{", body_start, end) < 0:  # (not a slice: the body is ~10-40 MB)
         return head, []
-    if not (body.startswith("    {\n") and body.endswith("\n    }")):
+    first, last = body_start + 6, end - 6
+    if not (text.startswith("    {\n", body_start) and text.endswith("\n    }", body_start, end)):
         return None
-    return head, body[6:-6].split(_JOB_SEP)
+    if text.count(_JOB_SEP, 0, first) or text.count(_JOB_SEP, last):
+        return head, text[first:last].split(_JOB_SEP)  # separators outside the list too
+    # No separator outside the list: split the document itself and trim the first and last
+    # block (saves two copies of the body).
+    blocks = text.split(_JOB_SEP)
+    if len(blocks) == 1:
+        return head, [text[first:last]]
+    blocks[0] = blocks[0][first:]
+    blocks[-1] = blocks[-1][: len(blocks[-1]) - (len(text) - last)]
+    return head, blocks
 
 
 def _stable(chunk: str) -> str:
@@ -385,7 +414,10 @@ def node_from_json(d: object) -> NodeRecord:
             raise _fail(what, "state", w)
         flags.add(w.upper())
     reason = _free_text(d.get("reason"), what, "reason")
-    return NodeRecord(name=name, flags=frozenset(flags), reason=reason)
+    base = next(
+        (w.upper() for w in words if isinstance(w, str) and w.upper() in NODE_BASE_STATES), ""
+    )
+    return NodeRecord(name=name, flags=frozenset(flags), reason=reason, base=base)
 
 
 def parse_nodes(text: str, source: str = "scontrol show node --json") -> dict[str, NodeRecord]:
@@ -396,6 +428,38 @@ def parse_nodes(text: str, source: str = "scontrol show node --json") -> dict[st
             raise SlurmDataError(f"{source}: node {n.name} is listed twice")
         out[n.name] = n
     return out
+
+
+_LINE_STATE = re.compile(r" State=([A-Z_]+(?:\+[A-Z_]+)*)(?= |$)")
+REASON_AMBIGUOUS = "?ambiguous: "  # never starts like anyone's own reason prefix
+
+
+def node_from_line(text: str, name: str) -> NodeRecord | None:
+    """One node from Slurm 22.05's `scontrol --future -o show node NAME` (22.05's scontrol
+    has no --json, and its `sinfo --json` does not list FUTURE nodes, which the agent's
+    readiness gate must see). None if the line is not about *name*.
+
+    Not a general Key=Value split: State is the first ` State=` word, because every field
+    printed before it (name, arch, features, gres, address, OS, memory) comes from the
+    config or slurmd, while the free texts (Comment, Extra, Reason) come after it. Reason
+    is everything after ` Reason=`; a line where that appears twice (an admin's Comment or
+    Reason holding ` Reason=`) cannot say whose drain it is: the reason is returned marked
+    REASON_AMBIGUOUS, so that no caller takes it for its own."""
+    line = text.strip().split("\n", 1)[0]
+    if not line.startswith(f"NodeName={name} "):
+        return None
+    m = _LINE_STATE.search(line)
+    if m is None:
+        raise SlurmDataError(f"scontrol show node {name}: no State= in {line!r:.200}")
+    words = m.group(1).split("+")
+    parts = line.split(" Reason=")
+    reason = "" if len(parts) == 1 else parts[1].strip() if len(parts) == 2 else ""
+    if len(parts) > 2:
+        reason = REASON_AMBIGUOUS + " Reason=".join(parts[1:]).strip()
+    if "\x00" in reason:
+        raise SlurmDataError(f"scontrol show node {name}: NUL in Reason")
+    base = words[0] if words[0] in NODE_BASE_STATES else ""
+    return NodeRecord(name=name, flags=frozenset(words), reason=reason, base=base)
 
 
 def parse_version(text: str) -> tuple[int, int]:

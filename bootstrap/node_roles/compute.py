@@ -35,7 +35,8 @@ SLURMD = "/usr/sbin/slurmd"
 
 
 def gate(ctx: RoleContext) -> Gate:
-    return Gate(ctx.host, ctx.node, ctx.paths.slurm_client_conf)
+    json = has(ctx.features.version_tuple, "json_records")  # scontrol show node --json
+    return Gate(ctx.host, ctx.node, ctx.paths.slurm_client_conf, json=json)
 
 
 def slurmd_exec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> list[str]:

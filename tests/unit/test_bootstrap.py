@@ -157,10 +157,11 @@ class FakeMachine:
             if self.ping_waits_for_slurmd_c:
                 self.ping_saw_slurmd_c.append(self.slurmd_c_started.wait(5))
             return 0, "Slurmctld(primary) at ctl is UP"
-        if a[:4] == ["--future", "-o", "show", "node"]:
-            n = self.nodes.get(a[4])
+        as_json = a[:5] == ["--future", "show", "node", "--json", a[-1]]  # Slurm >= 23.02
+        if a[:4] == ["--future", "-o", "show", "node"] or as_json:
+            n = self.nodes.get(a[-1])
             if n is None:
-                return 1, f"Node {a[4]} not found"
+                return 1, f"Node {a[-1]} not found"
             if "_pings" in n:
                 if n["_pings"] <= 0:
                     n["State"] = n["State"].replace("+NOT_RESPONDING", "")
@@ -168,6 +169,13 @@ class FakeMachine:
                     self.events.append(f"ping answered {a[4]}")
                 else:
                     n["_pings"] -= 1
+            if as_json:  # fixture: the keys slurm_records reads, shaped as 24.11 prints them
+                node = {
+                    "name": a[-1],
+                    "state": n["State"].split("+"),
+                    "reason": n.get("Reason", ""),
+                }
+                return 0, json.dumps({"nodes": [node], "meta": {}, "errors": []}, indent=2)
             words = " ".join(f"{k}={v}" for k, v in n.items() if k != "Reason" and k[0] != "_")
             # 24.11 omits Reason= when there is none (registration clears it)
             reason = f" Reason={n['Reason']} [root@now]" if n.get("Reason") else ""
@@ -878,7 +886,6 @@ def test_json_state_list_as_slurm_24_11_prints_it():
     [
         '{"nodes": [{"name": "c1", "state": ["IDLE"]}',  # truncated
         '{"nodes": {"c1": {}}}',
-        '{"nodes": [{"name": "c1", "state": "IDLE"}]}',
         '{"nodes": [{"name": "c1", "state": ["IDLE", 3]}]}',
         '{"nodes": [{"state": ["IDLE"]}]}',
         '{"nodes": [{"name": "c1", "state": ["IDLE"]}, {"name": "c1", "state": ["DOWN"]}]}',
@@ -889,6 +896,12 @@ def test_json_state_list_as_slurm_24_11_prints_it():
 def test_json_state_rejects_bad_bodies(body):
     with pytest.raises(ValueError):
         rd.from_json(body)
+
+
+def test_json_state_reads_22_05_sinfo_shape_too():
+    # 22.05's sinfo --json: the base state as one word, the flags beside it
+    body = '{"nodes": [{"name": "c1", "state": "idle", "state_flags": ["NOT_RESPONDING"]}]}'
+    assert rd.from_json(body)["c1"].short() == "idle*"
 
 
 def test_sinfo_table_keeps_names_and_flags():

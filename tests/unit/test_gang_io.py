@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -379,11 +380,14 @@ def test_metrics_label_values_escaped_and_deactivation_under_kueue_reason():
     st = st_mod.GovState()
     metrics.inc_evicted(st, metrics.REASON_DEACTIVATED, 'a"b\\c\nd', metrics.CAUSE_REQUEUING_LIMIT)
     st.counters.evicted["PodsReadyTimeout|old"] = 2  # a state file from before the cause label
+    # Kueue < 0.10's name for it, kept by an older state file: merged into one series
+    st.counters.evicted['InactiveWorkload|RequeuingLimitExceeded|a"b\\c\nd'] = 4
     txt = metrics.render(st)
     assert (
-        'kueue_evicted_workloads_total{cluster_queue="a\\"b\\\\c\\nd",reason="InactiveWorkload",'
-        'underlying_cause="RequeuingLimitExceeded"} 1'
+        'kueue_evicted_workloads_total{cluster_queue="a\\"b\\\\c\\nd",reason="Deactivated",'
+        'underlying_cause="RequeuingLimitExceeded"} 5'
     ) in txt
+    assert "InactiveWorkload" not in txt
     assert 'cluster_queue="old",reason="PodsReadyTimeout",underlying_cause=""} 2' in txt
     # every sample line is one line: no raw newline leaked from a label value
     assert all(ln.startswith(("#", "kueue_", "nodeforge_")) for ln in txt.splitlines())
@@ -415,6 +419,30 @@ def test_state_written_only_when_it_changed(tmp_path):
     assert st_mod.load(p).jobs["1"].phase == "ready"
 
 
+def test_state_written_incrementally_is_byte_for_byte_a_full_dump(tmp_path):
+    """save_if_changed reuses the bytes of unchanged records: the file must still be exactly
+    what a full serialization gives, through added, changed, equal-but-new and gone records."""
+    p = tmp_path / "state.json"
+    recs = {str(i): st_mod.GangRecord(str(i), phase="pending", partition='p\n"x') for i in range(5)}
+    st = st_mod.GovState(jobs=dict(recs))
+    saved = st_mod.save_if_changed(st, p)
+    assert p.read_bytes() == st_mod.dumps(st)
+    steps = [
+        lambda j: j.update({"2": dataclasses.replace(j["2"], phase="admitted", admitted_at=1.5)}),
+        lambda j: j.update({"7": st_mod.GangRecord("7", why="new \u00e9")}),
+        lambda j: j.pop("0"),
+        lambda j: j.update({"3": dataclasses.replace(j["3"])}),  # equal content, new object
+    ]
+    for step in steps:
+        jobs = dict(st.jobs)
+        step(jobs)
+        st = st_mod.GovState(jobs=jobs, counters=st.counters)
+        st.counters.released += 1  # so that every step writes
+        saved = st_mod.save_if_changed(st, p, saved)
+        assert p.read_bytes() == st_mod.dumps(st)
+        assert st_mod.load(p).jobs.keys() == jobs.keys()
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -428,3 +456,54 @@ def test_admin_comment_token_out_of_grammar_is_ignored(text):
     from nodeforge.gang.events import decode_admin
 
     assert decode_admin(text) is None
+
+
+def test_metrics_count_gangs_per_phase_and_partition():
+    recs = [
+        ("1", "pending", "a"),
+        ("2", "waiting_admission", "a"),
+        ("3", "backoff", "a"),
+        ("4", "deactivated", "b"),
+        ("5", "admitted", "b"),
+        ("6", "ready", "b"),
+        ("7", "recovering", ""),
+        ("8", "done", "a"),
+    ]
+    st = st_mod.GovState(jobs={j: st_mod.GangRecord(j, phase=ph, partition=p) for j, ph, p in recs})
+    lines = set(metrics.render(st).splitlines())
+    assert {
+        'kueue_pending_workloads{cluster_queue="a",status="active"} 2',
+        'kueue_pending_workloads{cluster_queue="a",status="inadmissible"} 1',
+        'kueue_pending_workloads{cluster_queue="b",status="inadmissible"} 1',
+        'kueue_admitted_active_workloads{cluster_queue="b"} 2',
+        'kueue_admitted_active_workloads{cluster_queue=""} 1',
+        'nodeforge_gang_jobs{phase="done"} 1',
+        'nodeforge_gang_jobs{phase="pending"} 1',
+    } <= lines
+
+
+def test_state_file_leaves_defaults_out_and_loads_every_record_back_exactly(tmp_path):
+    p = tmp_path / "state.json"
+    bare = st_mod.GangRecord("1")
+    # values that equal a default only loosely (0 vs None, 0.0 vs None, False vs 0) stay
+    full = st_mod.GangRecord(
+        "2_3",
+        phase="backoff",
+        count=0,
+        admitted_at=0.0,
+        restarts_at_action=0,
+        released_by_us=True,
+        why='q"\n=',
+        updated=5.5,
+    )
+    st = st_mod.GovState(jobs={"1": bare, "2_3": full})
+    st_mod.save_if_changed(st, p)
+    raw = json.loads(p.read_text())["jobs"]
+    assert raw["1"] == {"job_id": "1"}  # nothing but the identity for a fresh record
+    assert raw["2_3"]["admitted_at"] == 0.0 and raw["2_3"]["restarts_at_action"] == 0
+    back = st_mod.load(p).jobs
+    for k, r in st.jobs.items():
+        assert back[k].__dict__ == r.__dict__
+        assert {f: type(v) for f, v in back[k].__dict__.items()} == {
+            f: type(v) for f, v in r.__dict__.items()
+        }

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.events import decode_admin, encode_admin
@@ -815,3 +817,84 @@ def test_admin_hold_that_does_not_take_is_retried_slowly_not_every_cycle():
     # not held at all (the owner released it): the admin hold is asked for at once
     st, acts = run(c, st, snap(job(state="PENDING", nodes=(), restarts=1)), T0 + 73)
     assert [a.kind for a in acts] == ["hold"]
+
+
+# -- the quiet shortcut decides exactly what the full path decides ---------------------------
+
+
+def _walk_job(rng, jid: str, prev: JobObs | None, t: float) -> JobObs:
+    """The next observation of one job: often the very same object (as the reader's cache
+    hands it out), else a new one with a random change a real slurmctld could show."""
+    if prev is not None and rng.random() < 0.6:
+        return prev
+    state = rng.choice(
+        ["PENDING"] * 3 + ["RUNNING"] * 3 + ["CONFIGURING", "COMPLETING", "COMPLETED"]
+    )
+    restarts = (prev.restarts if prev else 0) + (rng.random() < 0.1)
+    held = state == "PENDING" and rng.random() < 0.4
+    admin = held and rng.random() < 0.5
+    reason = (
+        ("JobHeldAdmin" if admin else "JobHeldUser")
+        if held
+        else rng.choice(["None", "Priority", "BeginTime", "Prolog"])
+    )
+    size = rng.choice([1, 2, 3])  # 1 node: not a gang (min_nodes 2), unless it was one
+    nodes = () if state == "PENDING" else tuple(rng.sample(["a", "b", "c", "d"], size))
+    return JobObs(
+        job_id=jid,
+        state=state,
+        reason=reason,
+        nodes=nodes,
+        num_nodes=len(nodes) or size,
+        partition="main",
+        start_time=t - rng.choice([0, 3, 12]) if state != "PENDING" else None,
+        submit_time=T0 - 100,
+        eligible_time=rng.choice([None, t, t + 7]),
+        restarts=restarts,
+        held=held,
+        admin_held=admin,
+        priority=0 if held else rng.randint(1, 5),
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=hst.integers(0, 2**32 - 1),
+    block=hst.booleans(),
+    recovery=hst.sampled_from([0, 4]),
+    limit=hst.sampled_from([None, 1]),
+)
+def test_quiet_shortcut_decides_what_the_full_path_decides(seed, block, recovery, limit):
+    """decide() skips a job whose observation is the same object as last cycle's while its
+    phase would not change; over random cycles (clocks running, nodes failing, holds, requeues
+    by Slurm) the result must equal a decide() that sees no previous observation at all."""
+    import random
+
+    rng = random.Random(seed)
+    c = cfg(
+        block_admission=block,
+        recovery_timeout=recovery,
+        requeuing={"backoff_limit_count": limit},
+    )
+    flag_sets = [OK, frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"}), frozenset({"DOWN"})]
+    nodes = {n: OK for n in "abcd"}
+    jobs: dict[str, JobObs | None] = {str(i): None for i in range(1, 6)}
+    st, t = GovState(), T0
+    for _ in range(40):
+        t += rng.choice([0.5, 1, 3, 6])
+        if rng.random() < 0.3:
+            nodes = {n: rng.choice(flag_sets) for n in "abcd"}  # a new map object
+        for jid in jobs:
+            jobs[jid] = _walk_job(rng, jid, jobs[jid], t)
+        s = snap(*[j for j in jobs.values() if j is not None], nodes=nodes)
+        before = {k: dict(v.__dict__) for k, v in st.jobs.items()}
+        blind = replace(st, seen_jobs={}, seen_nodes=None)  # nothing to be quiet about
+        full, full_acts = decide(c, blind, s, t)
+        quick, quick_acts = decide(c, st, s, t)
+        assert quick_acts == full_acts
+        assert quick.jobs.keys() == full.jobs.keys()
+        for k, r in quick.jobs.items():
+            diff = {f: (v, full.jobs[k].__dict__[f]) for f, v in r.__dict__.items()}
+            assert {f: v for f, v in diff.items() if v[0] != v[1]} == {}, (k, st.jobs.get(k))
+        assert {k: v.__dict__ for k, v in st.jobs.items()} == before  # input not mutated
+        st = quick

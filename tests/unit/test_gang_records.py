@@ -308,3 +308,28 @@ def test_block_cache_falls_back_on_another_layout_and_keeps_errors():
     dup = json.dumps({"meta": {}, "errors": [], "jobs": [job22(5), job22(5)]}, indent=2)
     with pytest.raises(sr.SlurmDataError, match="listed twice"):
         sr.parse_jobs(dup, cache={})
+
+
+def test_block_cache_reads_any_layout_exactly_as_the_full_parse():
+    """22.05 puts the jobs list last (its end is searched from the back), 24.11 first; a
+    list of objects after it, or a second "jobs" list, must not shift a block: whatever the
+    layout, the cached read gives the records of the full parse (or falls back to it)."""
+    jobs = [job22(5), job22(6, name="x\n  ]\n}")]  # structure-like text in a name
+    w = [{"description": "w1"}, {"description": "w2"}]
+    last = json.dumps({"meta": {}, "errors": [], "jobs": jobs}, indent=2)
+    first = json.dumps({"jobs": jobs, "last_update": {"number": 5}, "errors": []}, indent=2)
+    objs_after = json.dumps({"jobs": jobs, "meta": {}, "warnings": w}, indent=2)
+    j7 = json.dumps({"jobs": [job22(7)]}, indent=2).split('"jobs": [\n', 1)[1]
+    second = last[: last.rindex("\n  ]")] + '\n  ],\n  "jobs": [\n' + j7
+    objs_before = json.dumps({"meta": {}, "warnings": w, "jobs": jobs}, indent=2)
+    one = json.dumps({"meta": {}, "jobs": jobs[:1]}, indent=2)
+    for text in (last, first, objs_before, one):
+        assert sr._job_blocks(text) is not None
+    for text in (last, first, objs_after, second, objs_before, one):
+        cache: dict = {}
+        for _ in range(2):  # cold, then through the cache
+            assert sr.parse_jobs(text, cache=cache) == sr.parse_jobs(text)
+    assert [(r.job_id, r.name) for r in sr.parse_jobs(last, cache={})] == [
+        (5, "train"),
+        (6, "x\n  ]\n}"),
+    ]
