@@ -213,3 +213,24 @@ def test_node_exporter_can_reach_the_health_reports_in_a_root_only_directory():
     assert "/etc/systemd/system/prometheus-node-exporter.service.d/nodeforge.conf" in dests
     dirs = [t for t in tasks if t.get("name") == "Create the unit drop-in directories"]
     assert "prometheus-node-exporter.service" in dirs[0]["loop"]
+
+
+def test_missing_non_free_package_fails_naming_it_and_the_mirror_option():
+    """The assert that runs before anything is installed: a package without an apt candidate
+    (a mirror without contrib/non-free) fails the build with its name and where the mirror is
+    set. Rendered here as Ansible would for one loop item."""
+    import jinja2
+
+    role = Path(versions.__file__).parents[1] / "roles/gpu"
+    tasks = yaml.safe_load((role / "tasks/install.yml").read_text())
+    [check] = [
+        t for t in tasks if t.get("name", "").startswith("Assert the archive has the non-free")
+    ]
+    assert "nvidia-smi" in check["loop"] and "slurm-wlm-nvml-plugin" in check["loop"]
+    msg = jinja2.Template(check["ansible.builtin.assert"]["fail_msg"]).render(item="nvidia-smi")
+    assert msg.startswith("package nvidia-smi has no candidate")
+    assert "non-free" in msg and "base.mirror" in msg and "--versions-file" in msg
+    # ... and the check runs before the install task (nothing half-installed)
+    names = [t.get("name", "") for t in tasks]
+    install = next(i for i, t in enumerate(tasks) if "block" in t)
+    assert names.index(check["name"]) < install
