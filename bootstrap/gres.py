@@ -27,6 +27,7 @@ from .slurm import render
 GPU = "gpu"
 GPU_IMAGE_FACTS = Path("/etc/nodeforge/gpu.json")  # written by the gpu role (gpu variant)
 HEALTH_PROGRAM = "/usr/local/sbin/nodeforge-health"
+NVML_LIBRARY = "libnvidia-ml.so.1"
 
 
 def node_gres(params: Params) -> tuple[str, ...]:
@@ -38,6 +39,21 @@ def node_gres(params: Params) -> tuple[str, ...]:
 
 def gpu_image(paths: Paths) -> bool:
     return (paths.root / GPU_IMAGE_FACTS.relative_to("/")).exists()
+
+
+def hardware_spec_env(paths: Paths) -> dict[str, str]:
+    """Environment for `slurmd -C` where NVML is installed: libnvidia-ml preloaded.
+
+    `slurmd -C` probes every GPU plugin in turn (nvml, nvidia, rsmi, ...) and dlcloses each
+    one; gpu/nvml had dlopened libnvidia-ml RTLD_GLOBAL. On the next probe's dlopen ld.so
+    follows a stale link map into the unmapped library and slurmd dies of SIGSEGV before it
+    prints the spec (Slurm 24.11.5, driver 550.163.01, glibc 2.41, in qemu without a GPU;
+    LD_DEBUG=files shows the crash at the dlopen of librocm_smi64.so). Preloaded, the
+    library is part of the initial namespace and never unmapped. Nothing else changes.
+    """
+    for lib in sorted((paths.root / "usr/lib").glob(f"*/{NVML_LIBRARY}")):
+        return {"LD_PRELOAD": "/" + str(lib.relative_to(paths.root))}
+    return {}
 
 
 def in_container(host: Host) -> bool:

@@ -175,9 +175,9 @@ def node_conf(params: Params, extra_features: tuple[str, ...] = ()) -> str:
     return slurmconf.line(conf)
 
 
-def hardware_spec(host: Host, params: Params) -> dict[str, str]:
-    """`slurmd -C` (this node's detected hardware) with params overrides."""
-    cp = host.run(["slurmd", "-C"], timeout=60)
+def hardware_spec(host: Host, params: Params, env: dict[str, str] | None = None) -> dict[str, str]:
+    """`slurmd -C` (this node's detected hardware, *env* added) with params overrides."""
+    cp = host.run(["slurmd", "-C"], timeout=60, env=env or None)
     spec: dict[str, str] = {}
     for word in shlex.split(cp.stdout.splitlines()[0] if cp.stdout else ""):
         if "=" in word:

@@ -57,7 +57,9 @@ def node_spec(
     ctx: RoleContext, extra_features: tuple[str, ...] = (), hw: dict[str, str] | None = None
 ) -> dict[str, str]:
     spec = {"NodeAddr": ctx.address, "NodeHostname": ctx.node}
-    spec.update(hardware_spec(ctx.host, ctx.params) if hw is None else hw)
+    if hw is None:
+        hw = hardware_spec(ctx.host, ctx.params, gres.hardware_spec_env(ctx.paths))
+    spec.update(hw)
     feats = list(dict.fromkeys([*ctx.params.features, *extra_features]))
     if feats:
         spec["Feature"] = ",".join(feats)
@@ -136,7 +138,8 @@ def start_slurmd(
     health.install_wrapper(ctx.paths)  # slurmd runs HealthCheckProgram from its start on
     if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features)):
         jobs.append(in_background(lambda: reload_if_needed(h, "slurmd.service"), "reload"))
-    hw = in_background(lambda: hardware_spec(h, p), "slurmd-C")
+    env = gres.hardware_spec_env(ctx.paths)  # gpu image: see there why
+    hw = in_background(lambda: hardware_spec(h, p, env), "slurmd-C")
     jobs.append(hw)
     try:
         detail["controller_wait_s"] = round(wait_controller(ctx, g), 2)

@@ -17,13 +17,17 @@ import time
 
 import pytest
 
+from nodeforge.bootstrap.readiness import from_scontrol
+from nodeforge.bootstrap.slurm import parse_node
 from nodeforge.lab.vm import VM, BootTimeout, VMConfig, free_port
 from tests.conftest import require_tools
 from tests.e2e.test_gpu_build import gpu_image  # noqa: F401  (the module-scoped gpu build)
 
-# Not in the e2e tier yet: its first run (2026-12-03, merged main) failed — the compute VM's
-# nodeforge-init.service failed, so the controller never knew c1 (issue 11 note). Run it by
-# hand with `pytest -m gpu_vm tests/e2e/test_gpu_vm.py` until it passes, then mark it e2e.
+# Not in the e2e tier yet. Its first run (2026-12-03, merged main) failed: `slurmd -C` died of
+# SIGSEGV on the gpu image, so the compute's nodeforge-init.service failed and the controller
+# never knew c1 (fixed: libnvidia-ml preloaded, bootstrap/gres.py). What still fails is the
+# last check: slurmd logs NVML's "Driver Not Loaded" errors on a machine without a GPU (see
+# there). Run it by hand with `pytest -m gpu_vm tests/e2e/test_gpu_vm.py`.
 pytestmark = pytest.mark.gpu_vm
 BOOT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_BOOT_TIMEOUT", "480"))
 INIT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_INIT_TIMEOUT", "420"))
@@ -112,14 +116,12 @@ def test_gpu_image_without_gpu_schedules_and_health_drains(gpu_cluster):
         "HealthCheckProgram=/usr/local/sbin/nodeforge-health",
     ):
         assert line in conf.splitlines(), line
-    node = ctl.ssh("scontrol show node c1").stdout
+    node = ctl.ssh("scontrol -o show node c1").stdout
     print(node)
-    assert "State=IDLE " in node and "DRAIN" not in node, node  # healthy CPU node: resumed
-    assert "Gres=(null)" in node  # NVML autodetect on a GPU-less node: 0 GPUs
+    # healthy CPU node: ready (the one definition: IDLE or MIXED, no flag but DYNAMIC_NORM & co)
+    assert from_scontrol(parse_node(node)["State"]).ready, node
+    assert "Gres=(null)" in node.split()  # NVML autodetect on a GPU-less node: 0 GPUs
     assert c1.ssh("systemctl is-active slurmd").stdout.strip() == "active"
-    log = c1.ssh("grep -iE 'error|fatal' /var/log/slurm/slurmd.log || true").stdout
-    print("slurmd errors/fatals:\n" + log)
-    assert not [ln for ln in log.splitlines() if "gpu" in ln.lower() or "nvml" in ln.lower()], log
     out = ctl.ssh("srun -N1 -w c1 -t 2 cat /proc/self/cgroup", timeout=180).stdout
     assert "job_" in out, out  # the step runs in a Slurm cgroup
     # health: passes on the CPU node, in well under a second of checks
@@ -146,3 +148,9 @@ def test_gpu_image_without_gpu_schedules_and_health_drains(gpu_cluster):
         "curl -sS http://127.0.0.1:9100/metrics | grep '^nodeforge_health_ok'", check=False
     ).stdout
     assert prom.strip() == "nodeforge_health_ok 1", prom
+    # Last, so that everything above is proven even while this fails: with AutoDetect=nvml and
+    # no NVIDIA driver loaded, Slurm 24.11.5's gpu/nvml logs "error: Failed to initialize NVML:
+    # Driver Not Loaded" (+2 follow-ups) at slurmd start (issue 11 note, 2026-12-03).
+    log = c1.ssh("grep -iE 'error|fatal' /var/log/slurm/slurmd.log || true").stdout
+    print("slurmd errors/fatals:\n" + log)
+    assert not [ln for ln in log.splitlines() if "gpu" in ln.lower() or "nvml" in ln.lower()], log

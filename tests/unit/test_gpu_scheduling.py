@@ -123,3 +123,41 @@ def test_healthy_cpu_compute_resumes(tmp_path):
     assert fm.nodes["c1"]["State"] == "IDLE"
     assert not any(c[0] == "nvidia-smi" for c in fm.calls)  # no expected_gpus: no GPU checks
     assert (tmp_path / "var/lib/nodeforge/gang/health.json").exists()
+
+
+NVML_LIB = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+
+
+def test_hardware_spec_env_preloads_nvml_only_where_installed(tmp_path):
+    from nodeforge.bootstrap.paths import Paths
+
+    paths = Paths.under(tmp_path)
+    assert gres.hardware_spec_env(paths) == {}  # the CPU image: slurmd -C as it is
+    (tmp_path / NVML_LIB).parent.mkdir(parents=True)
+    (tmp_path / NVML_LIB).write_bytes(b"")
+    assert gres.hardware_spec_env(paths) == {"LD_PRELOAD": "/" + NVML_LIB}
+
+
+def test_gpu_image_compute_registers_although_slurmd_C_crashes_without_preload(tmp_path):
+    """Root cause of the gpu_vm e2e failure (issue 11): on the gpu image `slurmd -C` died of
+    SIGSEGV (exit -11, seen in qemu without a GPU), so the role step failed and the node was
+    never created. The fake `slurmd -C` below does what the real one did there unless
+    libnvidia-ml is preloaded."""
+    (tmp_path / NVML_LIB).parent.mkdir(parents=True)
+    (tmp_path / NVML_LIB).write_bytes(b"")
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    seen: list[str | None] = []
+    answer = fm._answer
+
+    def slurmd_c_crashes_unless_preloaded(argv, env):
+        if argv[:2] == ["slurmd", "-C"]:
+            seen.append(env.get("LD_PRELOAD"))
+            if env.get("LD_PRELOAD") != "/" + NVML_LIB:
+                return -11, ""
+        return answer(argv, env)
+
+    fm._answer = slurmd_c_crashes_unless_preloaded
+    state = agent.init()
+    assert seen == ["/" + NVML_LIB]
+    assert state.status == "ready", state.last_error
+    assert fm.nodes["c1"]["CPUs"] == "4" and fm.nodes["c1"]["State"] == "IDLE"
