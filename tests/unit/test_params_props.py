@@ -129,9 +129,9 @@ def node_or_none(p, hostname):
         return identity.node_name(p, hostname)
     except NodeforgeError:
         first = hostname.split(".")[0]
-        assert not p.node_name and not re.fullmatch(
-            r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", first
-        )
+        label = re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", first)
+        as_ipv4 = re.fullmatch(r"[0-9]+|0[xX][0-9a-fA-F]*", first)  # what inet_aton would read
+        assert not p.node_name and (not label or as_ipv4)
         return None
 
 
