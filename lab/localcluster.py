@@ -156,6 +156,12 @@ def leader_pid(node: Node) -> int:
     )
 
 
+def node_prefix(node: Node) -> list[str]:
+    """argv prefix that runs a command inside *node*: all its namespaces and its root
+    filesystem, with a clean environment (nothing of the caller's leaks in)."""
+    return ["nsenter", "-t", str(leader_pid(node)), "-a", "--", "env", "-i", f"PATH={NODE_PATH}", "LANG=C.UTF-8"]  # fmt: skip
+
+
 def node_exec(
     node: Node,
     argv: list[str],
@@ -165,20 +171,8 @@ def node_exec(
     input: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run a command inside a node (all its namespaces, its root filesystem)."""
-    pid = leader_pid(node)
     return proc.run(
-        [
-            "nsenter",
-            "-t",
-            str(pid),
-            "-a",
-            "--",
-            "env",
-            "-i",
-            f"PATH={NODE_PATH}",
-            "LANG=C.UTF-8",
-            *argv,
-        ],
+        [*node_prefix(node), *argv],
         check=check,
         timeout=timeout,
         input=input,

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from slurmlab import EPILOG, PROLOG, LabError, SlurmClients
 
 from nodeforge import proc
-from nodeforge.lab.localcluster import NODE_PATH, Cluster, LocalCluster, leader_pid
+from nodeforge.lab.localcluster import Cluster, LocalCluster, node_prefix
 
 LAB_DIR = PurePosixPath("/var/tmp/nfg-e2e")  # inside every node
 SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -88,17 +88,7 @@ class ClusterLab(SlurmClients):
         params = {"accounting": False}
         self.lc.up(self.image, 0, params=params, timeout=timeout)
         ctl = self._cluster().controller
-        self._prefix = [
-            "nsenter",
-            "-t",
-            str(leader_pid(ctl)),
-            "-a",
-            "--",
-            "env",
-            "-i",
-            f"PATH={NODE_PATH}",
-            "LANG=C.UTF-8",
-        ]
+        self._prefix = node_prefix(ctl)
         # The image's governor would act on the cases' jobs too (see the module doc).
         # (disabled and stopped: nothing starts it again; the agent enables it at first boot only)
         self.run("systemctl", "disable", "--now", "nodeforge-gang.service", timeout=60)
