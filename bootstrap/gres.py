@@ -56,6 +56,37 @@ def hardware_spec_env(paths: Paths) -> dict[str, str]:
     return {}
 
 
+NVIDIA_PCI_VENDOR = "0x10de"
+
+
+def nvidia_gpu_present(paths: Paths) -> bool:
+    """An NVIDIA display-class PCI function (a GPU: class 0x03xxxx) is on this machine's bus."""
+    for dev in sorted((paths.root / "sys/bus/pci/devices").glob("*")):
+        try:
+            vendor = (dev / "vendor").read_text().strip()
+            klass = (dev / "class").read_text().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_PCI_VENDOR and klass.startswith("0x03"):
+            return True
+    return False
+
+
+def slurmd_hidden_paths(paths: Paths) -> list[str]:
+    """NVML libraries slurmd must not see: on a gpu image booted without any NVIDIA GPU.
+
+    There, gres.conf's AutoDetect=nvml makes slurmd's gpu/nvml plugin call nvmlInit, which
+    fails ("error: Failed to initialize NVML: Driver Not Loaded" and two follow-ups at every
+    start). Without the library the plugin is not loaded, slurmd logs one info line and
+    reports 0 GPUs, which is the truth (Slurm's own path for GPU-less nodes). Decided at every
+    boot, like the persistence daemon; a node with GPUs is never affected.
+    """
+    if not gpu_image(paths) or nvidia_gpu_present(paths):
+        return []
+    libs = (paths.root / "usr/lib").glob(f"*/{NVML_LIBRARY.removesuffix('.1')}*")
+    return ["/" + str(p.relative_to(paths.root)) for p in sorted(libs)]
+
+
 def in_container(host: Host) -> bool:
     # systemd-detect-virt --container exits 0 inside a container (nspawn, docker, lxc).
     return host.ok(["systemd-detect-virt", "--quiet", "--container"], timeout=10)

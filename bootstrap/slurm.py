@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,15 +123,22 @@ def conf_server(params: Params) -> str:
     return f"{target}:{SLURMCTLD_PORT}"
 
 
-def dropin(paths: Paths, unit: str, exec_start: list[str]) -> bool:
-    """Write /etc/systemd/system/<unit>.d/nodeforge.conf overriding ExecStart. True if changed."""
+_SD_PATH_RE = re.compile(r"/[A-Za-z0-9_./+-]{1,255}")
+
+
+def dropin(paths: Paths, unit: str, exec_start: list[str], hide: Sequence[str] = ()) -> bool:
+    """Write /etc/systemd/system/<unit>.d/nodeforge.conf overriding ExecStart, with the files in
+    *hide* made inaccessible to the service (`-`: a missing one is no error). True if changed."""
     cmd = " ".join(_sd_quote(a) for a in exec_start)
+    for p in hide:
+        if not _SD_PATH_RE.fullmatch(p) or "/../" in p or p.endswith("/.."):
+            raise NodeforgeError(f"systemd InaccessiblePaths: {p!r} is not a plain absolute path")
     text = (
         "# written by nodeforge node init (role step); do not edit, rerun `nodeforge node init`\n"
         # Debian 12's units only start with a local slurm.conf; configless nodes have none.
         "[Unit]\nConditionPathExists=\n\n"
         "[Service]\nExecStart=\n"
-        f"ExecStart={cmd}\n"
+        f"ExecStart={cmd}\n" + "".join(f"InaccessiblePaths=-{p}\n" for p in hide)
     )
     return write_atomic(paths.systemd_etc / f"{unit}.d" / DROPIN_NAME, text, 0o644)
 

@@ -136,7 +136,8 @@ def start_slurmd(
     # and making systemd see the slurmd drop-in (it depends on params only).
     jobs: list[Callable[[], object]] = []
     health.install_wrapper(ctx.paths)  # slurmd runs HealthCheckProgram from its start on
-    if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features)):
+    hide = gres.slurmd_hidden_paths(ctx.paths)  # gpu image without a GPU: see there why
+    if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features), hide):
         jobs.append(in_background(lambda: reload_if_needed(h, "slurmd.service"), "reload"))
     env = gres.hardware_spec_env(ctx.paths)  # gpu image: see there why
     hw = in_background(lambda: hardware_spec(h, p, env), "slurmd-C")

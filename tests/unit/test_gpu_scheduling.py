@@ -9,6 +9,7 @@ import pytest
 
 from nodeforge.bootstrap import gres
 from nodeforge.bootstrap.params import ParamsError, parse_params
+from nodeforge.errors import NodeforgeError
 from tests.unit.test_bootstrap import COMPUTE, CTL, make
 
 pytestmark = pytest.mark.unit
@@ -161,3 +162,61 @@ def test_gpu_image_compute_registers_although_slurmd_C_crashes_without_preload(t
     assert seen == ["/" + NVML_LIB]
     assert state.status == "ready", state.last_error
     assert fm.nodes["c1"]["CPUs"] == "4" and fm.nodes["c1"]["State"] == "IDLE"
+
+
+def _gpu_image_tree(root):
+    """A gpu image's marks under *root*: the gpu role's facts file and the NVML library."""
+    facts = root / gres.GPU_IMAGE_FACTS.relative_to("/")
+    facts.parent.mkdir(parents=True, exist_ok=True)
+    facts.write_text("{}")
+    lib = root / NVML_LIB
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    lib.write_bytes(b"")
+    (lib.parent / "libnvidia-ml.so.550.163.01").write_bytes(b"")
+
+
+def _pci(root, slot, vendor, klass):
+    d = root / "sys/bus/pci/devices" / slot
+    d.mkdir(parents=True)
+    (d / "vendor").write_text(vendor + "\n")
+    (d / "class").write_text(klass + "\n")
+
+
+def test_gpu_image_without_a_gpu_hides_nvml_from_slurmd(tmp_path):
+    """Without an NVIDIA GPU, slurmd's gpu/nvml logs three NVML errors at every start (seen in
+    the gpu_vm e2e); hidden, it logs one info line and reports 0 GPUs."""
+    _gpu_image_tree(tmp_path)
+    _pci(tmp_path, "0000:00:02.0", "0x1234", "0x030000")  # qemu's VGA: not NVIDIA
+    _pci(tmp_path, "0000:00:05.0", "0x10de", "0x068000")  # an NVIDIA bridge (NVSwitch): no GPU
+    agent, _fm, paths, _ = make(tmp_path, COMPUTE)
+    assert agent.init().status == "ready"
+    dropin = (paths.systemd_etc / "slurmd.service.d/nodeforge.conf").read_text()
+    hidden = [ln for ln in dropin.splitlines() if ln.startswith("InaccessiblePaths=")]
+    assert hidden == [
+        "InaccessiblePaths=-/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "InaccessiblePaths=-/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.163.01",
+    ]
+
+
+def test_a_gpu_on_the_bus_or_a_cpu_image_hides_nothing(tmp_path):
+    from nodeforge.bootstrap.paths import Paths
+
+    cpu = Paths.under(tmp_path / "cpu")
+    assert gres.slurmd_hidden_paths(cpu) == []  # CPU image: no facts file
+    gpu_root = tmp_path / "gpu"
+    _gpu_image_tree(gpu_root)
+    _pci(gpu_root, "0000:17:00.0", "0x10de", "0x030200")  # an H100/H200: 3D controller
+    assert gres.slurmd_hidden_paths(Paths.under(gpu_root)) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["relative/lib.so", "/usr/lib/x y.so", "/usr/lib/a\nExecStart=/bin/sh", "/usr/../etc/shadow"],
+)
+def test_dropin_refuses_a_hidden_path_that_is_not_plain(tmp_path, bad):
+    from nodeforge.bootstrap.paths import Paths
+    from nodeforge.bootstrap.slurm import dropin
+
+    with pytest.raises(NodeforgeError, match="InaccessiblePaths"):
+        dropin(Paths.under(tmp_path), "slurmd.service", ["/usr/sbin/slurmd"], ["/ok", bad])
+    assert not (tmp_path / "etc/systemd/system/slurmd.service.d").exists()  # nothing written
