@@ -23,12 +23,10 @@ from nodeforge.lab.vm import VM, BootTimeout, VMConfig, free_port
 from tests.conftest import require_tools
 from tests.e2e.test_gpu_build import gpu_image  # noqa: F401  (the module-scoped gpu build)
 
-# Not in the e2e tier yet. Its first run (2026-12-03, merged main) failed: `slurmd -C` died of
-# SIGSEGV on the gpu image, so the compute's nodeforge-init.service failed and the controller
-# never knew c1 (fixed: libnvidia-ml preloaded, bootstrap/gres.py). What still fails is the
-# last check: slurmd logs NVML's "Driver Not Loaded" errors on a machine without a GPU (see
-# there). Run it by hand with `pytest -m gpu_vm tests/e2e/test_gpu_vm.py`.
-pytestmark = pytest.mark.gpu_vm
+# Its first runs failed: `slurmd -C` died of SIGSEGV on the gpu image (fixed: libnvidia-ml
+# preloaded), then slurmd logged NVML's "Driver Not Loaded" errors (fixed: libnvidia-ml hidden
+# from slurmd on a machine without an NVIDIA GPU). Both in bootstrap/gres.py.
+pytestmark = pytest.mark.e2e
 BOOT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_BOOT_TIMEOUT", "480"))
 INIT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_INIT_TIMEOUT", "420"))
 MUNGE_B64 = "bm9kZWZvcmdlLXZtLXRpZXItbXVuZ2Uta2V5LTMyLWJ5dGVzLW9r"  # 38 bytes, test only
