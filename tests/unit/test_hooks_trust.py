@@ -5,46 +5,25 @@ A refused hook drains the node with a reason naming it (what `sinfo -R` shows)."
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import time
-from pathlib import Path
 
 import pytest
 from test_bootstrap import COMPUTE, make  # the agent harness (fake Slurm records the drain)
+from test_hooks import params, runner, script  # the same params, hook scripts and runner
 
 from nodeforge import download
 from nodeforge.bootstrap import hooks as hooks_mod
 from nodeforge.bootstrap.agent import StepFailed
-from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover
-from nodeforge.bootstrap.params import ParamsError, parse_params
+from nodeforge.bootstrap.hooks import HookError, discover
+from nodeforge.bootstrap.params import ParamsError
 from nodeforge.bootstrap.paths import Paths
 from tests.helpers import QuietHandler, http_server, loopback_tls, routes_handler
 
 pytestmark = pytest.mark.unit
 
-KEY = base64.b64encode(b"k" * 64).decode()
 ROOT = os.geteuid() == 0
-
-
-def params(**kw):
-    d = {
-        "role": "compute",
-        "cluster_name": "demo",
-        "controller": "ctl",
-        "munge_key": KEY,
-        "hook_retries": 0,
-    }
-    d.update(kw)
-    return parse_params(d, "test")
-
-
-def script(path: Path, body: str, mode: int = 0o755) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(mode)
-    return path
 
 
 @pytest.fixture
@@ -55,17 +34,6 @@ def paths(tmp_path):
     p.params_json.parent.mkdir(parents=True)
     p.params_json.write_text("{}")
     return p
-
-
-def runner(paths, sleeps=None, **kw):
-    env = HookEnv("compute", "demo", "c1", "ctl", paths.params_json)
-    return Runner(
-        paths,
-        env,
-        sleep=(sleeps.append if sleeps is not None else (lambda s: None)),
-        grace=0.5,
-        **kw,
-    )
 
 
 # -- remote hooks: https or a sha256 -----------------------------------------------------------
