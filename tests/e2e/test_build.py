@@ -77,6 +77,9 @@ def test_no_secret_or_identity_in_artifact(image_tree):
     assert not (image_tree / "etc/munge/munge.key").exists()
     assert not (image_tree / "etc/slurm/slurmdbd.conf").exists()
     assert not (image_tree / "usr/sbin/policy-rc.d").exists()
+    # bake-only package settings (roles/base): a node's dpkg fsyncs and apt uses its defaults
+    assert not (image_tree / "etc/dpkg/dpkg.cfg.d/nodeforge-bake").exists()
+    assert not (image_tree / "etc/apt/apt.conf.d/00nodeforge-bake").exists()
 
 
 def _enabled_units(tree: Path) -> set[str]:

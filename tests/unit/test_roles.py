@@ -520,3 +520,74 @@ def test_fixture_enroot_script_smoke(tmp_path):
     run("import", "-o", "img.sqsh", f"dir://{tmp_path / 'rootfs'}")
     run("create", "-n", "c1", "img.sqsh")
     assert run("start", "c1", "cat", "etc/hello") == "hi"
+
+
+# -- bake-only package settings -------------------------------------------------------------
+
+BAKE_SETTINGS = ROLES_DIR / "base/tasks/policy-rc-d.yml"
+
+
+def _bake_files() -> dict[str, str]:
+    """dest -> content of every file the bake-settings include writes."""
+    return {
+        t["ansible.builtin.copy"]["dest"]: t["ansible.builtin.copy"]["content"]
+        for t in _walk_tasks(_yaml(BAKE_SETTINGS))
+        if "ansible.builtin.copy" in t
+    }
+
+
+@pytest.mark.unit
+def test_bake_settings_make_dpkg_skip_fsync_and_apt_skip_translations():
+    files = _bake_files()
+    dpkg = files["/etc/dpkg/dpkg.cfg.d/nodeforge-bake"]
+    assert "force-unsafe-io" in [ln.strip() for ln in dpkg.splitlines()]
+    apt = files["/etc/apt/apt.conf.d/00nodeforge-bake"]
+    assert re.search(r'^Acquire::Languages "none";$', apt, re.M)
+    # dpkg reads only dpkg.cfg.d names of [A-Za-z0-9_-]; apt.conf.d names of [A-Za-z0-9_.-]
+    for dest in files:
+        name = dest.rsplit("/", 1)[1]
+        if dest.startswith("/etc/dpkg/dpkg.cfg.d/"):
+            assert re.fullmatch(r"[A-Za-z0-9_-]+", name), dest
+        if dest.startswith("/etc/apt/apt.conf.d/"):
+            assert re.fullmatch(r"[A-Za-z0-9_.-]+", name), dest
+    assert files["/usr/sbin/policy-rc.d"].rstrip().endswith("exit 101")
+
+
+@pytest.mark.unit
+def test_bake_settings_are_written_once_per_pass():
+    (block,) = _yaml(BAKE_SETTINGS)
+    assert block["when"] == "not (base_bake_settings_written | default(false))"
+    last = block["block"][-1]["ansible.builtin.set_fact"]
+    assert last == {"base_bake_settings_written": True}
+
+
+@pytest.mark.unit
+def test_every_package_install_comes_after_the_bake_settings():
+    """The settings must be in place before any role's apt or dpkg runs (first task of a role
+    that installs), so each role includes them before its first apt task."""
+    for role in ROLE_ORDER:
+        path = ROLES_DIR / role / "tasks/install.yml"
+        tasks = list(_walk_tasks(_yaml(path) or []))
+        apt = [i for i, t in enumerate(tasks) if "ansible.builtin.apt" in t]
+        if not apt:
+            continue
+        inc = [
+            i
+            for i, t in enumerate(tasks)
+            if (t.get("ansible.builtin.include_role") or {}).get("tasks_from") == "policy-rc-d.yml"
+        ]
+        assert inc and inc[0] < apt[0], f"{role}: apt runs before the bake settings"
+
+
+@pytest.mark.unit
+def test_bake_settings_are_removed_at_seal_by_both_sealers():
+    from nodeforge.images import sealed_items
+
+    items = sealed_items.load().items
+    for dest in _bake_files():
+        rel = dest.lstrip("/")
+        item = next((i for i in items if i.matches(rel)), None)
+        assert item is not None and item.action == "remove", f"{dest} is not sealed"
+        assert item.find == "exists" and len(item.reason) > 15, item.id
+        if dest != "/usr/sbin/policy-rc.d":  # the seal role has its own task for that one
+            assert item.live and rel in item.paths, f"the seal role would leave {dest}"

@@ -229,6 +229,8 @@ ROLE_REMOVES = [
     "var/tmp/.hidden-scratch",
     "var/lib/cloud/instance/boot-finished",
     "usr/sbin/policy-rc.d",
+    "etc/dpkg/dpkg.cfg.d/nodeforge-bake",  # live items (bake-only settings of roles/base)
+    "etc/apt/apt.conf.d/00nodeforge-bake",
     "root/.ssh/authorized_keys",
 ]
 ROLE_TRUNCATES = [
