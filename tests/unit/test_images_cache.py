@@ -522,7 +522,7 @@ def test_parallel_export_runs_both_and_reports_a_failure(tmp_path, monkeypatch):
         ran.append("rootfs")
         raise NodeforgeError("tar failed: disk full")
 
-    def disk(tree, dest):
+    def disk(tree, dest, **kw):
         ran.append("disk")
         return []
 
@@ -542,7 +542,7 @@ def test_parallel_export_sums_what_it_wrote(tmp_path, monkeypatch):
     def rootfs(tree, dest):
         dest.write_bytes(b"archive")
 
-    def disk(tree, dest):
+    def disk(tree, dest, **kw):
         (dest / "disk.qcow2").write_bytes(b"disk")
         return [dest / "disk.qcow2"]
 
