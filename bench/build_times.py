@@ -116,6 +116,8 @@ def main() -> None:
     report = {
         "seconds": {k: v["wall_seconds"] for k, v in runs.items()},
         "phases": {k: v["phases"] for k, v in runs.items()},
+        # parts of the phases (sandbox, seal, export, the layer check); absent before 2026-12-03
+        "steps": {k: v.get("steps", {}) for k, v in runs.items()},
         "cache": {k: v.get("cache", {}) | {"reused": v.get("reused")} for k, v in runs.items()},
         "ratio_to_cold": {k: round(v["wall_seconds"] / cold, 3) for k, v in runs.items()},
         "goals_met": {k: runs[k]["wall_seconds"] <= g for k, g in GOALS.items() if k in runs},

@@ -211,6 +211,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                     "output": str(result.output),
                     "name": m["name"],
                     "phases": m["phases"],
+                    "steps": m.get("steps", {}),
                     "artifacts": m["artifacts"],
                     "variant": m.get("variant", "cpu"),
                     "gpu": m.get("gpu"),

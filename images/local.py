@@ -56,6 +56,12 @@ from .sandbox import Sandbox, extract, release_mounts
 PASS_INSTALL = {"ANSIBLE_SKIP_TAGS": "seal"}
 
 
+# Facts gathered by a pass over a cached layer (images/site.yml's first play): the minimal
+# set holds what the roles read (distribution, architecture, service and package managers);
+# the hardware and network facts were the slowest task of a config-only rebuild (~3 s).
+REAPPLY_GATHER_SUBSET = "min"
+
+
 def pass_roles(roles: list[str] | None) -> dict[str, str]:
     """The pass that applies *roles* again (None: every role) over a cached layer."""
     return PASS_INSTALL if roles is None else {"ANSIBLE_RUN_TAGS": ",".join(roles)}
@@ -205,9 +211,14 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             background.shutdown(cancel_futures=True)
 
         s.on_cleanup("finish background work", finish_background)
+        phases = Phases(reporter)
+
+        def timed(name: str, fn, *args):
+            with phases.step(name):
+                return fn(*args)
+
         tools_job = background.submit(tool_versions)
         template_job = background.submit(packer.render, "local")
-        phases = Phases(reporter)
         logfile.write(
             f"nodeforge {__version__} build {name} target={opts.target} base={inp.base.name}\n"
         )
@@ -239,8 +250,10 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 binds=[(apt_cache, "/var/cache/apt/archives")],
             )
             sandbox.append(sb)
-            access = sb.prepare()
-            sb.start()
+            with phases.step("sandbox.prepare"):
+                access = sb.prepare()
+            with phases.step("sandbox.boot"):
+                sb.start()
             values.update(ssh_port=access.port, ssh_private_key_file=access.key_file)
 
         def provision(env: dict[str, str]) -> None:
@@ -272,6 +285,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                     f"ansible_ssh_private_key_file={values['ssh_private_key_file']}",
                     "--extra-vars",
                     f"@{ev}",
+                    "--extra-vars",
+                    json.dumps({"nodeforge_gather_subset": REAPPLY_GATHER_SUBSET}),
                     inp.playbook,
                 ],
                 logfile=logfile,
@@ -313,7 +328,9 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             layer = store.open(lkey)
             if layer is not None:
                 reporter("cache", f"reusing layer {lkey[:16]} (its content verified meanwhile)")
-                verify_job = background.submit(store.verify, layer, stopping.is_set)
+                verify_job = background.submit(
+                    timed, "verify.digest", store.verify, layer, stopping.is_set
+                )
                 mount_overlay(layer.tree, work)
         layer_reused = layer is not None
         reapplied: list[str] | None = []
@@ -354,16 +371,21 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 make_layer()
         with phases.phase("seal"):
             if sandbox:
-                sandbox[-1].stop()
+                with phases.step("seal.stop_sandbox"):
+                    sandbox[-1].stop()
             export.write_fstab(tree)
-            seal.seal_and_scan(tree, logfile)
+            with phases.step("seal.seal_and_scan"):
+                seal.seal_and_scan(tree, logfile)
         with phases.phase("export"):
-            fetched.tools = tools_job.result()
+            with phases.step("export.tool_versions"):
+                fetched.tools = tools_job.result()
+            with phases.step("export.packages"):
+                pkgs = export.dpkg_versions(tree)
             manifest = manifest_mod.with_packages(
                 manifest_header(
                     inp, fetched, created=started, base_key=spec.key(), base_cached=base_cached
                 ),
-                export.dpkg_versions(tree),
+                pkgs,
             )
             if (
                 inp.opts.variant == "gpu"
@@ -371,8 +393,9 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 manifest["gpu"] = json.loads((tree / "etc/nodeforge/gpu.json").read_text())
             manifest["phases"] = dict(phases.durations)
             export.write_image_json(tree, manifest)
-            sums = export_parallel(tree, s.partial)
+            sums = export_parallel(tree, s.partial, phases.step)
         manifest["phases"] = dict(phases.durations)
+        manifest["steps"] = dict(phases.steps)
         manifest["cache"] = {
             "build_key": bkey,
             "layer_key": lkey,
@@ -404,17 +427,21 @@ def cached_wheel(wheels: Path, sources: str, work: Path, logfile) -> Path:
     return d / built.name
 
 
-def export_parallel(tree: Path, dest: Path) -> dict[str, dict]:
+def export_parallel(tree: Path, dest: Path, step: export.Step = export.no_step) -> dict[str, dict]:
     """The rootfs archive (zstd on all cores) and the disk image are made at the same time:
     both only read the sealed tree. Each job then sums its own files while they are still
     in the page cache (and while the other job runs): the manifest's artifacts entries."""
 
     def rootfs() -> dict[str, dict]:
-        export.export_rootfs(tree, dest / export.ROOTFS)
-        return manifest_mod.file_sums([dest / export.ROOTFS])
+        with step("export.rootfs"):
+            export.export_rootfs(tree, dest / export.ROOTFS)
+        with step("export.rootfs_sha256"):
+            return manifest_mod.file_sums([dest / export.ROOTFS])
 
     def disk() -> dict[str, dict]:
-        return manifest_mod.file_sums(export.export_disk(tree, dest))
+        files = export.export_disk(tree, dest, step=step)
+        with step("export.disk_sha256"):
+            return manifest_mod.file_sums(files)
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="export") as pool:
         jobs = [pool.submit(rootfs), pool.submit(disk)]

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,25 +63,43 @@ class BuildResult:
 
 
 class Phases:
-    """Times each phase and reports it (to rich progress, or plain lines)."""
+    """Times each phase and reports it (to rich progress, or plain lines).
 
-    def __init__(self, reporter: Reporter):
+    `step()` times a part of a phase ("export.mkfs"): the manifest's `steps`, apart from
+    `phases` so that the phases still add up to the build's time. Steps may run in
+    parallel threads (the export's jobs), so they can add up to more than their phase."""
+
+    def __init__(self, reporter: Reporter, clock: Callable[[], float] = time.monotonic):
         self.durations: dict[str, float] = {}
+        self.steps: dict[str, float] = {}
         self.report = reporter
+        self.clock = clock
+        self._steps_lock = threading.Lock()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         self.report(name, "start")
-        t0 = time.monotonic()
+        t0 = self.clock()
         try:
             yield
         except BaseException:
-            self._add(name, time.monotonic() - t0)
+            self._add(name, self.clock() - t0)
             self.report(name, "failed")
             raise
-        took = time.monotonic() - t0
+        took = self.clock() - t0
         self._add(name, took)
         self.report(name, f"done {took:.1f}s")
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Time a part of a phase (thread-safe); a step run again adds to its total."""
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            took = self.clock() - t0
+            with self._steps_lock:
+                self.steps[name] = round(self.steps.get(name, 0.0) + took, 2)
 
     def _add(self, name: str, seconds: float) -> None:
         # A phase run again (a dropped layer rebuilt from the base) adds to its total.

@@ -522,7 +522,7 @@ def test_parallel_export_runs_both_and_reports_a_failure(tmp_path, monkeypatch):
         ran.append("rootfs")
         raise NodeforgeError("tar failed: disk full")
 
-    def disk(tree, dest):
+    def disk(tree, dest, **kw):
         ran.append("disk")
         return []
 
@@ -542,7 +542,7 @@ def test_parallel_export_sums_what_it_wrote(tmp_path, monkeypatch):
     def rootfs(tree, dest):
         dest.write_bytes(b"archive")
 
-    def disk(tree, dest):
+    def disk(tree, dest, **kw):
         (dest / "disk.qcow2").write_bytes(b"disk")
         return [dest / "disk.qcow2"]
 
@@ -580,3 +580,19 @@ def test_agent_wheel_is_built_once_per_source_digest(tmp_path, monkeypatch):
     assert w3.parent.name == KEY_B and len(built) == 2
     with pytest.raises(NodeforgeError, match="bad sources digest"):
         local.cached_wheel(tmp_path / "wheels", "../x", tmp_path / "w4", log)
+
+
+def test_a_pass_over_a_layer_gathers_only_the_minimal_facts():
+    """The playbook's first task gathers facts with the subset the build driver passes (all
+    when it passes none, as Packer's install pass and the qemu target do); every pass runs it
+    (tag always), and the re-apply pass asks for the minimal set."""
+    import yaml
+
+    plays = yaml.safe_load((REPO / "images/site.yml").read_text())
+    assert all(p.get("gather_facts") is False for p in plays)
+    first = plays[0]["tasks"][0]
+    assert first["ansible.builtin.setup"] == {
+        "gather_subset": "{{ nodeforge_gather_subset | default('all') }}"
+    }
+    assert first["tags"] == ["always"]
+    assert local.REAPPLY_GATHER_SUBSET == "min"
