@@ -15,22 +15,22 @@ import json
 import logging
 import os
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from nodeforge import download
 from nodeforge.errors import NodeforgeError
 
 from . import strict_yaml
 from .params import SECRET_KEYS, Params, ParamsError, parse_params
 from .paths import Paths
 from .private_read import UnsafeFileError, read_private
+
+if TYPE_CHECKING:
+    from nodeforge import download
 
 log = logging.getLogger("nodeforge.params")
 
@@ -283,18 +283,26 @@ def _from_cmdline(cfg: SourceConfig) -> Loaded | None:
 
 
 # A params document is small; a bigger body is not one. Retries heal a network that is still
-# coming up at boot (1 s, then 2 s).
-PARAMS_URL_POLICY = download.Policy(
-    timeout=10.0, deadline=60.0, attempts=3, backoff=1.0, max_bytes=strict_yaml.MAX_BYTES
-)
+# coming up at boot (1 s, then 2 s). None: the default below, made on first use.
+PARAMS_URL_POLICY: download.Policy | None = None
+
+
+def _params_url_policy() -> download.Policy:
+    from nodeforge import download
+
+    return PARAMS_URL_POLICY or download.Policy(
+        timeout=10.0, deadline=60.0, attempts=3, backoff=1.0, max_bytes=strict_yaml.MAX_BYTES
+    )
 
 
 def _fetch_text(url: str, label: str) -> str:
     # file:// never gets here: it is read with the root-only checks (_read_params_file).
     if not url.startswith(("http://", "https://")):
         raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
+    from nodeforge import download  # http/ssl/email: only when params come from a URL
+
     try:
-        return download.fetch_bytes(url, label=label, policy=PARAMS_URL_POLICY).decode()
+        return download.fetch_bytes(url, label=label, policy=_params_url_policy()).decode()
     except download.DownloadError as exc:
         raise ParamsError(str(exc)) from exc
     except UnicodeDecodeError as exc:
@@ -386,6 +394,9 @@ def imds_user_data(base_url: str, timeout: float = 1.0) -> str | None:
     Returns None when there is no IMDS (connection refused, unreachable, or no answer within
     *timeout* seconds) or no user-data (404). Never waits longer than about 2 × timeout.
     """
+    import urllib.error  # only when IMDS is asked (a node.yaml or cmdline params skip it)
+    import urllib.request
+
     base = base_url.rstrip("/")
     try:
         req = urllib.request.Request(

@@ -61,7 +61,24 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Top-level commands served by one cli module, parsed with that module alone: `nodeforge node
+# init` (the first-boot agent, on every boot's path to ready) and `nodeforge node health`
+# (slurmd's HealthCheckProgram, which slurmd runs before it registers) skip importing and
+# building every other package's subcommands (bench/README.md, "agent start-up").
+_LIGHT_COMMANDS = {"node": "nodeforge.bootstrap.cli", "params": "nodeforge.bootstrap.cli"}
+
+
+def light_module(argv: list[str]) -> str | None:
+    """The one cli module that serves *argv*, or None (top-level --help/--version, another
+    command, nothing): those build the full parser. Only -v/--verbose may come first."""
+    for arg in argv:
+        if arg in ("-v", "--verbose"):
+            continue
+        return _LIGHT_COMMANDS.get(arg)
+    return None
+
+
+def build_parser(modules: tuple[str, ...] = _CLI_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nodeforge",
         description="Bake sealed Slurm node images and bootstrap the nodes that boot from them.",
@@ -70,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in _CLI_MODULES:
+    for name in modules:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -89,7 +106,8 @@ EXIT_OK, EXIT_FAILURE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    light = light_module(sys.argv[1:] if argv is None else argv)
+    parser = build_parser((light,)) if light else build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,

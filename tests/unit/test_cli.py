@@ -200,3 +200,70 @@ def test_cluster_wait_reports_each_node_as_it_becomes_ready(monkeypatch, tmp_pat
     lc.LocalCluster("t", progress=lines.append).wait_ready(c, ["c001", "c002"], timeout=60)
     assert [ln.split(":")[0] for ln in lines] == ["c001", "c002"]
     assert all("ready after" in ln for ln in lines), lines
+
+
+# -- light dispatch: `nodeforge node …` / `params …` build only bootstrap's parser -----------
+
+
+@pytest.mark.parametrize(
+    ("argv", "module"),
+    [
+        (["node", "init"], "nodeforge.bootstrap.cli"),
+        (["-v", "node", "health", "--quiet"], "nodeforge.bootstrap.cli"),
+        (["--verbose", "params", "check", "--cmdline", "x"], "nodeforge.bootstrap.cli"),
+        (["--help"], None),
+        (["--version", "node"], None),
+        (["-h", "node", "init"], None),
+        (["gang", "run"], None),
+        (["versions", "show"], None),
+        (["nodex", "init"], None),
+        ([], None),
+    ],
+)
+def test_light_module_only_for_the_node_commands(argv, module):
+    assert cli.light_module(argv) == module
+
+
+def _help_texts(parser: argparse.ArgumentParser, path: list[str]):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub.format_help()
+                yield from _help_texts(sub, [*path, name])
+
+
+def test_light_parser_gives_the_same_node_and_params_commands_as_the_full_one():
+    full = dict(_help_texts(cli.build_parser(), []))
+    light = dict(_help_texts(cli.build_parser(("nodeforge.bootstrap.cli",)), []))
+    assert set(light) >= {
+        ("node", "init"),
+        ("node", "health"),
+        ("node", "status"),
+        ("params", "check"),
+    }
+    assert {k: full[k] for k in light} == light  # same options, same help, same usage lines
+
+
+def test_node_command_does_not_import_the_other_packages_clis(tmp_path):
+    """`nodeforge node status` (as `node init` and slurmd's `node health`) runs with bootstrap's
+    parser alone: the gang/images/lab CLIs are never imported on the node's boot path."""
+    code = (
+        "import sys\nfrom nodeforge import cli\n"
+        f"rc = cli.main(['node', 'status', '--root', {str(tmp_path)!r}])\n"
+        "print(sorted(m for m in sys.modules if m.endswith('cli') and m.startswith('nodeforge')))\n"
+        "sys.exit(rc)\n"
+    )
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=120, cwd=tmp_path)  # fmt: skip
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip().splitlines()[-1] == "['nodeforge.bootstrap.cli', 'nodeforge.cli']"
+
+
+@pytest.mark.parametrize("argv", [["node", "init", "--bogus"], ["node"], ["node", "nope"]])
+def test_light_parser_usage_errors_match_the_full_parser(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as full:
+        cli.build_parser().parse_args(argv)
+    expected = capsys.readouterr().err
+    light = _nf(*argv, cwd=tmp_path)  # the real command: light dispatch
+    assert (light.returncode, light.stderr) == (full.value.code, expected) == (2, expected)
+    assert expected.startswith("usage: nodeforge")

@@ -397,6 +397,8 @@ def test_bake_templates_render_with_defaults():
     keygen = rendered[("ssh", "nodeforge-ssh-keygen.service.j2")]
     assert "ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key" in keygen
     assert "ssh-keygen -A" in keygen and "Before=ssh.service" in keygen
+    # yields the CPU to the agent at first boot (bench/README.md, readyfast)
+    assert re.search(r"^Nice=19$", keygen, re.MULTILINE)
     rot = rendered[("logrotate", "nodeforge-slurm.j2")]
     assert "--signal=USR2" in rot and "is-active" in rot
     if shutil.which("logrotate"):
