@@ -38,7 +38,8 @@ from nodeforge.fsutil import write_atomic
 
 from .host import Host
 from .paths import Paths
-from .slurm import parse_node
+from .readiness import from_record, read_node, reads_json
+from .slurm import read_features
 
 log = logging.getLogger("nodeforge.health")
 
@@ -71,12 +72,13 @@ SLURMD, MUNGE, DISK, NVML, GPU_COUNT, PERSISTENCE, ECC, XID, TIMEOUT = (
     "timeout",
 )
 # Actions on the Slurm node (typed constants, reported in health.json).
-DRAINED, CLEARED, LEFT, NOTHING, UNREACHABLE = (
+DRAINED, CLEARED, LEFT, NOTHING, UNREACHABLE, UNREADABLE = (
     "drained",
     "cleared",
     "left drained by someone else",
     "nothing",
     "slurmctld unreachable",
+    "node record unreadable",  # scontrol answered, but not in Slurm's shape: nothing done
 )
 
 _BUS_RE = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
@@ -348,7 +350,9 @@ def run_checks(
 
 # -- Slurm: drain / clear ---------------------------------------------------------------------
 def decide(state: str, reason: str, healthy: bool) -> str:
-    """What to do to a node in *state* with drain *reason* (pure, unit-tested)."""
+    """What to do to a node in *state* (`IDLE+DRAIN+...`) with drain *reason* (pure,
+    unit-tested). A reason the reader could not attribute (slurm_records.REASON_AMBIGUOUS)
+    starts with neither prefix, so it is never taken for ours."""
     drained = "DRAIN" in state
     ours = reason.startswith(REASON_PREFIX)
     if healthy:
@@ -363,9 +367,14 @@ def decide(state: str, reason: str, healthy: bool) -> str:
 
 @dataclass
 class SlurmNode:
+    """This node in slurmctld, read through the one Slurm reader exactly as the readiness
+    gate reads it (readiness.read_node: JSON on >= 23.02, 22.05's `-o` line otherwise), so an
+    operator's Reason or Comment text can neither pose as a state nor as our own drain."""
+
     host: Host
     node: str
     client_conf: Path
+    json: bool  # readiness.reads_json(Slurm version)
     timeout: float = 10.0
 
     def _scontrol(self, *args: str):
@@ -373,16 +382,21 @@ class SlurmNode:
         return self.host.run(["scontrol", *args], check=False, timeout=self.timeout, env=env)
 
     def apply(self, rep: Report) -> str:
+        from nodeforge.slurm_records import SlurmDataError  # lazy, as in readiness
+
         try:
-            cp = self._scontrol("-o", "show", "node", self.node)
+            rec = read_node(self._scontrol, self.node, json=self.json)
         except CommandError:
             return UNREACHABLE
-        if cp.returncode != 0:
+        except SlurmDataError as exc:
+            log.error("node %s: cannot read its Slurm record, nothing done: %s", self.node, exc)
+            return UNREADABLE
+        if rec is None:  # scontrol failed, or slurmctld does not know the node
             return UNREACHABLE
-        info = parse_node(cp.stdout or "")
-        action = decide(info.get("State", ""), info.get("Reason", ""), rep.ok)
+        state = str(from_record(rec))
+        action = decide(state, rec.reason, rep.ok)
         if action == DRAINED:
-            if info.get("Reason", "") == rep.reason and "DRAIN" in info.get("State", ""):
+            if rec.reason == rep.reason and "DRAIN" in state:
                 return DRAINED  # already drained with this reason
             args: tuple[str, ...] = (
                 "update",
@@ -471,9 +485,11 @@ def run(
 ) -> Report:
     """One health run: checks, then (slurm) drain/clear, then the reports."""
     node, default_cfg = node_config(paths)
+    # Before the checks: an image without its Slurm features file fails here, naming it.
+    as_json = reads_json(read_features(paths).version_tuple) if slurm else False
     rep = run_checks(host, cfg or default_cfg, node, now=now)
     if slurm:
-        rep.action = SlurmNode(host, node, paths.slurm_client_conf).apply(rep)
+        rep.action = SlurmNode(host, node, paths.slurm_client_conf, as_json).apply(rep)
     write_reports(rep, (cfg or default_cfg).report_dir)
     if not rep.ok:
         log.warning("node %s unhealthy: %s (%s)", node, rep.reason, rep.action)

@@ -33,17 +33,19 @@ waits for that answer, and a node that needs no hooks is never drained (no RESUM
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodeforge.errors import NodeforgeError
-from nodeforge.slurm import controller_up
+from nodeforge.slurm import controller_up, has
 
 from .host import Host
 
 if TYPE_CHECKING:
+    import subprocess
+
     from nodeforge.slurm_records import NodeRecord
 
 log = logging.getLogger("nodeforge.readiness")
@@ -172,6 +174,45 @@ def from_sinfo_table(text: str) -> dict[str, NodeState]:
     return out
 
 
+def reads_json(version: str | tuple[int, ...]) -> bool:
+    """True when this Slurm version's scontrol prints a node as JSON (>= 23.02): the one
+    answer to "which node command" for the gate and `node health` (see read_node)."""
+    return has(version, "json_records")
+
+
+def read_node(
+    scontrol: Callable[..., subprocess.CompletedProcess], node: str, *, json: bool
+) -> NodeRecord | None:
+    """*node* as slurmctld shows it now (None: not known to it, or scontrol failed), read by
+    the one Slurm reader (nodeforge.slurm_records): JSON on Slurm >= 23.02, so no Reason or
+    Comment text can pose as a state; on 22.05 (no --json in its scontrol, and its sinfo
+    --json hides the FUTURE nodes the gate must see) `-o` with slurm_records.node_from_line,
+    whose reason is marked REASON_AMBIGUOUS when operator text makes it unclear.
+
+    *scontrol* runs `scontrol ARGS...` without raising on the exit status (a timeout may
+    raise CommandError); a body that is not Slurm's shape raises SlurmDataError."""
+    from nodeforge import slurm_records  # lazy: `node --help` does not need it
+
+    if json:
+        argv: tuple[str, ...] = ("--future", "show", "node", "--json", node)
+    else:
+        argv = ("--future", "-o", "show", "node", node)
+    cp = scontrol(*argv)
+    out = cp.stdout or ""
+    if cp.returncode != 0 or not out.strip() or (not json and "not found" in out):
+        return None
+    if json:
+        try:
+            return slurm_records.parse_nodes(out, "scontrol show node --json").get(node)
+        except slurm_records.SlurmDataError:
+            # an unknown node may come back as a JSON error (ESLURM_INVALID_NODE_NAME)
+            # rather than an exit status: that is "not known", anything else is raised
+            if "Invalid node name specified" in out:
+                return None
+            raise
+    return slurm_records.node_from_line(out, node)
+
+
 @dataclass
 class Gate:
     host: Host
@@ -193,30 +234,8 @@ class Gate:
         return controller_up(lambda argv: self._scontrol(*argv[1:], check=False))
 
     def record(self) -> NodeRecord | None:
-        """The node as slurmctld shows it now (None: not known to it), read by the one Slurm
-        reader (nodeforge.slurm_records): JSON on Slurm >= 23.02, so no Reason or Comment
-        text can pose as a state; on 22.05 (no --json in its scontrol, and its sinfo --json
-        hides the FUTURE nodes the gate must see) `-o` with slurm_records.node_from_line."""
-        from nodeforge import slurm_records  # lazy: `node --help` does not need it
-
-        if self.json:
-            argv: tuple[str, ...] = ("--future", "show", "node", "--json", self.node)
-        else:
-            argv = ("--future", "-o", "show", "node", self.node)
-        cp = self._scontrol(*argv, check=False)
-        out = cp.stdout or ""
-        if cp.returncode != 0 or not out.strip() or (not self.json and "not found" in out):
-            return None
-        if self.json:
-            try:
-                return slurm_records.parse_nodes(out, "scontrol show node --json").get(self.node)
-            except slurm_records.SlurmDataError:
-                # an unknown node may come back as a JSON error (ESLURM_INVALID_NODE_NAME)
-                # rather than an exit status: that is "not known", anything else is raised
-                if "Invalid node name specified" in out:
-                    return None
-                raise
-        return slurm_records.node_from_line(out, self.node)
+        """The node as slurmctld shows it now (None: not known to it); see read_node."""
+        return read_node(lambda *a: self._scontrol(*a, check=False), self.node, json=self.json)
 
     def state(self) -> NodeState:
         rec = self.record()

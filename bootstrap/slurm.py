@@ -204,17 +204,3 @@ def hardware_spec(host: Host, params: Params, env: dict[str, str] | None = None)
     if params.real_memory:
         spec["RealMemory"] = str(params.real_memory)
     return spec
-
-
-def parse_node(text: str) -> dict[str, str]:
-    """Parse `scontrol show node -o X` (one line of Key=Value; Reason may hold spaces)."""
-    out: dict[str, str] = {}
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    if "Reason=" in line:
-        line, reason = line.split("Reason=", 1)
-        out["Reason"] = reason.strip()
-    for word in line.split():
-        if "=" in word:
-            k, v = word.split("=", 1)
-            out[k] = v
-    return out

@@ -300,12 +300,22 @@ class Governor:
                 break
             if end is not None and time.monotonic() >= end:
                 break
-            wait = max(0.0, self.cfg.interval_seconds - (time.monotonic() - started))
+            wait = self.next_wait(time.monotonic() - started)
             if end is not None:
                 wait = min(wait, max(0.0, end - time.monotonic()))
             self.stop_event.wait(wait)
         self.events.write({"action": "governor_stop", "cycles": n})
         return n
+
+    def next_wait(self, elapsed: float) -> float:
+        """Seconds until the next cycle: the rest of the interval, or less when a gang's
+        deadline falls before that (policy.next_deadline). Measured on 24.11 (bench/
+        README-gang.md, `deadline`): without it, a deadline waited for the next interval
+        tick, so deadline -> requeue was spread over a whole interval by the cycle phase."""
+        wait = max(0.0, self.cfg.interval_seconds - elapsed)
+        now = self.clock()
+        due = policy.next_deadline(self.cfg, self.state, now)
+        return wait if due is None else min(wait, due - now)
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -584,3 +584,22 @@ def _admit_next(c: _Cycle) -> None:
         "no admitted-but-not-ready gang job",
         partition=nxt.partition,
     )
+
+
+def next_deadline(cfg: GangConfig, st: GovState, now: float) -> float | None:
+    """The earliest timeout still ahead of *now*: an admitted gang's `timeout`, a recovering
+    one's `recovery_timeout`. The governor's loop wakes for it instead of waiting for its next
+    interval tick, so a deadline is acted on one snapshot after it passes, not up to one
+    interval later (Kueue, too, requeues after exactly the time left). Deadlines already
+    passed are not returned: those are the regular cycle's (no busy loop on one it skipped)."""
+    due = None
+    for rec in st.jobs.values():
+        if rec.phase == ADMITTED and rec.admitted_at is not None:
+            t = rec.admitted_at + cfg.timeout
+        elif rec.phase == RECOVERING and rec.lost_at is not None and cfg.recovery_timeout > 0:
+            t = rec.lost_at + cfg.recovery_timeout
+        else:
+            continue
+        if t > now and (due is None or t < due):
+            due = t
+    return due

@@ -444,8 +444,11 @@ def node_from_line(text: str, name: str) -> NodeRecord | None:
     config or slurmd, while the free texts (Comment, Extra, Reason) come after it. Reason
     is everything after ` Reason=`; a line where that appears twice (an admin's Comment or
     Reason holding ` Reason=`) cannot say whose drain it is: the reason is returned marked
-    REASON_AMBIGUOUS, so that no caller takes it for its own."""
-    line = text.strip().split("\n", 1)[0]
+    REASON_AMBIGUOUS, so that no caller takes it for its own. So is the reason of a body of
+    more than one line: `-o` prints one node on one line, so a second line is free text
+    (Comment, Extra or Reason) that held a newline, and the Reason read from the first line
+    may be cut short or belong to someone else."""
+    line, _, more = text.strip().partition("\n")
     if not line.startswith(f"NodeName={name} "):
         return None
     m = _LINE_STATE.search(line)
@@ -454,7 +457,7 @@ def node_from_line(text: str, name: str) -> NodeRecord | None:
     words = m.group(1).split("+")
     parts = line.split(" Reason=")
     reason = "" if len(parts) == 1 else parts[1].strip() if len(parts) == 2 else ""
-    if len(parts) > 2:
+    if len(parts) > 2 or more.strip():
         reason = REASON_AMBIGUOUS + " Reason=".join(parts[1:]).strip()
     if "\x00" in reason:
         raise SlurmDataError(f"scontrol show node {name}: NUL in Reason")

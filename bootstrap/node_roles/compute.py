@@ -25,7 +25,7 @@ from nodeforge.errors import NodeforgeError
 from nodeforge.slurm import has
 
 from .. import gres, health
-from ..readiness import HELD_CREATED_FINAL, INITIALIZING, RUNNING_HOOKS, Gate
+from ..readiness import HELD_CREATED_FINAL, INITIALIZING, RUNNING_HOOKS, Gate, reads_json
 from ..slurm import client_conf, conf_server, dropin, hardware_spec, node_conf
 from . import RoleContext
 
@@ -35,7 +35,7 @@ SLURMD = "/usr/sbin/slurmd"
 
 
 def gate(ctx: RoleContext) -> Gate:
-    json = has(ctx.features.version_tuple, "json_records")  # scontrol show node --json
+    json = reads_json(ctx.features.version_tuple)  # scontrol show node --json
     return Gate(ctx.host, ctx.node, ctx.paths.slurm_client_conf, json=json)
 
 

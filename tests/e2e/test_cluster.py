@@ -426,3 +426,54 @@ def test_forced_logrotate_under_load_loses_no_slurmctld_lines(cluster):
     cx("ctl", "scancel", *jobs)
     assert missing == [], f"{len(missing)} of 60 submissions missing from slurmctld logs"
     assert cx("ctl", "systemctl", "is-active", "slurmctld").strip() == "active"
+
+
+def test_node_health_drains_clears_its_own_and_leaves_an_operators_drain(cluster):
+    """`nodeforge node health` on a real 24.11 node reads it as JSON (the one Slurm reader):
+    a failed check drains with its reason, a passing run clears only that drain, and an
+    operator's drain whose Reason holds a newline and a forged `State=IDLE
+    Reason=nodeforge-health: ...` is neither overwritten nor cleared."""
+    from nodeforge import slurm_records
+
+    def node() -> slurm_records.NodeRecord:
+        body = cx("ctl", "scontrol", "--future", "show", "node", "--json", "c001")
+        return slurm_records.parse_nodes(body)["c001"]
+
+    def health() -> dict:  # (`cluster exec` merges stderr, where the warning of a failure goes)
+        cmd = "nodeforge node health --json 2>/run/health-e2e.err"
+        return json.loads(cx("c001", "sh", "-c", cmd, check=False))
+
+    def expect_gpus(n: int | None) -> None:  # a CPU image: expected_gpus fails the nvml check
+        p = "/var/lib/nodeforge/params.json"
+        d = json.loads(cx("c001", "cat", p))
+        d.pop("expected_gpus", None)
+        d.update({"expected_gpus": n} if n is not None else {})
+        cx("c001", "python3", "-c", f"open({p!r}, 'w').write({json.dumps(d)!r})")
+
+    forged = "maint\nState=IDLE Reason=nodeforge-health: disk: forged"
+    try:
+        assert health()["action"] == "nothing" and node().flags.isdisjoint({"DRAIN"})
+        cx("ctl", "scontrol", "update", "NodeName=c001", "State=DRAIN", f"Reason={forged}")
+        kept = node().reason  # what slurmctld keeps of it
+        assert "State=IDLE Reason=nodeforge-health: disk: forged" in kept, kept
+        expect_gpus(8)
+        rep = health()
+        assert rep["ok"] is False and rep["action"] == "left drained by someone else", rep
+        assert node().reason == kept
+        expect_gpus(None)
+        assert health()["action"] == "nothing"
+        assert "DRAIN" in node().flags and node().reason == kept
+        cx("ctl", "scontrol", "update", "NodeName=c001", "State=RESUME")
+        expect_gpus(8)
+        rep = health()
+        assert rep["action"] == "drained", rep
+        got = node()
+        assert "DRAIN" in got.flags and got.reason == rep["reason"], got
+        assert got.reason.startswith("nodeforge-health: nvml: nvidia-smi not installed"), got
+        expect_gpus(None)
+        assert health()["action"] == "cleared"
+        wait_for("c001 ready again", lambda: from_sinfo(node_state("c001")[0]).ready, timeout=60)
+    finally:
+        expect_gpus(None)
+        if "DRAIN" in node().flags:
+            cx("ctl", "scontrol", "update", "NodeName=c001", "State=RESUME", check=False)

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from nodeforge.bootstrap.readiness import from_scontrol
-from nodeforge.bootstrap.slurm import parse_node
+from nodeforge import slurm_records
+from nodeforge.bootstrap.readiness import from_record
 from nodeforge.lab.vm import VM, BootTimeout, VMConfig, free_port
 from tests.conftest import require_tools
 from tests.e2e.test_gpu_build import gpu_image  # noqa: F401  (the module-scoped gpu build)
@@ -117,7 +117,8 @@ def test_gpu_image_without_gpu_schedules_and_health_drains(gpu_cluster):
     node = ctl.ssh("scontrol -o show node c1").stdout
     print(node)
     # healthy CPU node: ready (the one definition: IDLE or MIXED, no flag but DYNAMIC_NORM & co)
-    assert from_scontrol(parse_node(node)["State"]).ready, node
+    rec = slurm_records.parse_nodes(ctl.ssh("scontrol show node --json c1").stdout)["c1"]
+    assert from_record(rec).ready, node
     assert "Gres=(null)" in node.split()  # NVML autodetect on a GPU-less node: 0 GPUs
     assert c1.ssh("systemctl is-active slurmd").stdout.strip() == "active"
     out = ctl.ssh("srun -N1 -w c1 -t 2 cat /proc/self/cgroup", timeout=180).stdout

@@ -20,6 +20,8 @@ from nodeforge.errors import CommandError, MissingToolError
 pytestmark = pytest.mark.unit
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"  # FIXTURES (see README.md there)
+# FIXTURE (tests/fixtures/slurm/README.md): a node of 24.11's `scontrol show node --json`
+NODE_24_11 = Path(__file__).resolve().parents[1] / "fixtures/slurm/scontrol-show-node-24.11.json"
 
 
 def fixture(name: str) -> str:
@@ -27,7 +29,9 @@ def fixture(name: str) -> str:
 
 
 class FakeNode:
-    """FIXTURE machine: systemd units, nvidia-smi, the kernel log and slurmctld's node."""
+    """FIXTURE machine: systemd units, nvidia-smi, the kernel log and slurmctld's node, which
+    scontrol shows as 24.11's JSON (*json*, the fixture document's c001 with this node's
+    name, state and reason) or as 22.05's `-o` line (a fixture line of that layout)."""
 
     def __init__(
         self,
@@ -36,10 +40,11 @@ class FakeNode:
         kmsg: str = "",
         state: str = "IDLE",
         reason: str = "",
+        json: bool = True,
     ):
         self.active = {"slurmd.service", "munge.service"}
         self.smi, self.smi_rc, self.kmsg = smi, smi_rc, kmsg
-        self.state, self.reason = state, reason
+        self.state, self.reason, self.json = state, reason, json
         self.calls: list[list[str]] = []
         self.hang: threading.Event | None = None
 
@@ -59,11 +64,17 @@ class FakeNode:
             return subprocess.CompletedProcess(argv, self.smi_rc, fixture(self.smi))
         if cmd == "journalctl":
             return subprocess.CompletedProcess(argv, 0 if self.kmsg else 1, self.kmsg)
-        if cmd == "scontrol" and argv[1:3] == ["-o", "show"]:
+        if cmd == "scontrol" and argv[1:5] == ["--future", "show", "node", "--json"]:
+            assert self.json and len(argv) == 6, argv
+            return subprocess.CompletedProcess(argv, 0, self.node_json(argv[5]))
+        if cmd == "scontrol" and argv[1:5] == ["--future", "-o", "show", "node"]:
+            assert not self.json and len(argv) == 6, argv
             reason = f" Reason={self.reason}" if self.reason else ""
-            return subprocess.CompletedProcess(
-                argv, 0, f"NodeName=n1 State={self.state} Gres=gpu:8{reason}\n"
+            line = (
+                f"NodeName={argv[5]} Arch=x86_64 State={self.state} Gres=gpu:8 "
+                f"Comment=(null){reason}"
             )
+            return subprocess.CompletedProcess(argv, 0, line + "\n")
         if cmd == "scontrol" and argv[1] == "update":
             kv = dict(a.split("=", 1) for a in argv[2:])
             if kv["State"] == "DRAIN":
@@ -72,6 +83,12 @@ class FakeNode:
                 self.state, self.reason = "IDLE", ""
             return subprocess.CompletedProcess(argv, 0, "")
         raise AssertionError(f"unexpected command {argv}")
+
+    def node_json(self, name: str) -> str:
+        doc = json.loads(NODE_24_11.read_text())
+        node = {**doc["nodes"][0], "name": name, "state": self.state.split("+")}
+        node["reason"] = self.reason
+        return json.dumps({**doc, "nodes": [node]}, indent=2)
 
 
 def cfg(tmp_path: Path, expected: int | None = 8, **kw) -> health.Config:
@@ -88,7 +105,9 @@ def check(node: FakeNode, tmp_path: Path, expected: int | None = 8, **kw) -> hea
     rep = health.run_checks(
         Host(run=node.run), cfg(tmp_path, expected, **kw), "n1", now=lambda: 1_760_000_000.0
     )
-    rep.action = health.SlurmNode(Host(run=node.run), "n1", tmp_path / "none.conf").apply(rep)
+    rep.action = health.SlurmNode(
+        Host(run=node.run), "n1", tmp_path / "none.conf", node.json
+    ).apply(rep)
     return rep
 
 
@@ -305,15 +324,25 @@ def test_slurmctld_unreachable_is_reported(tmp_path):
         return FakeNode().run(argv, **kw)
 
     rep = health.run_checks(Host(run=run), cfg(tmp_path, None), "n1")
-    assert health.SlurmNode(Host(run=run), "n1", tmp_path / "c").apply(rep) == health.UNREACHABLE
+    for as_json in (True, False):
+        slurm_node = health.SlurmNode(Host(run=run), "n1", tmp_path / "c", as_json)
+        assert slurm_node.apply(rep) == health.UNREACHABLE
 
 
 # -- reports and the CLI entry ----------------------------------------------------------------
-def test_reports_json_and_prometheus(tmp_path):
+def write_features(paths: Paths, version: str) -> None:
+    """What the image's slurm role writes at bake time (the Slurm version picks the reader)."""
+    paths.slurm_features.parent.mkdir(parents=True, exist_ok=True)
+    paths.slurm_features.write_text(json.dumps({"slurm_version": version, "sackd": True}))
+
+
+@pytest.mark.parametrize("version,as_json", [("24.11.5", True), ("22.05.8", False)])
+def test_reports_json_and_prometheus(tmp_path, version, as_json):
     paths = Paths.under(tmp_path)
     paths.params_json.parent.mkdir(parents=True)
     paths.params_json.write_text(json.dumps({"node": "gpu-001", "expected_gpus": 8}))
-    node = FakeNode(smi="nvidia-smi-missing-gpu.csv")
+    write_features(paths, version)
+    node = FakeNode(smi="nvidia-smi-missing-gpu.csv", json=as_json)  # asserts the command
     rep = health.run(Host(run=node.run), paths)
     out = tmp_path / "var/lib/nodeforge/gang"
     body = json.loads((out / "health.json").read_text())
