@@ -442,9 +442,13 @@ def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
                 q = text.find(_ID_KEY, pos - 1, e)
                 m = _ID_VALUE.match(text, q + len(_ID_KEY)) if q >= 0 else None
                 if m is not None:
-                    if by_id is None:
-                        by_id = {r.job_id: x for x, (_, _, _, r) in enumerate(old)}
-                    h = by_id.get(int(m.group()))
+                    jid = int(m.group())
+                    if k < n_old and old[k][3].job_id == jid:
+                        h = k  # the expected job, changed (no index needed)
+                    else:
+                        if by_id is None:
+                            by_id = {r.job_id: x for x, (_, _, _, r) in enumerate(old)}
+                        h = by_id.get(jid)
                 if h is not None and _match(text, pos, old[h]) == e:
                     add(old[h])
                 else:
