@@ -21,6 +21,7 @@ resumes a drained node in the model, so a wrong drain costs its capacity to the 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -555,10 +556,6 @@ def cmd_cycle(args) -> None:
     decide() + persistence (state file written only when it changed), and the bytes that
     slurmctld returns per cycle."""
     import json
-    import tempfile
-
-    from nodeforge.gang import state as state_mod
-    from nodeforge.gang.slurm import parse_jobs, parse_nodes
 
     n = args.jobs
     rng = random.Random(args.seed)
@@ -581,6 +578,8 @@ def cmd_cycle(args) -> None:
         "errors": [],
     }
     t_sub = 1796200000
+    if args.shape == "24.11":
+        return _cycle_run(args, *_jobs_2411(n, rng, t_sub), t_sub, rng)
     jobs = []
     for i in range(1, n + 1):
         state = rng.choice(["PENDING"] * 6 + ["RUNNING"] * 3 + ["CONFIGURING"])
@@ -624,7 +623,121 @@ def cmd_cycle(args) -> None:
                 **(FILLER if args.full_jobs else {}),
             }
         )
-    node_txt = json.dumps(nodes_doc)
+    return _cycle_run(args, jobs, json.dumps(nodes_doc), _dump_22, t_sub, rng)
+
+
+def _dump_22(jobs: list) -> str:
+    return json.dumps({"jobs": jobs, "errors": []}, indent=2)  # squeue pretty-prints
+
+
+# A real capture (see tests/fixtures/slurm/README.md): `scontrol show job --json` of the
+# image's Slurm 24.11.5 (data_parser v0.0.42), 2026-12-03; job 1 running, job 2 held.
+FIXTURE_2411 = Path(__file__).resolve().parents[1] / "tests/fixtures/slurm"
+
+
+def _n(v: int) -> dict:
+    return {"set": True, "infinite": False, "number": v}
+
+
+def _jobs_2411(n: int, rng: random.Random, t_sub: int):
+    """N jobs shaped as the captured 24.11 records (every key, nested numbers, state lists,
+    `\\/`-escaped slashes as Slurm's serializer writes them), 2,000 nodes as the 24.11 node
+    fixture. Only the keys that differ between jobs are set per job; the rest is the
+    capture's (shared objects: the text is what counts)."""
+    import json
+
+    cap = json.loads((FIXTURE_2411 / "scontrol-show-job-24.11.json").read_text())["jobs"]
+    running, pending = cap[0], cap[1]
+    ncap = json.loads((FIXTURE_2411 / "scontrol-show-node-24.11.json").read_text())
+    node0 = ncap["nodes"][0]
+    nodes = []
+    for i in range(1, 2001):
+        nd = dict(node0, name=f"n{i:04d}", hostname=f"n{i:04d}")
+        nd["state"] = ["ALLOCATED"] if i % 3 else ["IDLE", "CLOUD", "POWERING_UP"]
+        nd["reason"] = ""
+        nodes.append(nd)
+    node_txt = _slurm_json({**ncap, "nodes": nodes})
+    jobs = []
+    for i in range(1, n + 1):
+        state = rng.choice(["PENDING"] * 6 + ["RUNNING"] * 3 + ["CONFIGURING"])
+        nn = rng.choice([1, 2, 4, 8])
+        first = rng.randint(1, 1990)
+        j = dict(pending if state == "PENDING" else running)
+        j.update(
+            job_id=i,
+            name=f"j{i}",
+            job_state=["RUNNING", "CONFIGURING"] if state == "CONFIGURING" else [state],
+            state_reason="Prolog" if state == "CONFIGURING" else "None",
+            node_count=_n(nn),
+            nodes=f"n[{first:04d}-{first + nn - 1:04d}]" if state != "PENDING" else "",
+            priority=_n(1000 + i),
+            restart_cnt=0,
+            submit_time=_n(t_sub),
+            eligible_time=_n(t_sub),
+            start_time=_n(t_sub + 36000),
+            last_sched_evaluation=_n(t_sub + 36000),
+            standard_output=f"/home/u/slurm-{i}.out",
+        )
+        jobs.append(j)
+    return jobs, node_txt, _Render2411()
+
+
+def _slurm_json(d: dict) -> str:
+    import json
+
+    # Slurm 24.11's serializer: indent 2, "key": value, '/' escaped as '\\/'
+    return json.dumps(d, indent=2).replace("/", "\\/")
+
+
+def _dump_2411(jobs: list) -> str:
+    return _slurm_json(
+        {
+            "jobs": jobs,
+            "last_backfill": _n(0),
+            "last_update": _n(1796311596),
+            "meta": {},
+            "errors": [],
+            "warnings": [],
+        }
+    )
+
+
+class _Render2411:
+    """_dump_2411, faster (json.dumps with indent is pure Python: ~3 s for 90 MB): each job's
+    text is kept with a gap for its last_sched_evaluation number and re-rendered only when
+    its restart_cnt moves. The first document is checked against _dump_2411."""
+
+    MARK = 918273645546372819  # a number no job holds
+
+    def __init__(self) -> None:
+        self.texts: dict[int, tuple[int, str, str]] = {}
+        self.checked = False
+        empty = _dump_2411([])
+        self.head, self.tail = '{\n  "jobs": [\n', "\n  ]," + empty.split('"jobs": [],', 1)[1]
+
+    def __call__(self, jobs: list) -> str:
+        items = []
+        for j in jobs:
+            c = self.texts.get(j["job_id"])
+            if c is None or c[0] != j["restart_cnt"]:
+                t = _slurm_json({**j, "last_sched_evaluation": _n(self.MARK)})
+                pre, post = ("    " + t.replace("\n", "\n    ")).split(str(self.MARK))
+                c = self.texts[j["job_id"]] = (j["restart_cnt"], pre, post)
+            items.append(f"{c[1]}{j['last_sched_evaluation']['number']}{c[2]}")
+        out = self.head + ",\n".join(items) + self.tail
+        if not self.checked:
+            assert out == _dump_2411(jobs), "the fast renderer differs from json.dumps"
+            self.checked = True
+        return out
+
+
+def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Random) -> None:
+    import tempfile
+
+    from nodeforge.gang import state as state_mod
+    from nodeforge.gang.slurm import parse_jobs, parse_nodes
+
+    n = args.jobs
     cfg = gcfg.from_dict({"timeout": 300, "recovery_timeout": 60}, "bench")
     now = float(t_sub + 36000 + 180)
     tmp = tempfile.mkdtemp(prefix="gang-cycle-")
@@ -647,11 +760,14 @@ def cmd_cycle(args) -> None:
         # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
         for k in rng.sample(range(len(jobs)), int(len(jobs) * change)):
             jobs[k]["restart_cnt"] += 1
-        if args.full_jobs:  # every scheduler pass stamps the pending jobs it looked at
+        if args.full_jobs or args.shape == "24.11":
+            # every scheduler pass stamps the pending jobs it looked at
             for j in jobs:
-                if j["job_state"] == "PENDING":
+                if args.shape == "24.11" and j["job_state"] == ["PENDING"]:
+                    j["last_sched_evaluation"] = _n(j["last_sched_evaluation"]["number"] + 1)
+                elif j["job_state"] == "PENDING":
                     j["last_sched_evaluation"] += 1
-        job_txt = json.dumps({"jobs": jobs, "errors": []}, indent=2)  # squeue pretty-prints
+        job_txt = dump(jobs)
         if prof is not None:
             prof.enable()
         t0 = time.perf_counter()
@@ -682,7 +798,7 @@ def cmd_cycle(args) -> None:
             f"slurmctld bytes/cycle {nbytes / 1e6:6.1f} MB"
         )
     print(
-        f"(median of {args.repeat}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        f"(shape {args.shape}{', full jobs' if args.full_jobs else ''}; median of {args.repeat}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
     if prof is not None:
         prof.dump_stats(args.profile)
@@ -844,6 +960,13 @@ def main() -> None:
         "--full-jobs",
         action="store_true",
         help="cycle: 22.05-sized jobs (~100 keys) whose last_sched_evaluation moves every cycle",
+    )
+    ap.add_argument(
+        "--shape",
+        choices=("22.05", "24.11"),
+        default="22.05",
+        help="cycle: 22.05 `squeue --json` jobs (synthetic) or 24.11 `scontrol show job "
+        "--json` jobs (every key of a real 24.11.5 capture, ~6-8 kB each)",
     )
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument(

@@ -171,10 +171,10 @@ _KEY = operator.attrgetter("job_id")
 
 
 class JobCache:
-    """Between cycles: JSON block -> JobRecord, and record -> JobObs."""
+    """Between cycles: each job's JSON text -> JobRecord, and record -> JobObs."""
 
     def __init__(self) -> None:
-        self.records: dict[str, JobRecord] = {}
+        self.records = slurm_records.BlockCache()
         self.obs: dict[int, tuple[JobRecord, JobObs]] = {}
 
 

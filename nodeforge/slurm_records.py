@@ -27,7 +27,6 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from typing import cast
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.slurm import has
@@ -298,100 +297,178 @@ def _load(text: str, key: str, source: str) -> list:
     return doc[key]
 
 
+class BlockCache:
+    """What parse_jobs keeps between calls (one per reader, e.g. per governor): the text of
+    each job of the last document, in its order, and the record parsed from it. See `_walk`
+    for how it is used and why that is exact."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+
+
+# One job's text, cut around the digits of its volatile number: (text before them, their
+# count, text after them, record). Without a volatile number: (whole text, 0, "", record).
+Entry = tuple[str, int, str, JobRecord]
+
+
 def parse_jobs(
-    text: str, source: str = "squeue --json", cache: dict[str, JobRecord] | None = None
+    text: str, source: str = "squeue --json", cache: BlockCache | None = None
 ) -> list[JobRecord]:
     """Jobs of one JSON document. A job id listed twice is an error (never a guess).
 
-    With *cache* (block text -> JobRecord, kept by the caller between calls and replaced by
-    this call's blocks), a job whose JSON block did not change costs one dict lookup instead
-    of a JSON parse: see `_job_blocks` for why splitting the text is safe."""
-    out = _parse_blocks(text, source, cache) if cache is not None else None
-    if out is None:
+    With *cache* (kept by the caller between calls), a job whose text did not change since
+    the last call costs a byte comparison with last call's text instead of a JSON parse;
+    the records are exactly those of the full parse (`_walk` says why)."""
+    walked = _walk(text, cache) if cache is not None else None
+    if walked is None:
         out = [job_from_json(d) for d in _load(text, "jobs", source)]
+    else:
+        out = list(map(_RECORD, walked))
     if len(set(map(_JOB_ID, out))) != len(out):
         ids: set[int] = set()
         for j in out:
             if j.job_id in ids:
                 raise SlurmDataError(f"{source}: job {j.job_id} is listed twice")
             ids.add(j.job_id)
+    if cache is not None:
+        cache.entries = walked if walked is not None else []
     return out
 
 
-def _parse_blocks(text: str, source: str, cache: dict[str, JobRecord]) -> list[JobRecord] | None:
-    """The jobs block by block through *cache*; None when the document does not split
-    into one JSON object per job (another layout, or any error: the caller then parses the
-    whole document, which gives the true records or the true error). A block that is not
-    one job object never parses, so it is never cached."""
-    blocks = _job_blocks(text)
-    if blocks is None:
-        return None
-    head, chunks = blocks
-    # The per-job work of a quiet cycle runs in C (map over the lists): at 10k jobs a
-    # Python-level loop here costs more than the lookups themselves.
-    keys = chunks if _VOLATILE not in text else list(map(_stable, chunks))
-    out = list(map(cache.get, keys))
-    try:
-        _load(head, "jobs", source)  # meta and errors (the jobs list emptied)
-        for i in [i for i, j in enumerate(out) if j is None]:  # new or changed jobs
-            out[i] = job_from_json(json.loads("{" + chunks[i] + "}"))
-    except (ValueError, SlurmDataError):
-        return None
-    done = cast(list[JobRecord], out)  # every None was filled in
-    cache.clear()
-    cache.update(zip(keys, done, strict=True))
-    return done
-
-
 _JOB_ID = operator.attrgetter("job_id")
-_JOBS_OPEN = '\n  "jobs": [\n'
-_JOB_SEP = "\n    },\n    {\n"
-_VOLATILE = '\n      "last_sched_evaluation": '  # changes every scheduler pass; not read
+_RECORD = operator.itemgetter(3)
+# Layout of Slurm's pretty-printed JSON (22.05's squeue, 24.11's scontrol/squeue: indent 2):
+# the jobs list is a top-level member, its items sit at indent 4, their members at indent 6.
+_JOBS_OPEN = '\n  "jobs": [\n    {\n'
+_ITEM_END = "\n    }"
+_NEXT_ITEM = ",\n    {\n"
+_LIST_END = "\n  ]"
+_HEAD_MARK = "nodeforge: the jobs list"
+# A member that slurmctld's scheduler rewrites on every pass for every pending job and that
+# job_from_json does not read: 22.05 prints it as a number, >= 23.02 as Slurm's number
+# object. Only the digits of that number may differ from the cached text.
+_VOL_KEY = '\n      "last_sched_evaluation": '
+_VOL_NUMBER = re.compile(
+    r'(?:\{\n {8}"set": (?:true|false),\n {8}"infinite": (?:true|false),\n {8}"number": )?'
+    r"(0|[1-9][0-9]{0,18})(?=[,\n])"
+)
+_ID_KEY = '\n      "job_id": '
+_ID_VALUE = re.compile(r"[1-9][0-9]{0,18}")
 
 
-def _job_blocks(text: str) -> tuple[str, list[str]] | None:
-    """Split a pretty-printed document (22.05's squeue --json) into the text of each job.
+def _entry(chunk: str, rec: JobRecord) -> Entry:
+    v = chunk.find(_VOL_KEY)
+    m = _VOL_NUMBER.match(chunk, v + len(_VOL_KEY)) if v >= 0 else None
+    if m is None:
+        return chunk, 0, "", rec
+    return chunk[: m.start(1)], m.end(1) - m.start(1), chunk[m.end(1) :], rec
 
-    Safe against job text: a JSON serializer escapes newlines inside strings, so a line that
-    is exactly `    },` or `    {` (indent 4: the jobs list's items; a job's own nested
-    values are indented deeper) can only be structure, never part of a name, comment or path.
-    Every block is still parsed as JSON on its own. Any other layout -> None (full parse)."""
+
+def _match(text: str, pos: int, entry: Entry) -> int:
+    """End of the job text at *pos* if it is *entry*'s text (the digits of its volatile
+    number aside: as many, ASCII, no leading zero), else -1."""
+    pre, n, post, _ = entry
+    if not text.startswith(pre, pos):
+        return -1
+    e = pos + len(pre)
+    if n:
+        d = text[e : e + n]
+        if not (d.isdigit() and d.isascii() and (n == 1 or d[0] != "0")):
+            return -1
+        e += n
+        if not text.startswith(post, e):
+            return -1
+        e += len(post)
+    return e if text.startswith(_ITEM_END, e) else -1
+
+
+def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
+    """The jobs, item by item, through *cache*; None when the document is not laid out as
+    Slurm prints it or anything in it fails (the caller then parses the whole document,
+    which gives the true records or the true error).
+
+    Why this is exactly the full parse: Slurm's serializer escapes every newline inside a
+    string, so a raw newline is layout. A line that starts with exactly four spaces and `}`
+    therefore closes an item of the jobs list (the items' own members and nested values are
+    indented deeper), whatever a user wrote into a name, comment or path. Each item's text
+    (between its `{` and that line) was parsed as one JSON object: now, or in an earlier call
+    that cached it; an item whose text equals a cached one, byte for byte, has the cached
+    record. The one exception is the number in `last_sched_evaluation`, which job_from_json
+    never reads: its digits may differ (as many, so the item stays the same valid JSON but
+    for them). After the list's `]`, the rest of the document is parsed with the list taken
+    out (a marker in its place: a second "jobs" member would replace the marker, and the
+    full parse is used). The comparison runs at C speed and nothing is copied for an
+    unchanged job; only a changed or new job is cut out and parsed. Jobs are compared in
+    last call's order; a job that moved is found by its `job_id` (only a hint: its text is
+    still compared in full)."""
     i = text.find(_JOBS_OPEN)
     if i < 0:
         return None
-    body_start = i + len(_JOBS_OPEN)
-    # The end of the jobs list is searched from the back: 22.05 prints it last, and a forward
-    # search of 10 MB for "\n  ]" costs ~15 ms. Should the candidate belong to a member after
-    # the jobs list, that member's text lands inside a block, which then is not one JSON
-    # object (see parse_jobs: any failure here falls back to parsing the whole document).
-    end = text.rfind("\n  ]")
-    if end < body_start:
+    pos = i + len(_JOBS_OPEN)
+    old = cache.entries
+    n_old = len(old)
+    by_id: dict[int, int] | None = None
+    entries: list[Entry] = []
+    add = entries.append
+    startswith = text.startswith
+    k = 0  # the cached job expected next
+    try:
+        while True:
+            e = -1
+            if k < n_old:  # the fast path, _match inlined (it runs once per job)
+                ent = old[k]
+                pre, n, post, _ = ent
+                if startswith(pre, pos):
+                    e = pos + len(pre)
+                    if n:
+                        d = text[e : e + n]
+                        if d.isdigit() and d.isascii() and (n == 1 or d[0] != "0"):
+                            e += n
+                            e = e + len(post) if startswith(post, e) else -1
+                        else:
+                            e = -1
+                    if e >= 0 and not startswith(_ITEM_END, e):
+                        e = -1
+            if e >= 0:
+                add(ent)
+                k += 1
+            else:
+                e = text.find(_ITEM_END, pos)
+                if e < 0:
+                    return None
+                h = None  # where this job was last time, by its id
+                q = text.find(_ID_KEY, pos - 1, e)
+                m = _ID_VALUE.match(text, q + len(_ID_KEY)) if q >= 0 else None
+                if m is not None:
+                    jid = int(m.group())
+                    if k < n_old and old[k][3].job_id == jid:
+                        h = k  # the expected job, changed (no index needed)
+                    else:
+                        if by_id is None:
+                            by_id = {r.job_id: x for x, (_, _, _, r) in enumerate(old)}
+                        h = by_id.get(jid)
+                if h is not None and _match(text, pos, old[h]) == e:
+                    add(old[h])
+                else:
+                    chunk = text[pos:e]
+                    add(_entry(chunk, job_from_json(json.loads("{" + chunk + "}"))))
+                if h is not None:
+                    k = h + 1
+            e += len(_ITEM_END)
+            if startswith(_NEXT_ITEM, e):
+                pos = e + len(_NEXT_ITEM)
+            elif startswith(_LIST_END, e):
+                break
+            else:
+                return None
+        head = json.loads(f'{text[:i]}\n  "jobs": "{_HEAD_MARK}"{text[e + len(_LIST_END) :]}')
+    except (ValueError, SlurmDataError):
         return None
-    head = text[: i + 1] + '  "jobs": []' + text[end + 4 :]
-    if text.find("{", body_start, end) < 0:  # (not a slice: the body is ~10-40 MB)
-        return head, []
-    first, last = body_start + 6, end - 6
-    if not (text.startswith("    {\n", body_start) and text.endswith("\n    }", body_start, end)):
+    if not isinstance(head, dict) or head.get("jobs") != _HEAD_MARK or head.get("errors"):
         return None
-    if text.count(_JOB_SEP, 0, first) or text.count(_JOB_SEP, last):
-        return head, text[first:last].split(_JOB_SEP)  # separators outside the list too
-    # No separator outside the list: split the document itself and trim the first and last
-    # block (saves two copies of the body).
-    blocks = text.split(_JOB_SEP)
-    if len(blocks) == 1:
-        return head, [text[first:last]]
-    blocks[0] = blocks[0][first:]
-    blocks[-1] = blocks[-1][: len(blocks[-1]) - (len(text) - last)]
-    return head, blocks
-
-
-def _stable(chunk: str) -> str:
-    """The block without fields that change on every scheduler pass and are not read."""
-    i = chunk.find(_VOLATILE)
-    if i < 0:
-        return chunk
-    j = chunk.find("\n", i + 1)
-    return chunk[:i] + (chunk[j:] if j >= 0 else "")
+    return entries
 
 
 def node_from_json(d: object) -> NodeRecord:

@@ -6,7 +6,10 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from nodeforge.errors import NodeforgeError
 from nodeforge.gang import config as gcfg
 from nodeforge.gang import metrics
 from nodeforge.gang import state as st_mod
@@ -419,14 +422,17 @@ def test_state_written_only_when_it_changed(tmp_path):
     assert st_mod.load(p).jobs["1"].phase == "ready"
 
 
-def test_state_written_incrementally_is_byte_for_byte_a_full_dump(tmp_path):
-    """save_if_changed reuses the bytes of unchanged records: the file must still be exactly
-    what a full serialization gives, through added, changed, equal-but-new and gone records."""
+def test_state_written_incrementally_loads_back_exactly(tmp_path):
+    """save_if_changed reuses the bytes of unchanged records and appends changed ones to the
+    log: what load() gives back must be the state, through added, changed, equal-but-new and
+    gone records; the full file is what a full serialization gives (plus its log token)."""
     p = tmp_path / "state.json"
     recs = {str(i): st_mod.GangRecord(str(i), phase="pending", partition='p\n"x') for i in range(5)}
     st = st_mod.GovState(jobs=dict(recs))
     saved = st_mod.save_if_changed(st, p)
-    assert p.read_bytes() == st_mod.dumps(st)
+    on_disk = json.loads(p.read_bytes())
+    assert on_disk.pop("log") == saved.token and on_disk == json.loads(st_mod.dumps(st))
+    full = p.read_bytes()
     steps = [
         lambda j: j.update({"2": dataclasses.replace(j["2"], phase="admitted", admitted_at=1.5)}),
         lambda j: j.update({"7": st_mod.GangRecord("7", why="new \u00e9")}),
@@ -439,8 +445,163 @@ def test_state_written_incrementally_is_byte_for_byte_a_full_dump(tmp_path):
         st = st_mod.GovState(jobs=jobs, counters=st.counters)
         st.counters.released += 1  # so that every step writes
         saved = st_mod.save_if_changed(st, p, saved)
-        assert p.read_bytes() == st_mod.dumps(st)
-        assert st_mod.load(p).jobs.keys() == jobs.keys()
+        assert p.read_bytes() == full  # the file stays; the log took the change
+        back = st_mod.load(p)
+        assert {k: r.__dict__ for k, r in back.jobs.items()} == {
+            k: r.__dict__ for k, r in jobs.items()
+        }
+        assert back.counters == st.counters
+    # a new process (no `last`) compacts: the whole file, the log gone
+    st_mod.save_if_changed(st, p)
+    assert not st_mod.log_path(p).exists()
+    assert {k: r.__dict__ for k, r in st_mod.load(p).jobs.items()} == {
+        k: r.__dict__ for k, r in st.jobs.items()
+    }
+
+
+def _recs(st):
+    return {k: r.__dict__ for k, r in st.jobs.items()}, dataclasses.asdict(st.counters)
+
+
+def _requeue(st, k):
+    """The governor's requeue decision on gang *k* (count up), as decide() makes it: new
+    record objects, the counter of evictions up."""
+    jobs = dict(st.jobs)
+    jobs[k] = dataclasses.replace(jobs[k], count=jobs[k].count + 1, phase="backoff")
+    c = dataclasses.replace(
+        st.counters, evicted={"PodsReadyTimeout|p": sum(r.count for r in jobs.values())}
+    )
+    return st_mod.GovState(jobs=jobs, counters=c, nodes=st.nodes)
+
+
+def test_state_log_appends_only_the_changed_records(tmp_path):
+    p = tmp_path / "state.json"
+    st = st_mod.GovState(jobs={str(i): st_mod.GangRecord(str(i)) for i in range(1000)})
+    saved = st_mod.save_if_changed(st, p)
+    size = p.stat().st_size
+    st = _requeue(st, "7")
+    saved = st_mod.save_if_changed(st, p, saved)
+    log = st_mod.log_path(p).read_bytes()
+    assert p.stat().st_size == size and len(log) < 400, log
+    assert b'"7":' in log and b'"8":' not in log
+    assert st_mod.load(p).jobs["7"].count == 1
+
+
+def test_state_log_compacted_when_it_outgrows_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(st_mod, "LOG_MIN_COMPACT", 0)
+    p = tmp_path / "state.json"
+    st = st_mod.GovState(jobs={str(i): st_mod.GangRecord(str(i)) for i in range(20)})
+    saved = st_mod.save_if_changed(st, p)
+    compactions = 0
+    for n in range(60):
+        st = _requeue(st, str(n % 20))
+        before = saved.token
+        saved = st_mod.save_if_changed(st, p, saved)
+        compactions += saved.token != before
+        assert _recs(st_mod.load(p)) == _recs(st)
+        assert (
+            st_mod.log_path(p).stat().st_size <= 2 * p.stat().st_size if saved.log_bytes else True
+        )
+    assert compactions >= 3
+
+
+def test_state_write_cut_short_never_loses_or_double_counts_a_requeue(tmp_path):
+    """A crash in the middle of appending a cycle's batch: at every cut point, load() gives
+    the state before that cycle (its requeue never reached Slurm: the state is written
+    first, so the restarted governor decides it again with the same count) or after it,
+    never a mix, never a count applied twice. A process that goes on after a failed write
+    (full disk) appends its next batch readably after the cut one."""
+    p = tmp_path / "state.json"
+    st0 = st_mod.GovState(jobs={str(i): st_mod.GangRecord(str(i)) for i in range(5)})
+    saved = st_mod.save_if_changed(st0, p)
+    st1 = _requeue(st0, "1")
+    saved1 = st_mod.save_if_changed(st1, p, saved)
+    st2 = _requeue(_requeue(st1, "2"), "1")  # one cycle: two requeues
+    lp = st_mod.log_path(p)
+    good = lp.read_bytes()
+    st_mod.save_if_changed(st2, p, saved1)
+    full = lp.read_bytes()
+    assert full.startswith(good)
+    for cut in range(len(good), len(full) + 1):
+        lp.write_bytes(full[:cut])
+        got = _recs(st_mod.load(p))
+        assert got in (_recs(st1), _recs(st2)), cut
+        assert got == (_recs(st2) if cut == len(full) else _recs(st1))
+    # the process survived a cut write (ENOSPC): its next cycle appends after it, readably
+    lp.write_bytes(full[: len(full) - 5])
+    st3 = _requeue(st2, "3")
+    st_mod.save_if_changed(st3, p, saved1)  # `last` is still what was last written in full
+    assert _recs(st_mod.load(p)) == _recs(st3)
+    # the log's own first write cut short: nothing in it was acted on
+    lp.write_bytes(good[:10])
+    assert _recs(st_mod.load(p)) == _recs(st0)
+
+
+def test_stale_log_after_a_compaction_cut_short_is_ignored(tmp_path):
+    """Crash between renaming the compacted file in and removing the old log: the old log
+    is older than the file; replaying it would undo newer counts, so it is ignored."""
+    p = tmp_path / "state.json"
+    st = st_mod.GovState(jobs={str(i): st_mod.GangRecord(str(i)) for i in range(3)})
+    saved = st_mod.save_if_changed(st, p)
+    st = _requeue(st, "1")
+    saved = st_mod.save_if_changed(st, p, saved)
+    old_log = st_mod.log_path(p).read_bytes()
+    st = _requeue(st, "1")  # count 2, written in full by a restarted governor
+    st_mod.save_if_changed(st, p)
+    st_mod.log_path(p).write_bytes(old_log)  # the unlink never happened
+    assert st_mod.load(p).jobs["1"].count == 2
+    # a file written by save() (no token) ignores any log as well
+    st_mod.save(st, p)
+    assert st_mod.load(p).jobs["1"].count == 2
+
+
+def test_corrupt_log_batch_shape_is_an_error_naming_the_files(tmp_path):
+    p = tmp_path / "state.json"
+    st = st_mod.GovState(jobs={"1": st_mod.GangRecord("1")})
+    saved = st_mod.save_if_changed(st, p)
+    st_mod.save_if_changed(_requeue(st, "1"), p, saved)
+    lp = st_mod.log_path(p)
+    lp.write_bytes(lp.read_bytes() + b'\n{"jobs":[1]}')
+    with pytest.raises(NodeforgeError, match="state.json.log"):
+        st_mod.load(p)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["requeue", "add", "drop", "restart", "noop"]), st.integers(0, 9)
+        ),
+        max_size=40,
+    ),
+    compact_at=st.sampled_from([0, 200, 1 << 20]),
+)
+def test_state_log_property_load_is_the_last_saved_state(tmp_path_factory, ops, compact_at):
+    p = tmp_path_factory.mktemp("s") / "state.json"
+    old = st_mod.LOG_MIN_COMPACT
+    st_mod.LOG_MIN_COMPACT = compact_at
+    try:
+        st = st_mod.GovState(jobs={str(i): st_mod.GangRecord(str(i)) for i in range(4)})
+        saved = st_mod.save_if_changed(st, p)
+        for op, x in ops:
+            k = str(x)
+            if op == "requeue" and k in st.jobs:
+                st = _requeue(st, k)
+            elif op == "add" and k not in st.jobs:
+                st = st_mod.GovState(
+                    jobs={**st.jobs, k: st_mod.GangRecord(k)}, counters=st.counters
+                )
+            elif op == "drop" and k in st.jobs:
+                st = st_mod.GovState(
+                    jobs={j: r for j, r in st.jobs.items() if j != k}, counters=st.counters
+                )
+            elif op == "restart":  # a new governor process: loads, then writes in full
+                st = st_mod.load(p)
+                saved = None
+            saved = st_mod.save_if_changed(st, p, saved)
+            assert _recs(st_mod.load(p)) == _recs(st)
+    finally:
+        st_mod.LOG_MIN_COMPACT = old
 
 
 @pytest.mark.parametrize(

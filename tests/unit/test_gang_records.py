@@ -266,7 +266,7 @@ def test_hostile_text_parses_back_exactly(names, comments, workdirs, shape):
     # the same through the block cache (pretty-printed like 22.05's squeue): equal records,
     # and a second read reuses them
     pretty = json.dumps({"meta": {}, "errors": [], "jobs": src}, indent=2)
-    cache: dict = {}
+    cache = sr.BlockCache()
     assert sr.parse_jobs(pretty, cache=cache) == recs
     again = sr.parse_jobs(pretty, cache=cache)
     assert again == recs and all(
@@ -288,7 +288,7 @@ def test_block_cache_is_not_fooled_by_a_separator_in_job_text():
     sep = '\n    },\n    {\n      "job_id": 999,'
     src = [job22(5, name=sep, comment=sep, current_working_directory=sep), job22(6)]
     pretty = json.dumps({"meta": {}, "errors": [], "jobs": src}, indent=2)
-    cache: dict = {}
+    cache = sr.BlockCache()
     recs = sr.parse_jobs(pretty, cache=cache)
     assert [r.job_id for r in recs] == [5, 6] and recs[0].name == sep
     # a changed job is parsed again; an unchanged one comes from the cache
@@ -301,13 +301,13 @@ def test_block_cache_is_not_fooled_by_a_separator_in_job_text():
 
 def test_block_cache_falls_back_on_another_layout_and_keeps_errors():
     compact = doc(job22(5))
-    assert [r.job_id for r in sr.parse_jobs(compact, cache={})] == [5]
+    assert [r.job_id for r in sr.parse_jobs(compact, cache=sr.BlockCache())] == [5]
     bad = json.dumps({"meta": {}, "errors": ["boom"], "jobs": [job22(5)]}, indent=2)
     with pytest.raises(sr.SlurmDataError, match="errors"):
-        sr.parse_jobs(bad, cache={})
+        sr.parse_jobs(bad, cache=sr.BlockCache())
     dup = json.dumps({"meta": {}, "errors": [], "jobs": [job22(5), job22(5)]}, indent=2)
     with pytest.raises(sr.SlurmDataError, match="listed twice"):
-        sr.parse_jobs(dup, cache={})
+        sr.parse_jobs(dup, cache=sr.BlockCache())
 
 
 def test_block_cache_reads_any_layout_exactly_as_the_full_parse():
@@ -324,12 +324,12 @@ def test_block_cache_reads_any_layout_exactly_as_the_full_parse():
     objs_before = json.dumps({"meta": {}, "warnings": w, "jobs": jobs}, indent=2)
     one = json.dumps({"meta": {}, "jobs": jobs[:1]}, indent=2)
     for text in (last, first, objs_before, one):
-        assert sr._job_blocks(text) is not None
+        assert sr._walk(text, sr.BlockCache()) is not None
     for text in (last, first, objs_after, second, objs_before, one):
-        cache: dict = {}
+        cache = sr.BlockCache()
         for _ in range(2):  # cold, then through the cache
             assert sr.parse_jobs(text, cache=cache) == sr.parse_jobs(text)
-    assert [(r.job_id, r.name) for r in sr.parse_jobs(last, cache={})] == [
+    assert [(r.job_id, r.name) for r in sr.parse_jobs(last, cache=sr.BlockCache())] == [
         (5, "train"),
         (6, "x\n  ]\n}"),
     ]

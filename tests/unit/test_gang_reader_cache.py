@@ -1,0 +1,227 @@
+"""nodeforge.slurm_records' cached read (parse_jobs with a BlockCache, what the governor runs
+every cycle): over any sequence of documents it gives exactly the records, or the error, of
+the full parse, whatever users write into job text and however slurmctld reorders, adds,
+drops or restamps jobs; unchanged jobs come back as the very same record objects."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodeforge import slurm_records as sr
+
+pytestmark = pytest.mark.unit
+
+# A real capture (tests/fixtures/slurm/README.md): Slurm 24.11.5, 2026-12-03.
+CAPTURE = Path(__file__).resolve().parents[1] / "fixtures/slurm/scontrol-show-job-24.11.json"
+HOSTILE = st.text(
+    alphabet=st.sampled_from(list("ab =\n\r\t\"'\\/[]{}|:;,JobIdNumNodes0123456789é")),
+    max_size=40,
+)
+
+
+def n24(v):
+    return {"set": True, "infinite": False, "number": v}
+
+
+def job(jid: int, shape: str, name: str = "j", restarts: int = 0, sched: int = 1796290190):
+    """A job with the keys the reader reads plus last_sched_evaluation (fixture); 22.05 or
+    >= 23.02 shape."""
+    d = {
+        "account": "a",
+        "job_id": jid,
+        "name": name,
+        "comment": name,
+        "current_working_directory": name,
+        "job_state": "PENDING",
+        "state_reason": "Priority",
+        "node_count": 2,
+        "nodes": "",
+        "last_sched_evaluation": sched,
+        "priority": 7,
+        "restart_cnt": restarts,
+        "submit_time": 1796290183,
+        "job_resources": {"nodes": {"list": "gn[1-2]", "count": 2}},
+    }
+    if shape == "24":
+        d.update(
+            job_state=["PENDING"],
+            node_count=n24(2),
+            last_sched_evaluation=n24(sched),
+            priority=n24(7),
+            submit_time=n24(1796290183),
+        )
+    return d
+
+
+def render(jobs: list, shape: str) -> str:
+    if shape == "24":  # 24.11: jobs first, '/' escaped (as the capture)
+        doc = {"jobs": jobs, "last_update": n24(5), "meta": {}, "errors": [], "warnings": []}
+        return json.dumps(doc, indent=2).replace("/", "\\/")
+    return json.dumps({"meta": {}, "errors": [], "jobs": jobs}, indent=2)  # 22.05: jobs last
+
+
+def both(text: str, cache: sr.BlockCache):
+    """(cached read, full read): records or the error's message."""
+    out = []
+    for c in (cache, None):
+        try:
+            out.append(sr.parse_jobs(text, "t", c))
+        except sr.SlurmDataError as exc:
+            out.append(str(exc))
+    return out
+
+
+def stable(j: dict) -> str:
+    v = j["last_sched_evaluation"]
+    digits = len(str(v["number"] if isinstance(v, dict) else v))
+    return json.dumps({**j, "last_sched_evaluation": digits}, sort_keys=True)
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["restamp", "requeue", "drop", "add", "move", "dup", "rename"]),
+        st.integers(0, 50),
+        HOSTILE,
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    names=st.lists(HOSTILE, min_size=0, max_size=6),
+    ops=OPS,
+    shape=st.sampled_from(["22", "24"]),
+)
+def test_cached_read_is_the_full_parse_over_random_cycles(names, ops, shape):
+    jobs = [job(10 + i, shape, n) for i, n in enumerate(names)]
+    cache = sr.BlockCache()
+    prev: dict[int, tuple[str, sr.JobRecord]] = {}
+    next_id = 100
+    for op, x, text in ops:
+        i = x % len(jobs) if jobs else 0
+        if op == "restamp":  # the scheduler's pass: every pending job's number moves
+            for j in jobs:
+                v = j["last_sched_evaluation"]
+                bump = 10**x if x < 12 else 1  # sometimes more digits
+                if isinstance(v, dict):
+                    j["last_sched_evaluation"] = n24(v["number"] + bump)
+                else:
+                    j["last_sched_evaluation"] = v + bump
+        elif op == "requeue" and jobs:
+            jobs[i]["restart_cnt"] += 1
+        elif op == "drop" and jobs:
+            jobs.pop(i)
+        elif op == "add":
+            jobs.insert(i, job(next_id, shape, text))
+            next_id += 1
+        elif op == "move" and jobs:
+            jobs.append(jobs.pop(i))
+        elif op == "dup" and jobs:
+            jobs.insert(i, dict(jobs[i]))  # a job id listed twice: an error either way
+        elif op == "rename" and jobs:
+            jobs[i] = {**jobs[i], "name": text}
+        doc = render(jobs, shape)
+        cached, full = both(doc, cache)
+        assert cached == full
+        if isinstance(full, str):
+            assert "listed twice" in full
+            jobs = [
+                j for k, j in enumerate(jobs) if j["job_id"] not in {x["job_id"] for x in jobs[:k]}
+            ]
+            continue
+        # a job whose text is unchanged but for the digits of its volatile number (as many)
+        # is the same object
+        for j, r in zip(jobs, cached, strict=True):
+            if j["job_id"] in prev and prev[j["job_id"]][0] == stable(j):
+                assert r is prev[j["job_id"]][1]
+        prev = {j["job_id"]: (stable(j), r) for j, r in zip(jobs, cached, strict=True)}
+
+
+@pytest.mark.parametrize("shape", ["22", "24"])
+@pytest.mark.parametrize(
+    "value",
+    # (the cached number has 10 digits: the odd ones of that length test the digit check)
+    ["0123456789", "١٧٩٦٢٩٠١٩١", "179629019a", "0123", "12a", "-5", "1e5", "1.5", '"x"']
+    + ["null", "", "  7", "1796290191 ", "-179629019"],
+)
+def test_odd_volatile_value_reads_as_the_full_parse(shape, value):
+    """Only ASCII digits of the same count replace the cached number on the fast path;
+    anything else is parsed (and refused when it is not JSON), as the full parse does."""
+    cache = sr.BlockCache()
+    jobs = [job(1, shape), job(2, shape)]
+    text = render(jobs, shape)
+    both(text, cache)
+    number = "1796290190"
+    assert text.count(number) == 2
+    odd = text.replace(number, value, 1)
+    cached, full = both(odd, cache)
+    assert cached == full
+    same = text.replace(number, "1796290191")  # same digit count: from the cache
+    cached, full = both(same, cache)
+    assert cached == full
+
+
+def test_real_2411_capture_reads_back_exactly_and_restamped_jobs_come_from_the_cache():
+    text = CAPTURE.read_text()
+    cache = sr.BlockCache()
+    recs = sr.parse_jobs(text, "scontrol show job --json", cache)
+    assert recs == sr.parse_jobs(text)
+    assert [(r.job_id, r.state, r.num_nodes, r.nodes) for r in recs] == [
+        (1, "RUNNING", 2, ("gn1", "gn2")),
+        (2, "PENDING", 2, ()),
+        (3, "PENDING", 1, ()),
+        (4, "PENDING", 1, ()),
+    ]
+    assert recs[0].name == 'train NumNodes=1 "x" {"job_id": 999}'
+    assert recs[0].comment == 'c\nJobId=999 JobState=RUNNING NumNodes=2 "},{"job_id":999'
+    # slurmctld's next scheduler pass restamps every job's last_sched_evaluation
+    restamped = re.sub(
+        r'("last_sched_evaluation": \{\n\s+"set": true,\n\s+"infinite": false,\n\s+"number": )'
+        r"(\d+)",
+        lambda m: m.group(1) + str(int(m.group(2)) + 7),
+        text,
+    )
+    assert restamped != text
+    again = sr.parse_jobs(restamped, "scontrol show job --json", cache)
+    assert again == recs and all(a is b for a, b in zip(again, recs, strict=True))
+    # a requeue by Slurm (restart_cnt) is read anew; the others still come from the cache
+    requeued = restamped.replace('"restart_cnt": 0', '"restart_cnt": 1', 1)
+    third = sr.parse_jobs(requeued, "scontrol show job --json", cache)
+    assert third == sr.parse_jobs(requeued)
+    assert third[0].restarts == 1 and third[0] is not recs[0]
+    assert all(a is b for a, b in zip(third[1:], recs[1:], strict=True))
+
+
+def test_forged_item_end_in_job_text_cannot_end_a_job():
+    """Text that looks like the list's layout (`    }`, `    {`, `"jobs": [`) inside a name
+    or path is escaped by the serializer: same records as the full parse, no phantom job."""
+    forged = '\n    },\n    {\n      "job_id": 999,\n  ]\n  "jobs": [\n    {\n'
+    jobs = [job(5, "24", forged), job(6, "24")]
+    text = render(jobs, "24")
+    cache = sr.BlockCache()
+    for _ in range(2):
+        recs = sr.parse_jobs(text, "t", cache)
+        assert recs == sr.parse_jobs(text) and [r.job_id for r in recs] == [5, 6]
+        assert recs[0].name == forged
+
+
+def test_errors_and_truncation_are_the_full_parse_errors():
+    jobs = [job(1, "24"), job(2, "24")]
+    text = render(jobs, "24")
+    cache = sr.BlockCache()
+    sr.parse_jobs(text, "t", cache)
+    with_errors = text.replace('"errors": []', '"errors": [{"error": "boom"}]')
+    with pytest.raises(sr.SlurmDataError, match="boom"):
+        sr.parse_jobs(with_errors, "t", cache)
+    for cut in (len(text) // 2, len(text) - 3):
+        with pytest.raises(sr.SlurmDataError, match="not JSON"):
+            sr.parse_jobs(text[:cut], "t", cache)
+    assert sr.parse_jobs(text, "t", cache) == sr.parse_jobs(text)
