@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeforge.errors import NodeforgeError
-from nodeforge.fsutil import _fsync_dir, write_atomic
+from nodeforge.fsutil import fsync_dir, write_atomic
 
 # Phases (Kueue wording in brackets)
 PENDING = "pending"  # waiting for Slurm to allocate [queued]
@@ -330,7 +330,7 @@ def _append_log(path: str | os.PathLike, token: str, line: bytes, new: bool) -> 
     finally:
         os.close(fd)
     if new:
-        _fsync_dir(lp.parent)
+        fsync_dir(lp.parent)
     return len(line)
 
 

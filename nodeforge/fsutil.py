@@ -50,7 +50,7 @@ def write_atomic(
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(p.parent)
+    fsync_dir(p.parent)
     return True
 
 
@@ -68,7 +68,7 @@ def write_json(
     return write_atomic(path, text, mode)
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
