@@ -157,4 +157,8 @@ def test_gpu_image_without_gpu_schedules_and_health_drains(gpu_cluster):
     # missing library says "Last error is".
     log = c1.ssh("grep -E '(error|fatal):' /var/log/slurm/slurmd.log || true").stdout
     print("slurmd errors/fatals:\n" + log)
-    assert not [ln for ln in log.splitlines() if "gpu" in ln.lower() or "nvml" in ln.lower()], log
+    # Not Slurm's GPU plugin: slurmd's periodic HealthCheckProgram may run while this test
+    # has set expected_gpus=8 above, and then logs the drain it provoked ("error:
+    # health_check failed: ... nodeforge-health: nvml: ..."; seen in the CI dry run).
+    plugin = [ln for ln in log.splitlines() if "health_check failed" not in ln]
+    assert not [ln for ln in plugin if "gpu" in ln.lower() or "nvml" in ln.lower()], log
