@@ -25,7 +25,7 @@ import operator
 import random
 from dataclasses import replace
 from functools import partial
-from itertools import compress, repeat
+from itertools import compress, filterfalse, repeat
 
 from . import readiness, strikes
 from .actions import Action, ActionKind
@@ -537,9 +537,9 @@ def _evict(
 
 def _forget_gone(c: _Cycle) -> None:
     """Jobs gone from Slurm (purged after MinJobAge) or finished long ago."""
-    for jid, old in c.st.jobs.items():
-        if jid in c.seen:
-            continue
+    jobs = c.st.jobs
+    for jid in filterfalse(c.seen.__contains__, jobs):  # C-level skip of the seen ones
+        old = jobs[jid]
         if old.phase == DONE:
             if old.done_at is not None and c.now - old.done_at < DONE_KEEP_SECONDS:
                 c.recs[jid] = old
