@@ -225,3 +225,59 @@ def test_errors_and_truncation_are_the_full_parse_errors():
         with pytest.raises(sr.SlurmDataError, match="not JSON"):
             sr.parse_jobs(text[:cut], "t", cache)
     assert sr.parse_jobs(text, "t", cache) == sr.parse_jobs(text)
+
+
+# JSON values as users and Slurm put them into a job's members (nested, odd strings).
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | HOSTILE,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(HOSTILE, inner, max_size=3),
+    max_leaves=8,
+)
+_CUT = st.sampled_from([',\n      "', '\n      "', ",", '"', "}", "{", "\n", ",\n      ", ""])
+
+
+def _job_text(members: list[tuple[str, object]]) -> str:
+    """A job's text between its `{` and `}` as Slurm prints it (members at indent 6);
+    duplicate keys kept (a forged document may hold them)."""
+    lines = []
+    for k, v in members:
+        val = json.dumps(v, indent=2).replace("\n", "\n      ")
+        lines.append(f"      {json.dumps(k)}: {val}")
+    return ",\n".join(lines)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    docs=st.lists(
+        st.tuples(
+            st.lists(st.tuples(HOSTILE | st.sampled_from(["a", "b"]), _VALUES), max_size=6),
+            st.integers(0, 10**6),
+            _CUT,
+            st.integers(0, 3),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_member_by_member_parse_is_json_loads_of_the_whole_job(docs):
+    """A changed job is parsed member by member, the members already seen taken from a
+    memo: the result (or the error) is exactly json.loads of the whole job's text, for
+    Slurm's layout and for text forged to cut a value or a string at a member boundary
+    (the cut inserted, characters deleted), empty members and duplicate keys."""
+    memo: dict[str, dict] = {}
+    for members, where, cut, drop in docs:
+        text = _job_text(members)
+        i = where % (len(text) + 1)
+        text = text[:i] + cut + text[i + drop :]
+        try:
+            want: object = json.loads("{" + text + "}")
+        except ValueError as exc:
+            want = type(exc)
+        try:
+            got: object = sr._item(text, memo)
+        except ValueError as exc:
+            got = type(exc)
+        assert got == want
+        if isinstance(want, dict):
+            assert list(got) == list(want)  # the same keys in the same order
+        assert len(memo) <= sr._MEMBERS_MAX
