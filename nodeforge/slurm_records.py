@@ -27,7 +27,6 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from typing import cast
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.slurm import has
@@ -303,11 +302,10 @@ class BlockCache:
     each job of the last document, in its order, and the record parsed from it. See `_walk`
     for how it is used and why that is exact."""
 
-    __slots__ = ("entries", "members")
+    __slots__ = ("entries",)
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
-        self.members: dict[str, dict] = {}  # a job member's text -> its parse (_item)
 
 
 # One job's text, cut around the digits of its volatile number: (text before them, their
@@ -386,50 +384,6 @@ def _match(text: str, pos: int, entry: Entry) -> int:
     return e if text.startswith(_ITEM_END, e) else -1
 
 
-# A job's members as Slurm prints them: one per line at indent 6 (deeper lines are inside a
-# value; a raw newline cannot be inside a string).
-_MEMBER_SEP = ',\n      "'
-_FIRST_MEMBER = '      "'
-_MEMBERS_MAX = 20_000  # member texts kept (then the memo starts over)
-_MEMBER_LEN_MAX = 512  # longer member texts (a long comment) are parsed, not kept
-
-
-def _item(chunk: str, memo: dict[str, dict]) -> dict:
-    """json.loads("{" + chunk + "}") of one job's text, member by member through *memo*.
-
-    A changed job (requeued, started) differs from the jobs parsed before in a few members:
-    the others (~130 on 24.11) are the same texts as in other jobs or its own last text, and
-    their parse is taken from *memo*. Exact: the text (6 spaces and `"` taken off its
-    start) is cut at `,` + newline + 6 spaces + `"`, and each piece is parsed as an object
-    of its own (`{"` + piece + `}`: the `"` put back). When every piece parses to a
-    non-empty object, the pieces joined by those commas are one valid object whose members
-    are the pieces' members in order, so the merge (a later duplicate key replaces an
-    earlier one, as json.loads does) is its parse (tests/unit/test_gang_reader_cache.py).
-    A piece that does not parse alone (a cut inside a value: not Slurm's layout) or parses
-    empty sends the whole text to json.loads: the true result or the true error."""
-    if not chunk.startswith(_FIRST_MEMBER):
-        return json.loads("{" + chunk + "}")
-    pieces = chunk[len(_FIRST_MEMBER) :].split(_MEMBER_SEP)
-    got: list[dict | None] = list(map(memo.get, pieces))
-    if None in got:
-        for i in [i for i, g in enumerate(got) if g is None]:
-            piece = pieces[i]
-            try:
-                d = json.loads('{"' + piece + "}")
-            except ValueError:
-                d = None
-            if not d:  # not an object of its own, or an empty one
-                return json.loads("{" + chunk + "}")
-            got[i] = d
-            if len(piece) <= _MEMBER_LEN_MAX:
-                if len(memo) >= _MEMBERS_MAX:
-                    memo.clear()
-                memo[piece] = d
-    out: dict = {}
-    list(map(out.update, cast(list[dict], got)))  # (each None was replaced above)
-    return out
-
-
 def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
     """The jobs, item by item, through *cache*; None when the document is not laid out as
     Slurm prints it or anything in it fails (the caller then parses the whole document,
@@ -499,7 +453,7 @@ def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
                     add(old[h])
                 else:
                     chunk = text[pos:e]
-                    add(_entry(chunk, job_from_json(_item(chunk, cache.members))))
+                    add(_entry(chunk, job_from_json(json.loads("{" + chunk + "}"))))
                 if h is not None:
                     k = h + 1
             e += len(_ITEM_END)
