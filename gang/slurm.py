@@ -14,6 +14,7 @@ import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import cast
 
 from nodeforge import proc, slurm_records
@@ -140,13 +141,13 @@ def jobs_from_records(
     if all_hit:  # every job unchanged: no Python-level loop
         out = list(map(_OBS, cast(list[tuple[JobRecord, JobObs]], hits)))
     else:
-        for i in [i for i, h in enumerate(hits) if h is None]:
+        for i in compress(range(len(hits)), map(operator.not_, hits)):  # the misses
             r = records[i]
             if r.het_job_id is not None:
                 het.setdefault(r.het_job_id, []).append(r)  # merged below, never cached
             else:
                 hits[i] = (r, obs_from_record(r))
-        out = [h[1] for h in hits if h is not None]
+        out = list(map(_OBS, filter(None, hits)))  # (a hit is a non-empty tuple)
     for hid, recs in het.items():
         recs.sort(key=lambda r: r.het_job_offset or 0)
         lead = next((r for r in recs if r.job_id == hid), None)
@@ -162,7 +163,10 @@ def jobs_from_records(
             keys.add(o.job_id)
     if cache is not None and not (all_hit and len(cache) == len(ids)):
         cache.clear()  # (all hit and the same size: the cache holds exactly these records)
-        cache.update((i, h) for i, h in zip(ids, hits, strict=True) if h is not None)
+        # C-level, no Python loop; compress leaves out the misses (None)
+        cache.update(
+            compress(zip(ids, cast(list[tuple[JobRecord, JobObs]], hits), strict=True), hits)
+        )
     return out
 
 

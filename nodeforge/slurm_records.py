@@ -354,6 +354,8 @@ _VOL_NUMBER = re.compile(
     r'(?:\{\n {8}"set": (?:true|false),\n {8}"infinite": (?:true|false),\n {8}"number": )?'
     r"(0|[1-9][0-9]{0,18})(?=[,\n])"
 )
+_VOL_DIGITS = re.compile(r"0|[1-9][0-9]*")  # as many digits as cached ([0-9]: ASCII only)
+_SEP = _ITEM_END + _NEXT_ITEM
 _ID_KEY = '\n      "job_id": '
 _ID_VALUE = re.compile(r"[1-9][0-9]{0,18}")
 
@@ -414,10 +416,24 @@ def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
     add = entries.append
     startswith = text.startswith
     k = 0  # the cached job expected next
+    vol = _VOL_DIGITS.fullmatch
     try:
         while True:
+            if k < n_old:  # the fast path: _match and the next item's start, in one test
+                ent = old[k]
+                pre, n, post, _ = ent
+                e = pos + len(pre) + n
+                if (
+                    startswith(pre, pos)
+                    and (not n or (vol(text, e - n, e) and startswith(post, e)))
+                    and startswith(_SEP, e + len(post))
+                ):
+                    add(ent)
+                    k += 1
+                    pos = e + len(post) + len(_SEP)
+                    continue
             e = -1
-            if k < n_old:  # the fast path, _match inlined (it runs once per job)
+            if k < n_old:  # _match inlined (the last job, or one that changed)
                 ent = old[k]
                 pre, n, post, _ = ent
                 if startswith(pre, pos):

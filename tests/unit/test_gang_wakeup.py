@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
 from nodeforge.gang import config as gcfg
 from nodeforge.gang import policy
@@ -94,3 +96,85 @@ def test_next_deadline_covers_admitted_and_recovering_gangs():
     assert policy.next_deadline(cfg, st, 108.0) == 110.0
     assert policy.next_deadline(replace(cfg, recovery_timeout=0), st, 100.5) == 110.0
     assert policy.next_deadline(cfg, st, 111.0) is None
+
+
+def _walk(cfg, st, now):
+    """next_deadline as it was: a walk over every record (the reference)."""
+    due = None
+    for rec in st.jobs.values():
+        if rec.phase == ADMITTED and rec.admitted_at is not None:
+            t = rec.admitted_at + cfg.timeout
+        elif rec.phase == RECOVERING and rec.lost_at is not None and cfg.recovery_timeout > 0:
+            t = rec.lost_at + cfg.recovery_timeout
+        else:
+            continue
+        if t > now and (due is None or t < due):
+            due = t
+    return due
+
+
+_PHASES = [ADMITTED, RECOVERING, READY]
+_rec = st_.builds(
+    lambda k, ph, a, lost: GangRecord(k, phase=ph, admitted_at=a, lost_at=lost),
+    st_.sampled_from(["1", "2", "3", "4", "5"]),
+    st_.sampled_from(_PHASES),
+    st_.none() | st_.integers(90, 120).map(float),
+    st_.none() | st_.integers(90, 120).map(float),
+)
+# one step: put a new record under its key, drop a key, replace the whole dict, or a config
+_step = st_.one_of(
+    st_.tuples(st_.just("put"), _rec),
+    st_.tuples(st_.just("drop"), st_.sampled_from(["1", "2", "3", "4", "5"])),
+    st_.tuples(st_.just("new_dict"), st_.lists(_rec, max_size=5)),
+    st_.tuples(st_.just("cfg"), st_.tuples(st_.integers(1, 20), st_.integers(0, 20))),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st_.lists(st_.tuples(_step, st_.integers(95, 145).map(float)), max_size=25))
+def test_kept_clocks_give_what_the_walk_over_every_record_gives(steps):
+    """The clocks kept between calls (only changed records are read again) return exactly
+    the full walk's deadline whatever happened to the records in between: records put,
+    dropped, the dict replaced, a record put back, the config changed."""
+    cfg = gcfg.GangConfig(timeout=10, recovery_timeout=5)
+    st = GovState()
+    for (kind, arg), now in steps:
+        if kind == "put":
+            st.jobs[arg.job_id] = arg
+        elif kind == "drop":
+            st.jobs.pop(arg, None)
+        elif kind == "new_dict":
+            st.jobs = {r.job_id: r for r in arg}
+        else:
+            cfg = replace(cfg, timeout=arg[0], recovery_timeout=arg[1])
+        assert policy.next_deadline(cfg, st, now) == _walk(cfg, st, now)
+
+
+def test_a_gang_admitted_in_a_later_cycle_is_woken_for(tmp_path):
+    """The clocks follow the states decide() hands on: a gang that becomes admitted after
+    the first cycles (its record is a new object then) gets its wake-up at its deadline."""
+    clock = Clock(START - 5)
+    g = governor(tmp_path, clock)
+
+    class Later(Slurm):
+        def snapshot(self) -> Snapshot:
+            state = "PENDING" if clock.t < START else "CONFIGURING"
+            nodes = () if state == "PENDING" else ("gn1", "gn2")
+            j = JobObs("9", state, "None", nodes, 2, partition="main",
+                       start_time=START if nodes else None)  # fmt: skip
+            booting = frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})
+            return Snapshot([j], nodes={"gn1": frozenset({"ALLOCATED"}), "gn2": booting})
+
+    g.slurm = Later()  # type: ignore[assignment]
+    g.cycle()
+    assert g.next_wait(elapsed=0.0) == pytest.approx(1.0)  # pending: no clock yet
+    clock.t = START + 2.5
+    g.cycle()
+    assert g.state.jobs["9"].phase == ADMITTED
+    assert g.next_wait(elapsed=0.0) == pytest.approx(1.0)  # deadline 7.5 s ahead
+    clock.t = START + 9.6
+    g.cycle()
+    wait = g.next_wait(elapsed=0.0)
+    assert wait == pytest.approx(0.4)  # wakes at START + 10, not at the next tick
+    clock.t += wait
+    assert "requeue" in [a.kind for a in g.cycle()]
