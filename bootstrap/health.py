@@ -27,16 +27,18 @@ import logging
 import math
 import os
 import re
+import shlex
+import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from nodeforge.errors import CommandError, NodeforgeError
 from nodeforge.fsutil import write_atomic
 
-from .host import Host
+from .host import Host, private_dir
 from .paths import Paths
 from .readiness import from_record, read_node, reads_json
 from .slurm import read_features
@@ -71,6 +73,7 @@ SLURMD, MUNGE, DISK, NVML, GPU_COUNT, PERSISTENCE, ECC, XID, TIMEOUT = (
     "xid",
     "timeout",
 )
+SERVICE_UNITS = ((SLURMD, "slurmd.service"), (MUNGE, "munge.service"))
 # Actions on the Slurm node (typed constants, reported in health.json).
 DRAINED, CLEARED, LEFT, NOTHING, UNREACHABLE, UNREADABLE = (
     "drained",
@@ -120,6 +123,7 @@ class Xid:
 @dataclass
 class Config:
     expected_gpus: int | None = None  # None: not a GPU node, no GPU checks
+    units: tuple[tuple[str, str], ...] = SERVICE_UNITS  # (check, unit) that must be active
     data_dirs: tuple[Path, ...] = DATA_DIRS
     max_used: float = MAX_USED
     probe_timeout: float = 10.0  # per command
@@ -201,7 +205,7 @@ class Checker:
 
     def services(self) -> list[Check]:
         out = []
-        for name, unit in ((SLURMD, "slurmd.service"), (MUNGE, "munge.service")):
+        for name, unit in self.cfg.units:
             up = self.host.is_active(unit)
             out.append(Check(name, up, "active" if up else f"{unit} is not active"))
         return out
@@ -492,19 +496,116 @@ def run(
         rep.action = SlurmNode(host, node, paths.slurm_client_conf, as_json).apply(rep)
     write_reports(rep, (cfg or default_cfg).report_dir)
     if not rep.ok:
+        clear_stamp(paths)  # a sick node: no later wrapper run may take the fast path
         log.warning("node %s unhealthy: %s (%s)", node, rep.reason, rep.action)
     return rep
 
 
+# -- the agent's pass stamp: slurmd's start-up run skips the Python check ---------------------
+# slurmd runs HealthCheckProgram at its start, BEFORE it registers (Slurm 24.11 slurmd.c:
+# run_script_health_check() before _registration_engine): a Python `node health` there cost
+# ~0.145 s on every compute's path to ready (bench/README.md). The agent runs the same checks
+# in-process just before it starts slurmd (precheck) and records a pass in a stamp; the
+# wrapper (POSIX sh) exits 0 at once on a valid stamp and removes it, else runs the full check.
+# Valid = a regular file owned by root in a root-owned, non-symlink directory below the
+# agent's run dir (tmpfs: gone at reboot), naming this boot's boot_id, written less than
+# STAMP_MAX_AGE s ago (CLOCK_BOOTTIME, /proc/uptime), and used at most once.
+STAMP_MAX_AGE = 30
+"""Seconds a pass vouches for slurmd's start-up run: the agent starts slurmd well under a
+second after its check when the controller answers (a slow `systemctl restart` under load:
+seconds); a stamp older than this (a long controller wait) only costs the full check. Far
+below any sensible HealthCheckInterval, and single-use anyway, so periodic runs stay full."""
+_BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def read_boot(paths: Paths) -> tuple[str, int] | None:
+    """(boot_id, whole seconds since boot), or None when either is unreadable/odd."""
+    try:
+        boot = paths.boot_id.read_text().strip()
+        up = float(paths.proc_uptime.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not _BOOT_ID_RE.fullmatch(boot) or not math.isfinite(up) or not 0 <= up < 1e9:
+        return None
+    return boot, int(up)
+
+
+def clear_stamp(paths: Paths) -> None:
+    paths.health_stamp.unlink(missing_ok=True)  # unlink never follows a symlink
+
+
+def write_stamp(paths: Paths, boot: str, up: int) -> None:
+    """Root-only: the directory is made 0700 and must be ours and no symlink, the file is
+    written 0600 by the one atomic writer (mkstemp + rename: never through a symlink)."""
+    d = paths.health_stamp.parent
+    if d.is_symlink():
+        raise HealthError(f"{d}: is a symlink; refusing to write the health stamp")
+    private_dir(d)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise HealthError(f"{d}: not a private directory of uid {os.geteuid()}")
+    write_atomic(paths.health_stamp, f"{boot} {up}\n", 0o600, skip_unchanged=False)
+
+
+def precheck(host: Host, paths: Paths, *, now: Callable[[], float] = time.time) -> Report:
+    """The compute role step's check before slurmd starts: every check but slurmd's own (it is
+    not started yet; its start-up run is the one the stamp stands for). A pass writes the
+    stamp; anything else leaves none (an earlier one is removed first). No reports: the ready
+    step's full run writes them."""
+    clear_stamp(paths)
+    node, cfg = node_config(paths)
+    boot = read_boot(paths)  # before the checks: the stamp's age counts from their start
+    units = tuple(u for u in cfg.units if u[0] != SLURMD)
+    rep = run_checks(host, replace(cfg, units=units), node, now=now)
+    if not rep.ok:
+        log.warning("node %s unhealthy before slurmd starts: %s", node, rep.reason)
+    elif boot is None:
+        log.warning("no boot id or uptime readable: no health stamp (slurmd runs the check)")
+    else:
+        try:
+            write_stamp(paths, *boot)
+        except (OSError, HealthError) as exc:  # no stamp: slurmd runs the full check
+            log.warning("health stamp not written: %s", exc)
+    return rep
+
+
+FULL_CHECK = "/usr/local/bin/nodeforge node health --quiet"
 HEALTH_WRAPPER = Path("/usr/local/sbin/nodeforge-health")
+
+
+def wrapper_text(
+    stamp: Path,
+    boot_id: Path,
+    proc_uptime: Path,
+    full_check: str = FULL_CHECK,
+    max_age: int = STAMP_MAX_AGE,
+) -> str:
+    """The HealthCheckProgram script (paths injectable for tests). Fork-free on the fast
+    path but for `rm`; any doubt (missing, symlink, other owner, other boot, too old, odd
+    text, rm failing) falls through to the full check."""
+    named = {"d": stamp.parent, "s": stamp, "b": boot_id, "u": proc_uptime}
+    q = {k: shlex.quote(str(v)) for k, v in named.items()}
+    return (
+        "#!/bin/sh\n# written by nodeforge node init: Slurm's HealthCheckProgram\n"
+        "# slurmd runs it with an almost empty environment.\n"
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
+        "# Fast path (bootstrap/health.py, STAMP_MAX_AGE): the agent passed this node's checks\n"
+        "# moments before it started slurmd; its stamp stands for slurmd's start-up run, once.\n"
+        f"d={q['d']}\ns={q['s']}\n"
+        'if [ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] && [ -f "$s" ] && [ ! -L "$s" ] \\\n'
+        f'  && [ -O "$s" ] && read -r sb st < "$s" && read -r b < {q["b"]} \\\n'
+        f"  && read -r up _ < {q['u']}; then\n"
+        "  up=${up%%.*}\n"
+        '  case "$st" in\n'
+        "  ''|*[!0-9]*|0?*|??????????*) ;;  # digits only, no octal, < 1e9\n"
+        '  *) if [ "$sb" = "$b" ] && [ "$st" -le "$up" ] \\\n'
+        f'      && [ "$up" -le $((st + {int(max_age)})) ] && rm -f -- "$s"; then exit 0; fi ;;\n'
+        "  esac\nfi\n"
+        f"exec {full_check}\n"
+    )
 
 
 def install_wrapper(paths: Paths) -> bool:
     """Slurm runs HealthCheckProgram without arguments: a wrapper on every slurmd node."""
-    text = (
-        "#!/bin/sh\n# written by nodeforge node init: Slurm's HealthCheckProgram\n"
-        "# slurmd runs it with an almost empty environment.\n"
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
-        "exec /usr/local/bin/nodeforge node health --quiet\n"
-    )
+    text = wrapper_text(paths.health_stamp, paths.boot_id, paths.proc_uptime)
     return write_atomic(paths.root / HEALTH_WRAPPER.relative_to("/"), text, 0o755)

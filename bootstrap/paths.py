@@ -15,6 +15,8 @@ class Paths:
     # Inputs
     node_yaml: Path = Path("/etc/nodeforge/node.yaml")
     cmdline: Path = Path("/proc/cmdline")
+    boot_id: Path = Path("/proc/sys/kernel/random/boot_id")  # new at every boot (and nspawn start)
+    proc_uptime: Path = Path("/proc/uptime")  # CLOCK_BOOTTIME: no jumps when NTP steps the clock
     cloud_init_user_data: Path = Path("/var/lib/cloud/instance/user-data.txt")
     hyperpod_resource_config: Path = Path("/opt/ml/config/resource_config.json")
     hyperpod_provisioning_parameters: Path = Path("/opt/ml/config/provisioning_parameters.json")
@@ -28,6 +30,8 @@ class Paths:
     log_dir: Path = Path("/var/log/nodeforge")
     secrets: Path = Path("/etc/nodeforge/secrets")
     run_dir: Path = Path("/run/nodeforge")
+    # The agent's health pass, for slurmd's start-up HealthCheckProgram run (health.py, stamp).
+    health_stamp: Path = Path("/run/nodeforge/health/passed")
     slurm_etc: Path = Path("/etc/slurm")
     munge_key: Path = Path("/etc/munge/munge.key")
     ssh_etc: Path = Path("/etc/ssh")

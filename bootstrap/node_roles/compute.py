@@ -1,7 +1,9 @@
 """Compute role step: configless, dynamic `slurmd -Z`, registered DRAINED (readiness gate).
 
 1. A minimal client slurm.conf (/run/nodeforge) and a bounded wait for slurmctld (`scontrol ping`);
-   `slurmd -C` (the hardware spec) runs at the same time, in a thread.
+   `slurmd -C` (the hardware spec) and the node's health checks (health.precheck: a pass is
+   the stamp that lets slurmd's start-up HealthCheckProgram run skip the Python check) run at
+   the same time, in threads. A node that fails them is created drained.
 2. The gate holds the node: created in slurmctld with this node's full spec (`slurmd -C` +
    NodeAddr + Feature + Gres) as FUTURE. Only when something must run before the node takes
    jobs (hooks) is it also drained "nodeforge: initializing"; without hooks the FUTURE node is
@@ -142,10 +144,19 @@ def start_slurmd(
     env = gres.hardware_spec_env(ctx.paths)  # gpu image: see there why
     hw = in_background(lambda: hardware_spec(h, p, env), "slurmd-C")
     jobs.append(hw)
+    # Before slurmd starts, so that a pass is stamped for slurmd's start-up run (health.py).
+    checked = in_background(lambda: health.precheck(h, ctx.paths), "health")
+    jobs.append(checked)
     try:
         detail["controller_wait_s"] = round(wait_controller(ctx, g), 2)
         t0 = h.monotonic()
         spec = hw()
+        t1 = h.monotonic()
+        pre = checked()
+        if not pre.ok:  # never registered idle, not even until the ready step drains it
+            drain = True
+            detail["health"] = pre.reason
+        detail["health_extra_s"] = round(h.monotonic() - t1, 3)  # beyond slurmd -C
         t1 = h.monotonic()
         held = g.hold(node_spec(ctx, extra_features, spec), hold_reason, drain=drain)
         # state.json: where the role step's time goes (bench/README.md, node section)
