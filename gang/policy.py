@@ -21,11 +21,9 @@ Kueue's waitForPodsReady mapped onto Slurm:
 
 from __future__ import annotations
 
-import operator
 import random
 from dataclasses import replace
-from functools import partial
-from itertools import compress, filterfalse, repeat
+from itertools import filterfalse
 
 from . import readiness, strikes
 from .actions import Action, ActionKind
@@ -43,7 +41,6 @@ from .state import (
     READY,
     RECOVERING,
     WAITING,
-    ClockIndex,
     GangRecord,
     GovState,
 )
@@ -207,7 +204,6 @@ def decide(
     out = GovState(jobs=c.recs, counters=st.counters, version=st.version, nodes=c.nodes)
     out.seen_jobs = {j.job_id: j for j in snap.jobs}
     out.seen_nodes = snap.nodes
-    out.clocks = st.clocks  # next_deadline brings it up to date from the changed records
     return out, c.actions
 
 
@@ -597,41 +593,16 @@ def next_deadline(cfg: GangConfig, st: GovState, now: float) -> float | None:
     interval tick, so a deadline is acted on one snapshot after it passes, not up to one
     interval later (Kueue, too, requeues after exactly the time left). Deadlines already
     passed are not returned: those are the regular cycle's (no busy loop on one it skipped).
-
-    Called after every cycle: the clocks are kept in st.clocks and only the records that are
-    not the very objects seen last call are read (a cycle copies the records it changes),
-    so the cost is C-level comparisons, not a Python walk over every record
-    (tests/unit/test_gang_wakeup.py checks it against the walk)."""
-    ix, jobs = st.clocks, st.jobs
-    seen = ix.seen
-    same = list(map(operator.is_, map(seen.get, jobs), jobs.values()))
-    if False in same or len(seen) != len(jobs):
-        new = 0
-        for k in compress(list(jobs), map(operator.not_, same)):
-            new += k not in seen
-            _read_clock(ix, k, jobs[k])
-        if len(seen) + new != len(jobs):  # some records are gone
-            for k in seen.keys() - jobs.keys():
-                ix.admitted.pop(k, None)
-                ix.lost.pop(k, None)
-        ix.seen = dict(jobs)
-    after = partial(operator.lt, now)
-    due = min(filter(after, map(operator.add, ix.admitted.values(), repeat(cfg.timeout))),
-              default=None)  # fmt: skip
-    if cfg.recovery_timeout > 0 and ix.lost:
-        t = min(
-            filter(after, map(operator.add, ix.lost.values(), repeat(cfg.recovery_timeout))),
-            default=None,
-        )
-        if t is not None and (due is None or t < due):
+    A plain walk: 0.27 ms at 7.6k gangs; an index of the clocks kept between calls measured
+    slower (0.4 ms quiet, ~1 ms with 1 % changed)."""
+    due = None
+    for rec in st.jobs.values():
+        if rec.phase == ADMITTED and rec.admitted_at is not None:
+            t = rec.admitted_at + cfg.timeout
+        elif rec.phase == RECOVERING and rec.lost_at is not None and cfg.recovery_timeout > 0:
+            t = rec.lost_at + cfg.recovery_timeout
+        else:
+            continue
+        if t > now and (due is None or t < due):
             due = t
     return due
-
-
-def _read_clock(ix: ClockIndex, k: str, rec: GangRecord) -> None:
-    ix.admitted.pop(k, None)
-    ix.lost.pop(k, None)
-    if rec.phase == ADMITTED and rec.admitted_at is not None:
-        ix.admitted[k] = rec.admitted_at
-    elif rec.phase == RECOVERING and rec.lost_at is not None:
-        ix.lost[k] = rec.lost_at

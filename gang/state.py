@@ -118,20 +118,6 @@ class Counters:
     hist: dict[str, list[float]] = field(default_factory=dict)
 
 
-class ClockIndex:
-    """Not persisted: the running clocks of the records last looked at, kept by
-    policy.next_deadline (job key -> admitted_at of an ADMITTED record, lost_at of a
-    RECOVERING one) with the records they were read from. Only records that are not the
-    same objects as last time are read again (decide() never mutates a record: it copies)."""
-
-    __slots__ = ("admitted", "lost", "seen")
-
-    def __init__(self) -> None:
-        self.seen: dict[str, GangRecord] = {}
-        self.admitted: dict[str, float] = {}
-        self.lost: dict[str, float] = {}
-
-
 @dataclass
 class GovState:
     jobs: dict[str, GangRecord] = field(default_factory=dict)
@@ -143,7 +129,6 @@ class GovState:
     # (the reader's cache hands out the same object for an unchanged job).
     seen_jobs: dict = field(default_factory=dict, compare=False, repr=False)
     seen_nodes: object = field(default=None, compare=False, repr=False)
-    clocks: ClockIndex = field(default_factory=ClockIndex, compare=False, repr=False)
 
 
 # A record's fields at their defaults are left out of the file (from_json restores them):

@@ -99,7 +99,7 @@ def test_next_deadline_covers_admitted_and_recovering_gangs():
 
 
 def _walk(cfg, st, now):
-    """next_deadline as it was: a walk over every record (the reference)."""
+    """The reference: an independent walk over every record."""
     due = None
     for rec in st.jobs.values():
         if rec.phase == ADMITTED and rec.admitted_at is not None:
@@ -133,9 +133,9 @@ _step = st_.one_of(
 @settings(max_examples=300, deadline=None)
 @given(steps=st_.lists(st_.tuples(_step, st_.integers(95, 145).map(float)), max_size=25))
 def test_kept_clocks_give_what_the_walk_over_every_record_gives(steps):
-    """The clocks kept between calls (only changed records are read again) return exactly
-    the full walk's deadline whatever happened to the records in between: records put,
-    dropped, the dict replaced, a record put back, the config changed."""
+    """Called again and again on one state, next_deadline returns exactly the reference
+    walk's deadline whatever happened to the records in between: records put, dropped, the
+    dict replaced, a record put back, the config changed."""
     cfg = gcfg.GangConfig(timeout=10, recovery_timeout=5)
     st = GovState()
     for (kind, arg), now in steps:
@@ -151,8 +151,8 @@ def test_kept_clocks_give_what_the_walk_over_every_record_gives(steps):
 
 
 def test_a_gang_admitted_in_a_later_cycle_is_woken_for(tmp_path):
-    """The clocks follow the states decide() hands on: a gang that becomes admitted after
-    the first cycles (its record is a new object then) gets its wake-up at its deadline."""
+    """The wake-up follows the states decide() hands on: a gang that becomes admitted after
+    the first cycles gets its wake-up at its deadline."""
     clock = Clock(START - 5)
     g = governor(tmp_path, clock)
 
