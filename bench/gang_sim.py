@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -736,20 +737,40 @@ def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Ra
 
     from nodeforge.gang import state as state_mod
     from nodeforge.gang.policy import next_deadline
-    from nodeforge.gang.slurm import parse_jobs, parse_nodes
+    from nodeforge.gang.slurm import SlurmCli
 
     n = args.jobs
     cfg = gcfg.from_dict({"timeout": 300, "recovery_timeout": 60}, "bench")
     now = float(t_sub + 36000 + 180)
     tmp = tempfile.mkdtemp(prefix="gang-cycle-")
     path = os.path.join(tmp, "state.json")
+    # What slurmctld returns, in files that `cat` prints: the governor's own SlurmCli runs
+    # `cat` where it would run scontrol/squeue, so the figure holds what the governor pays
+    # for a read (spawning the client, taking its output, decoding if it does), as well as
+    # the parse. In memory (/dev/shm) when there is one: scontrol's output comes from memory.
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tmp
+    docs = tempfile.mkdtemp(prefix="gang-cycle-", dir=shm)
+    jobs_file, nodes_file = os.path.join(docs, "jobs.json"), os.path.join(docs, "nodes.json")
+    with open(nodes_file, "w", encoding="utf-8") as f:
+        f.write(node_txt)
+    client_s = [0.0]
+
+    class ClientTimedCli(SlurmCli):
+        """Counts the wall time spent in the client (spawn, cat's own writing, exit): cat
+        stands in for scontrol, whose time (and slurmctld's) a real cycle waits for too but
+        which is not the governor's work."""
+
+        def _run(self, *argv: str, check: bool = True, **kw):
+            t = time.perf_counter()
+            try:
+                return super()._run(*argv, check=check, **kw)
+            finally:
+                client_s[0] += time.perf_counter() - t
+
+    cli = ClientTimedCli(timeout=15.0, clock=lambda: now)
+    cli._commands = (["cat", jobs_file], ["cat", nodes_file])  # (no `scontrol --version`)
 
     saved = None
-    from nodeforge.gang.slurm import JobCache
-
-    cache = JobCache()  # as SlurmCli keeps it between cycles
-    node_cache: list = ["", {}]
-
     prof = None
     if args.profile:
         import cProfile
@@ -768,24 +789,24 @@ def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Ra
                     j["last_sched_evaluation"] = _n(j["last_sched_evaluation"]["number"] + 1)
                 elif j["job_state"] == "PENDING":
                     j["last_sched_evaluation"] += 1
-        job_txt = dump(jobs)
+        with open(jobs_file, "w", encoding="utf-8") as f:  # slurmctld's part: not timed
+            f.write(dump(jobs))
         if prof is not None and profile:
             prof.enable()
-        t0 = time.perf_counter()
-        js = parse_jobs(job_txt, "bench", cache)
-        if node_txt != node_cache[0]:  # as SlurmCli: unchanged text, the same map
-            node_cache[:] = [node_txt, {k: v.flags for k, v in parse_nodes(node_txt).items()}]
-        t1 = time.perf_counter()
-        snap = Snapshot(js, node_cache[1], now)
+        client_s[0] = 0.0
+        c0, t0 = time.process_time(), time.perf_counter()
+        snap = cli.snapshot()  # spawn `cat` twice, take the output, parse jobs (+ nodes)
+        t1, c1 = time.perf_counter(), time.process_time()
         st2, _acts = decide(cfg, st, snap, now)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         saved = state_mod.save_if_changed(st2, path, saved)
         # the governor's loop asks for the next gang deadline after every cycle (next_wait)
         next_deadline(cfg, st2, now)
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         if prof is not None:
             prof.disable()
-        return st2, (t1 - t0, t2 - t1, t3 - t2), len(job_txt) + len(node_txt)
+        walls = (t1 - t0 - client_s[0], t2 - t1, t3 - t2, client_s[0])
+        return st2, (*walls, c1 - c0, c2 - c1, c3 - c2), snap.bytes_read
 
     st, _cold, _b = one(GovState(), 0, profile=False)
     for label, change in (("steady (nothing changed)", 0.0), ("1% of jobs changed", 0.01)):
@@ -793,16 +814,26 @@ def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Ra
         for _ in range(args.repeat):
             st, t, nbytes = one(st, change)
             ts.append(t)
-        p_, d_, s_ = (statistics.median(x[i] for x in ts) * 1000 for i in range(3))
-        tot = p_ + d_ + s_
+        p_, d_, s_, w_, cp_, cd_, cs_ = (
+            statistics.median(x[i] for x in ts) * 1000 for i in range(7)
+        )
+        tot = statistics.median(sum(x[:3]) for x in ts) * 1000
+        cpu = statistics.median(sum(x[4:7]) for x in ts) * 1000
         print(
-            f"{n:>6} jobs ({len(st.jobs)} gangs), {label:<26}: parse {p_:7.1f} ms  "
+            f"{n:>6} jobs ({len(st.jobs)} gangs), {label:<26}: read+parse {p_:7.1f} ms  "
             f"decide {d_:6.1f} ms  persist+wake {s_:6.1f} ms  total {tot:7.1f} ms  "
-            f"slurmctld bytes/cycle {nbytes / 1e6:6.1f} MB"
+            f"| CPU {cp_:5.1f} / {cd_:5.1f} / {cs_:5.1f} = {cpu:6.1f} ms  "
+            f"| client {w_:6.1f} ms  | slurmctld bytes/cycle {nbytes / 1e6:6.1f} MB"
         )
     print(
-        f"(shape {args.shape}{', full jobs' if args.full_jobs else ''}; median of {args.repeat}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        f"(shape {args.shape}{', full jobs' if args.full_jobs else ''}; median of "
+        f"{args.repeat}; wall ms without the client; CPU = this process's user+sys time "
+        f"per phase, the client's own time (cat) not in it; client = wall time in the "
+        f"client calls, cat writing the document included; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
+    shutil.rmtree(docs, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
     if prof is not None:
         prof.dump_stats(args.profile)
         print(f"cProfile of the timed parts (warm cycles, both cases): {args.profile}")
@@ -860,10 +891,10 @@ def cmd_deadline(args) -> None:
         class TimedCli(SlurmCli):
             """SlurmCli that records how long each client call took (for the slow rounds)."""
 
-            def _run(self, *argv: str, check: bool = True):
+            def _run(self, *argv: str, check: bool = True, **kw):
                 t0 = time.time()
                 try:
-                    return super()._run(*argv, check=check)
+                    return super()._run(*argv, check=check, **kw)
                 finally:
                     calls.append((time.time(), time.time() - t0, " ".join(argv[:3])))
 

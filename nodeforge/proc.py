@@ -80,10 +80,15 @@ def run(
     text: bool = True,
     hint: str = "",
     redact: Sequence[str] = (),
+    output_file: IO[bytes] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run a command to completion. stderr is merged into stdout so errors keep their context.
 
     *redact* lists substrings (secrets) that must never reach a log line.
+    *output_file* (an open binary file) receives stdout and stderr instead of a pipe:
+    `cp.stdout` is then None, and a failure's message holds no output (the caller has it).
+    For large outputs read every cycle (the gang governor's job list, ~90 MB on Slurm
+    24.11): no 32 kB pipe reads through a selector, no decoding.
     """
     args = [str(a) for a in argv]
     shown = _redact(_fmt(args), redact)
@@ -100,8 +105,8 @@ def run(
             env=full_env,
             cwd=cwd,
             input=input,
-            stdout=subprocess.PIPE if capture else None,
-            stderr=subprocess.STDOUT if capture else None,
+            stdout=output_file if output_file is not None else subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture or output_file is not None else None,
             text=text,
         )
     except FileNotFoundError as exc:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import mmap
 import operator
 import re
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ _SHOWN_FLAGS = ("COMPLETING", "CONFIGURING", "RESIZING", "REQUEUED", "STAGE_OUT"
 
 class SlurmDataError(NodeforgeError):
     """Slurm's output does not have the shape this reader checks for."""
+
+
+# Slurm's output as bytes (UTF-8), e.g. a memory map of what the client wrote: find() and
+# the buffer API are all the readers use.
+Buffer = bytes | bytearray | mmap.mmap
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +290,12 @@ def job_from_json(d: object) -> JobRecord:
     )
 
 
-def _load(text: str, key: str, source: str) -> list:
+def _load(text: str | Buffer, key: str, source: str) -> list:
+    if not isinstance(text, str):  # Slurm writes UTF-8; anything else is refused, not guessed
+        try:
+            text = str(text, "utf-8")
+        except UnicodeDecodeError as exc:
+            raise SlurmDataError(f"{source}: not UTF-8 ({exc})") from exc
     try:
         doc = json.loads(text)
     except ValueError as exc:
@@ -299,7 +310,7 @@ def _load(text: str, key: str, source: str) -> list:
 
 class BlockCache:
     """What parse_jobs keeps between calls (one per reader, e.g. per governor): the text of
-    each job of the last document, in its order, and the record parsed from it. See `_walk`
+    each job of the last document (UTF-8 bytes), in its order, and the record parsed from it. See `_walk`
     for how it is used and why that is exact."""
 
     __slots__ = ("entries",)
@@ -308,20 +319,31 @@ class BlockCache:
         self.entries: list[Entry] = []
 
 
-# One job's text, cut around the digits of its volatile number: (text before them, their
-# count, text after them, record). Without a volatile number: (whole text, 0, "", record).
-Entry = tuple[str, int, str, JobRecord]
+# One job's text (UTF-8) followed by the next item's start (_SEP), cut around the digits of
+# its volatile number: (text before them, their count, text after them + _SEP, record).
+# Without a volatile number: (whole text + _SEP, 0, b"", record). With _SEP in the pieces, an
+# unchanged job in mid-list costs one comparison per piece (two with a volatile number).
+Entry = tuple[bytes, int, bytes, JobRecord]
 
 
 def parse_jobs(
-    text: str, source: str = "squeue --json", cache: BlockCache | None = None
+    text: str | Buffer, source: str = "squeue --json", cache: BlockCache | None = None
 ) -> list[JobRecord]:
-    """Jobs of one JSON document. A job id listed twice is an error (never a guess).
+    """Jobs of one JSON document: text, or the bytes Slurm wrote (UTF-8; anything else is an
+    error). A job id listed twice is an error (never a guess).
 
     With *cache* (kept by the caller between calls), a job whose text did not change since
     the last call costs a byte comparison with last call's text instead of a JSON parse;
-    the records are exactly those of the full parse (`_walk` says why)."""
-    walked = _walk(text, cache) if cache is not None else None
+    the records are exactly those of the full parse (`_walk` says why). Give it the bytes:
+    only the changed jobs are then decoded (a str is encoded first)."""
+    walked = None
+    if cache is not None:
+        try:
+            data = text.encode() if isinstance(text, str) else text
+        except UnicodeEncodeError:  # (a lone surrogate: the full parse decides)
+            data = None
+        if data is not None:
+            walked = _walk(data, cache)
     if walked is None:
         out = [job_from_json(d) for d in _load(text, "jobs", source)]
     else:
@@ -341,52 +363,62 @@ _JOB_ID = operator.attrgetter("job_id")
 _RECORD = operator.itemgetter(3)
 # Layout of Slurm's pretty-printed JSON (22.05's squeue, 24.11's scontrol/squeue: indent 2):
 # the jobs list is a top-level member, its items sit at indent 4, their members at indent 6.
-_JOBS_OPEN = '\n  "jobs": [\n    {\n'
-_ITEM_END = "\n    }"
-_NEXT_ITEM = ",\n    {\n"
-_LIST_END = "\n  ]"
+_JOBS_OPEN = b'\n  "jobs": [\n    {\n'
+_ITEM_END = b"\n    }"
+_NEXT_ITEM = b",\n    {\n"
+_LIST_END = b"\n  ]"
 _HEAD_MARK = "nodeforge: the jobs list"
 # A member that slurmctld's scheduler rewrites on every pass for every pending job and that
 # job_from_json does not read: 22.05 prints it as a number, >= 23.02 as Slurm's number
 # object. Only the digits of that number may differ from the cached text.
-_VOL_KEY = '\n      "last_sched_evaluation": '
+_VOL_KEY = b'\n      "last_sched_evaluation": '
 _VOL_NUMBER = re.compile(
-    r'(?:\{\n {8}"set": (?:true|false),\n {8}"infinite": (?:true|false),\n {8}"number": )?'
-    r"(0|[1-9][0-9]{0,18})(?=[,\n])"
+    rb'(?:\{\n {8}"set": (?:true|false),\n {8}"infinite": (?:true|false),\n {8}"number": )?'
+    rb"(0|[1-9][0-9]{0,18})(?=[,\n])"
 )
-_VOL_DIGITS = re.compile(r"0|[1-9][0-9]*")  # as many digits as cached ([0-9]: ASCII only)
+_VOL_DIGITS = re.compile(rb"0|[1-9][0-9]*")  # as many digits as cached (bytes: ASCII only)
 _SEP = _ITEM_END + _NEXT_ITEM
-_ID_KEY = '\n      "job_id": '
-_ID_VALUE = re.compile(r"[1-9][0-9]{0,18}")
+_ID_KEY = b'\n      "job_id": '
+_ID_VALUE = re.compile(rb"[1-9][0-9]{0,18}")
 
 
-def _entry(chunk: str, rec: JobRecord) -> Entry:
+def _entry(chunk: bytes, rec: JobRecord) -> Entry:
     v = chunk.find(_VOL_KEY)
     m = _VOL_NUMBER.match(chunk, v + len(_VOL_KEY)) if v >= 0 else None
     if m is None:
-        return chunk, 0, "", rec
-    return chunk[: m.start(1)], m.end(1) - m.start(1), chunk[m.end(1) :], rec
+        return chunk + _SEP, 0, b"", rec
+    return chunk[: m.start(1)], m.end(1) - m.start(1), chunk[m.end(1) :] + _SEP, rec
 
 
-def _match(text: str, pos: int, entry: Entry) -> int:
+def _at(mv: memoryview, pos: int, sub: bytes) -> bool:
+    """Does *sub* stand at *pos* in *mv*? (`bytes.startswith` of an equally long view: memcmp,
+    no copy; the length test first, since a view cut short by the end would match a prefix.)"""
+    end = pos + len(sub)
+    return pos >= 0 and end <= len(mv) and sub.startswith(mv[pos:end])
+
+
+def _match(mv: memoryview, pos: int, entry: Entry) -> int:
     """End of the job text at *pos* if it is *entry*'s text (the digits of its volatile
     number aside: as many, ASCII, no leading zero), else -1."""
     pre, n, post, _ = entry
-    if not text.startswith(pre, pos):
+    if n:
+        post = post[: -len(_SEP)]
+    else:
+        pre = pre[: -len(_SEP)]
+    if not _at(mv, pos, pre):
         return -1
     e = pos + len(pre)
     if n:
-        d = text[e : e + n]
-        if not (d.isdigit() and d.isascii() and (n == 1 or d[0] != "0")):
+        if e + n > len(mv) or not _VOL_DIGITS.fullmatch(mv, e, e + n):
             return -1
         e += n
-        if not text.startswith(post, e):
+        if not _at(mv, e, post):
             return -1
         e += len(post)
-    return e if text.startswith(_ITEM_END, e) else -1
+    return e if _at(mv, e, _ITEM_END) else -1
 
 
-def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
+def _walk(text: Buffer, cache: BlockCache) -> list[Entry] | None:
     """The jobs, item by item, through *cache*; None when the document is not laid out as
     Slurm prints it or anything in it fails (the caller then parses the whole document,
     which gives the true records or the true error).
@@ -401,11 +433,20 @@ def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
     never reads: its digits may differ (as many, so the item stays the same valid JSON but
     for them). After the list's `]`, the rest of the document is parsed with the list taken
     out (a marker in its place: a second "jobs" member would replace the marker, and the
-    full parse is used). The comparison runs at C speed and nothing is copied for an
-    unchanged job; only a changed or new job is cut out and parsed. Jobs are compared in
-    last call's order; a job that moved is found by its `job_id` (only a hint: its text is
-    still compared in full)."""
-    i = text.find(_JOBS_OPEN)
+    full parse is used). The document is UTF-8 (decoded strictly wherever it is parsed, as
+    the full parse decodes it): cut only at ASCII layout bytes, equal bytes are equal text.
+    The comparison runs at C speed (memcmp through a memoryview: the document is not copied,
+    and may be a memory map of the client's output) and nothing is copied for an unchanged
+    job; only a changed or new job is cut out and parsed. Jobs are compared in last call's
+    order; a job that moved is found by its `job_id` (only a hint: its text is still
+    compared in full)."""
+    with memoryview(text) as mv:
+        return _walk_view(text, mv, cache)
+
+
+def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache) -> list[Entry] | None:
+    size = len(mv)
+    i = text.find(_JOBS_OPEN, 0, size)
     if i < 0:
         return None
     pos = i + len(_JOBS_OPEN)
@@ -414,7 +455,6 @@ def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
     by_id: dict[int, int] | None = None
     entries: list[Entry] = []
     add = entries.append
-    startswith = text.startswith
     k = 0  # the cached job expected next
     vol = _VOL_DIGITS.fullmatch
     try:
@@ -422,41 +462,36 @@ def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
             if k < n_old:  # the fast path: _match and the next item's start, in one test
                 ent = old[k]
                 pre, n, post, _ = ent
-                e = pos + len(pre) + n
-                if (
-                    startswith(pre, pos)
-                    and (not n or (vol(text, e - n, e) and startswith(post, e)))
-                    and startswith(_SEP, e + len(post))
-                ):
+                a = pos + len(pre)
+                if n:
+                    e = a + n
+                    end = e + len(post)
+                    if (
+                        end <= size  # (so no view below is cut short)
+                        and pre.startswith(mv[pos:a])
+                        and vol(mv, a, e)
+                        and post.startswith(mv[e:end])
+                    ):
+                        add(ent)
+                        k += 1
+                        pos = end
+                        continue
+                elif a <= size and pre.startswith(mv[pos:a]):
                     add(ent)
                     k += 1
-                    pos = e + len(post) + len(_SEP)
+                    pos = a
                     continue
-            e = -1
-            if k < n_old:  # _match inlined (the last job, or one that changed)
-                ent = old[k]
-                pre, n, post, _ = ent
-                if startswith(pre, pos):
-                    e = pos + len(pre)
-                    if n:
-                        d = text[e : e + n]
-                        if d.isdigit() and d.isascii() and (n == 1 or d[0] != "0"):
-                            e += n
-                            e = e + len(post) if startswith(post, e) else -1
-                        else:
-                            e = -1
-                    if e >= 0 and not startswith(_ITEM_END, e):
-                        e = -1
+            e = _match(mv, pos, old[k]) if k < n_old else -1  # (the last job, or a changed one)
             if e >= 0:
-                add(ent)
+                add(old[k])
                 k += 1
             else:
-                e = text.find(_ITEM_END, pos)
+                e = text.find(_ITEM_END, pos, size)
                 if e < 0:
                     return None
                 h = None  # where this job was last time, by its id
                 q = text.find(_ID_KEY, pos - 1, e)
-                m = _ID_VALUE.match(text, q + len(_ID_KEY)) if q >= 0 else None
+                m = _ID_VALUE.match(mv, q + len(_ID_KEY), e) if q >= 0 else None
                 if m is not None:
                     jid = int(m.group())
                     if k < n_old and old[k][3].job_id == jid:
@@ -465,21 +500,22 @@ def _walk(text: str, cache: BlockCache) -> list[Entry] | None:
                         if by_id is None:
                             by_id = {r.job_id: x for x, (_, _, _, r) in enumerate(old)}
                         h = by_id.get(jid)
-                if h is not None and _match(text, pos, old[h]) == e:
+                if h is not None and _match(mv, pos, old[h]) == e:
                     add(old[h])
                 else:
-                    chunk = text[pos:e]
-                    add(_entry(chunk, job_from_json(json.loads("{" + chunk + "}"))))
+                    chunk = bytes(mv[pos:e])  # (decoded strictly: Slurm writes UTF-8)
+                    add(_entry(chunk, job_from_json(json.loads("{" + chunk.decode() + "}"))))
                 if h is not None:
                     k = h + 1
             e += len(_ITEM_END)
-            if startswith(_NEXT_ITEM, e):
+            if _at(mv, e, _NEXT_ITEM):
                 pos = e + len(_NEXT_ITEM)
-            elif startswith(_LIST_END, e):
+            elif _at(mv, e, _LIST_END):
                 break
             else:
                 return None
-        head = json.loads(f'{text[:i]}\n  "jobs": "{_HEAD_MARK}"{text[e + len(_LIST_END) :]}')
+        rest = str(mv[e + len(_LIST_END) :], "utf-8")
+        head = json.loads(f'{str(mv[:i], "utf-8")}\n  "jobs": "{_HEAD_MARK}"{rest}')
     except (ValueError, SlurmDataError):
         return None
     if not isinstance(head, dict) or head.get("jobs") != _HEAD_MARK or head.get("errors"):
@@ -513,7 +549,9 @@ def node_from_json(d: object) -> NodeRecord:
     return NodeRecord(name=name, flags=frozenset(flags), reason=reason, base=base)
 
 
-def parse_nodes(text: str, source: str = "scontrol show node --json") -> dict[str, NodeRecord]:
+def parse_nodes(
+    text: str | Buffer, source: str = "scontrol show node --json"
+) -> dict[str, NodeRecord]:
     out: dict[str, NodeRecord] = {}
     for d in _load(text, "nodes", source):
         n = node_from_json(d)

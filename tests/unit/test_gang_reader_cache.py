@@ -6,6 +6,8 @@ drops or restamps jobs; unchanged jobs come back as the very same record objects
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import re
 from pathlib import Path
 
@@ -66,12 +68,27 @@ def render(jobs: list, shape: str) -> str:
     return json.dumps({"meta": {}, "errors": [], "jobs": jobs}, indent=2)  # 22.05: jobs last
 
 
-def both(text: str, cache: sr.BlockCache):
-    """(cached read, full read): records or the error's message."""
+def as_form(data: bytes, form: str):
+    """The document as the governor may hand it to the reader: text, bytes, or a memory map
+    of a memory file (how gang.slurm.OutputBuffer reads the client's output)."""
+    if form == "str":
+        return data.decode()
+    if form == "bytes":
+        return data
+    fd = os.memfd_create("t")
+    os.write(fd, data)
+    m = mmap.mmap(fd, len(data)) if data else b""
+    os.close(fd)
+    return m
+
+
+def both(text: str | bytes, cache: sr.BlockCache, form: str = "str"):
+    """(cached read of *text* in *form*, full read of its bytes): records or the error."""
+    data = text.encode() if isinstance(text, str) else text
     out = []
-    for c in (cache, None):
+    for c, f in ((cache, form), (None, "bytes")):
         try:
-            out.append(sr.parse_jobs(text, "t", c))
+            out.append(sr.parse_jobs(as_form(data, f), "t", c))
         except sr.SlurmDataError as exc:
             out.append(str(exc))
     return out
@@ -99,13 +116,14 @@ OPS = st.lists(
     names=st.lists(HOSTILE, min_size=0, max_size=6),
     ops=OPS,
     shape=st.sampled_from(["22", "24"]),
+    forms=st.lists(st.sampled_from(["str", "bytes", "mmap"]), min_size=12, max_size=12),
 )
-def test_cached_read_is_the_full_parse_over_random_cycles(names, ops, shape):
+def test_cached_read_is_the_full_parse_over_random_cycles(names, ops, shape, forms):
     jobs = [job(10 + i, shape, n) for i, n in enumerate(names)]
     cache = sr.BlockCache()
     prev: dict[int, tuple[str, sr.JobRecord]] = {}
     next_id = 100
-    for op, x, text in ops:
+    for cycle, (op, x, text) in enumerate(ops):
         i = x % len(jobs) if jobs else 0
         if op == "restamp":  # the scheduler's pass: every pending job's number moves
             for j in jobs:
@@ -129,7 +147,7 @@ def test_cached_read_is_the_full_parse_over_random_cycles(names, ops, shape):
         elif op == "rename" and jobs:
             jobs[i] = {**jobs[i], "name": text}
         doc = render(jobs, shape)
-        cached, full = both(doc, cache)
+        cached, full = both(doc, cache, forms[cycle])
         assert cached == full
         if isinstance(full, str):
             assert "listed twice" in full
@@ -225,3 +243,41 @@ def test_errors_and_truncation_are_the_full_parse_errors():
         with pytest.raises(sr.SlurmDataError, match="not JSON"):
             sr.parse_jobs(text[:cut], "t", cache)
     assert sr.parse_jobs(text, "t", cache) == sr.parse_jobs(text)
+
+
+@pytest.mark.parametrize("form", ["bytes", "mmap"])
+@pytest.mark.parametrize(
+    "bad",
+    # not UTF-8 (a cut sequence, an encoded surrogate, an overlong '/'), same byte count
+    [b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf"],
+)
+def test_bytes_that_are_not_utf8_are_the_full_parse_error_wherever_they_are(form, bad):
+    """The reader decodes strictly, as the full parse does: a changed job, the last job, or
+    the text around the list holding bytes that are not UTF-8 is an error, never a record
+    read from the cache."""
+    jobs = [job(1, "24", "x" * 3), job(2, "24", "y" * 3), job(3, "24", "z" * 3)]
+    good = render(jobs, "24").encode()
+    for where in (b'"xxx"', b'"zzz"', b'"errors"'):
+        cache = sr.BlockCache()
+        assert both(good, cache, form)[0] == sr.parse_jobs(good.decode())
+        doc = good.replace(where, where[:1] + bad + where[1 + len(bad) :], 1)
+        assert len(doc) == len(good)
+        cached, full = both(doc, cache, form)
+        assert isinstance(full, str) and "not UTF-8" in full and cached == full
+        assert both(good, cache, form)[0] == sr.parse_jobs(good.decode())
+
+
+def test_a_view_cut_short_by_the_end_is_no_match():
+    """`bytes.startswith(view)` is true for any prefix: the reader's comparison at an offset
+    tests the length first, so a document that ends inside a cached job's text never
+    matches it (the walk would fail later anyway: the list's end and the rest of the
+    document must still parse)."""
+    mv = memoryview(b'  "a": 1\n    }')
+    assert sr._at(mv, 0, b'  "a": 1') and sr._at(mv, 8, sr._ITEM_END)
+    assert not sr._at(mv, 9, sr._ITEM_END + b",") and not sr._at(mv, 12, b"  }\n")
+    for cut in range(1, 20):
+        text = render([job(1, "24"), job(2, "24")], "24").encode()
+        cache = sr.BlockCache()
+        sr.parse_jobs(text, "t", cache)
+        short = text[: text.index(b'"job_id": 2') + cut]
+        assert sr._walk(short, cache) is None
