@@ -22,8 +22,12 @@ Kueue's waitForPodsReady mapped onto Slurm:
 from __future__ import annotations
 
 import random
-from dataclasses import replace
-from itertools import filterfalse
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from heapq import heapify, heappop, heappush
+from itertools import compress, filterfalse
+from operator import attrgetter, is_not, or_
 
 from . import readiness, strikes
 from .actions import Action, ActionKind
@@ -176,50 +180,59 @@ def decide(
 ) -> tuple[GovState, list[Action]]:
     """One cycle, one small function per phase (Kueue's workload controller style)."""
     c = _Cycle(cfg, st, snap, now)
-    same_nodes = snap.nodes is st.seen_nodes
-    seen_get, old_get = st.seen_jobs.get, st.jobs.get
-    for job in snap.jobs:
-        if seen_get(job.job_id) is job:
-            old = old_get(job.job_id)
-            if old is None:
-                continue  # no record for this very observation last cycle: not a gang
-            if _quiet(c, job, old, same_nodes):
-                continue
-        rec = _record(c, job)
-        if rec is None:
-            continue
-        _observe(c, rec, job)
-        if _finished(c, rec, job):
-            continue
-        if rec.phase == DEACTIVATED and _deactivated(c, rec, job):
-            continue
-        if job.state == "PENDING":
-            _pending(c, rec, job)
-        elif job.state in ADMITTED_STATES:
-            _admitted(c, rec, job)
-        # COMPLETING, SUSPENDED, ...: nothing to decide
-    _forget_gone(c)
-    if cfg.block_admission:
-        _admit_next(c)
+    jobs = snap.jobs
+    keys = list(map(_KEY, jobs))
+    seen_jobs = dict(zip(keys, jobs, strict=True))  # (C level; the reader lists each key once)
+    w = st.watch
+    if (
+        isinstance(w, _Watch)
+        and w.cfg is cfg
+        and snap.nodes is st.seen_nodes
+        and not cfg.block_admission
+    ):
+        watch = _decide_changed(c, w, keys, seen_jobs)
+    else:
+        watch = _decide_all(c)
     out = GovState(jobs=c.recs, counters=st.counters, version=st.version, nodes=c.nodes)
-    out.seen_jobs = {j.job_id: j for j in snap.jobs}
+    out.seen_jobs = seen_jobs
     out.seen_nodes = snap.nodes
+    out.watch = watch
     return out, c.actions
 
 
-def _quiet(c: _Cycle, job: JobObs, old: GangRecord, same_nodes: bool) -> bool:
-    """The job's observation is the same object as last cycle's: if its record is in a
-    phase where this cycle would decide exactly what the last one did, keep the record as
-    it is (no copy, no work). The last cycle ran every phase function on these very inputs
-    (job, node map, config); what still differs is the clock, so a running clock is quiet
-    only while its deadline is ahead (tests/unit/test_gang_policy.py checks the result
-    against the full path over random cycles)."""
+_KEY = attrgetter("job_id")
+NODE_PHASES = (ADMITTED, READY, RECOVERING)  # quiet only while the node map is the same
+_INF = float("inf")
+
+
+@dataclass
+class _Watch:
+    """Derived from a decide() result, for the next one (not persisted): which records the
+    next cycle must look at although their job's observation is the same object and the node
+    map too. *loud*: records that are not quiet with their observation (_quiet_until None);
+    *due*: a heap of (time, job id) for records quiet only until a time (a running clock).
+    Every record of a listed job is in one of them or quiet for good; *due* may also hold
+    stale entries (a record changed since), which cost one needless look. Valid for *cfg*
+    and without block_admission (its release looks at every record)."""
+
+    cfg: GangConfig
+    loud: set[str]
+    due: list[tuple[float, str]]
+
+
+def _quiet_until(cfg: GangConfig, job: JobObs, old: GangRecord) -> float | None:
+    """Until when (exclusive) a record *old* is quiet with the observation *job* and the
+    node map it was decided on: this cycle would decide exactly what the last one did, so
+    the record is kept as is (no copy, no work). inf: for good; None: not quiet. The last
+    cycle ran every phase function on these very inputs (job, node map, config); what still
+    differs is the clock, so a running clock is quiet only while its deadline is ahead
+    (tests/unit/test_gang_policy.py checks the result against the full path over random
+    cycles)."""
     ph = old.phase
-    now = c.now
     if ph == PENDING:
         # block_admission: the two branches of _pending that leave it PENDING as it is (a
         # record that _admit_next released last cycle is not one of them: its job is held)
-        ok = not c.cfg.block_admission or (
+        ok = not cfg.block_admission or (
             job.state == "PENDING"
             and (
                 (job.held and not old.hold_ours and not old.released_by_us)
@@ -227,48 +240,164 @@ def _quiet(c: _Cycle, job: JobObs, old: GangRecord, same_nodes: bool) -> bool:
             )
         )
     elif ph == READY:
-        ok = same_nodes
+        ok = True
     elif ph == ADMITTED:
-        ok = (
-            same_nodes
-            and job.state in ADMITTED_STATES
+        if (
+            job.state in ADMITTED_STATES
             and old.run_restarts == job.restarts
             and old.admitted_at is not None
-            and now < old.admitted_at + c.cfg.timeout
-        )
+        ):
+            return old.admitted_at + cfg.timeout
+        return None
     elif ph == RECOVERING:
-        ok = (
-            same_nodes
-            and job.state in ADMITTED_STATES
+        if (
+            job.state in ADMITTED_STATES
             and old.run_restarts == job.restarts
             and old.lost_at is not None
-            and now < old.lost_at + c.cfg.recovery_timeout
-        )
+        ):
+            return old.lost_at + cfg.recovery_timeout
+        return None
     elif ph == BACKOFF:
-        ok = (
+        if (
             job.state == "PENDING"
             and old.next_eligible is not None
-            and now < old.next_eligible
             and (
                 job.held
                 or job.eligible_time is None
                 or abs(job.eligible_time - old.next_eligible) <= 2.0
             )
-        )
+        ):
+            return old.next_eligible
+        return None
     elif ph == WAITING:
         ok = job.held and old.hold_ours
     elif ph == DEACTIVATED:
         ok = old.hold_confirmed and job.admin_held
     elif ph == DONE:
-        ok = job.finished
+        # (a job that is no longer a gang by its looks, e.g. its NumNodes after the end, has
+        # its record forgotten an hour after it finished: _record, then _forget, each time)
+        ok = job.finished and is_gang(cfg, job)
     else:
         ok = False
-    if ok:
-        c.seen.add(job.job_id)
-        c.recs[job.job_id] = old  # never mutated: a release copies it first
-        if ph == WAITING:
-            c.held_now.add(job.job_id)
-    return ok
+    return _INF if ok else None
+
+
+def _keep(c: _Cycle, job: JobObs, old: GangRecord) -> None:
+    c.seen.add(job.job_id)
+    c.recs[job.job_id] = old  # never mutated: a release copies it first
+    if old.phase == WAITING:
+        c.held_now.add(job.job_id)
+
+
+def _process(c: _Cycle, job: JobObs) -> None:
+    """Every phase function for one job whose record is not quiet."""
+    rec = _record(c, job)
+    if rec is None:
+        return
+    _observe(c, rec, job)
+    if _finished(c, rec, job):
+        return
+    if rec.phase == DEACTIVATED and _deactivated(c, rec, job):
+        return
+    if job.state == "PENDING":
+        _pending(c, rec, job)
+    elif job.state in ADMITTED_STATES:
+        _admitted(c, rec, job)
+    # COMPLETING, SUSPENDED, ...: nothing to decide
+
+
+def _decide_all(c: _Cycle) -> _Watch | None:
+    """Every job: those whose observation and node map are the same objects as last cycle's
+    and whose record is quiet (_quiet_until) are kept as they are, the others decided. Also
+    builds the _Watch that lets the next cycle look only at what changed."""
+    cfg, st, now = c.cfg, c.st, c.now
+    same_nodes = c.snap.nodes is st.seen_nodes
+    seen_get, old_get = st.seen_jobs.get, st.jobs.get
+    loud: set[str] = set()
+    due: list[tuple[float, str]] = []
+    looked: list[JobObs] = []
+    for job in c.snap.jobs:
+        if seen_get(job.job_id) is job:
+            old = old_get(job.job_id)
+            if old is None:
+                continue  # no record for this very observation last cycle: not a gang
+            t = _quiet_until(cfg, job, old)
+            if t is not None and now < t and (same_nodes or old.phase not in NODE_PHASES):
+                _keep(c, job, old)
+                if t != _INF:
+                    due.append((t, job.job_id))
+                continue
+        _process(c, job)
+        looked.append(job)
+    _forget_gone(c)
+    if cfg.block_admission:
+        _admit_next(c)
+        return None
+    _classify(c, looked, loud, due.append)
+    heapify(due)
+    return _Watch(cfg, loud, due)
+
+
+def _classify(c: _Cycle, looked: list[JobObs], loud: set[str], push: Callable) -> None:
+    """Enter the records decided for *looked* into the next cycle's watch."""
+    cfg, recs = c.cfg, c.recs
+    for job in looked:
+        rec = recs.get(job.job_id)
+        if rec is None:
+            continue
+        t = _quiet_until(cfg, job, rec)
+        if t is None:
+            loud.add(job.job_id)
+        elif t != _INF:
+            push((t, job.job_id))
+
+
+WATCH_SLACK = 1024  # stale entries in the heap beyond the records: rebuilt by a full pass
+
+
+def _decide_changed(
+    c: _Cycle, w: _Watch, keys: list[str], seen_jobs: dict[str, JobObs]
+) -> _Watch | None:
+    """The same node map object and config as last cycle: only jobs whose observation is a
+    new object, loud records and records whose clock is due are looked at (in the
+    snapshot's order, as _decide_all would); every other record is quiet by _Watch's
+    invariant and kept as it is. Records of jobs no longer listed go through _forget."""
+    st, now = c.st, c.now
+    jobs = c.snap.jobs
+    due = list(w.due)  # (the input state is never mutated)
+    loud = set(w.loud)
+    look = loud.copy()
+    while due and due[0][0] <= now:
+        look.add(heappop(due)[1])
+    # C level: a job is looked at when its observation is not last cycle's object, or its
+    # record is loud or due
+    fresh = map(is_not, map(st.seen_jobs.get, keys), jobs)
+    mask = map(or_, fresh, map(look.__contains__, keys)) if look else fresh
+    looked = list(compress(jobs, mask))
+    c.recs = dict(st.jobs)  # the quiet ones kept as they are (decide never mutates them)
+    gone = list(st.jobs.keys() - seen_jobs.keys())
+    old_get = st.jobs.get
+    for job in looked:
+        jid = job.job_id
+        old = old_get(jid)
+        if st.seen_jobs.get(jid) is job:
+            if old is None:
+                continue
+            t = _quiet_until(c.cfg, job, old)
+            if t is not None and now < t:
+                continue  # (a stale entry: kept as it is, entered again below)
+        c.recs.pop(jid, None)
+        _process(c, job)
+        if jid not in c.recs and old is not None:
+            gone.append(jid)  # no longer a gang: its old record is forgotten as a gone one
+        loud.discard(jid)
+    for jid in gone:
+        loud.discard(jid)
+        _forget(c, jid, st.jobs[jid])
+    _classify(c, looked, loud, partial(heappush, due))
+    if len(due) > len(c.recs) + WATCH_SLACK:
+        return None  # too many stale entries: the next cycle takes the full pass
+    return _Watch(c.cfg, loud, due)
 
 
 def _record(c: _Cycle, job: JobObs) -> GangRecord | None:
@@ -535,12 +664,18 @@ def _forget_gone(c: _Cycle) -> None:
     """Jobs gone from Slurm (purged after MinJobAge) or finished long ago."""
     jobs = c.st.jobs
     for jid in filterfalse(c.seen.__contains__, jobs):  # C-level skip of the seen ones
-        old = jobs[jid]
-        if old.phase == DONE:
-            if old.done_at is not None and c.now - old.done_at < DONE_KEEP_SECONDS:
-                c.recs[jid] = old
+        _forget(c, jid, jobs[jid])
+
+
+def _forget(c: _Cycle, jid: str, old: GangRecord) -> None:
+    """A record whose job Slurm no longer lists (or no longer a gang): done, then dropped."""
+    if old.phase == DONE:
+        if old.done_at is not None and c.now - old.done_at < DONE_KEEP_SECONDS:
+            c.recs[jid] = old
         else:
-            c.recs[jid] = replace(old, phase=DONE, done_at=c.now, why="gone from slurmctld")
+            c.recs.pop(jid, None)
+    else:
+        c.recs[jid] = replace(old, phase=DONE, done_at=c.now, why="gone from slurmctld")
 
 
 def admission_key(cfg: GangConfig, r: GangRecord) -> tuple:

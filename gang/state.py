@@ -129,6 +129,9 @@ class GovState:
     # (the reader's cache hands out the same object for an unchanged job).
     seen_jobs: dict = field(default_factory=dict, compare=False, repr=False)
     seen_nodes: object = field(default=None, compare=False, repr=False)
+    # Not persisted: which records the next decide() must look at although nothing changed
+    # (policy._Watch); None: it looks at every job.
+    watch: object = field(default=None, compare=False, repr=False)
 
 
 # A record's fields at their defaults are left out of the file (from_json restores them):

@@ -857,18 +857,25 @@ def _walk_job(rng, jid: str, prev: JobObs | None, t: float) -> JobObs:
     )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     seed=hst.integers(0, 2**32 - 1),
     block=hst.booleans(),
     recovery=hst.sampled_from([0, 4]),
     limit=hst.sampled_from([None, 1]),
+    node_churn=hst.sampled_from([0.05, 0.3]),
 )
-def test_quiet_shortcut_decides_what_the_full_path_decides(seed, block, recovery, limit):
+def test_quiet_shortcut_decides_what_the_full_path_decides(
+    seed, block, recovery, limit, node_churn
+):
     """decide() skips a job whose observation is the same object as last cycle's while its
-    phase would not change; over random cycles (clocks running, nodes failing, holds, requeues
-    by Slurm) the result must equal a decide() that sees no previous observation at all."""
+    phase would not change, and with the same node map and config it looks only at the jobs
+    that changed, loud records and records whose clock is due (policy._Watch); over random
+    cycles (clocks running, nodes failing, holds, requeues by Slurm, jobs purged and coming
+    back) the result must equal a decide() that sees no previous observation at all."""
     import random
+
+    from nodeforge.gang import policy
 
     rng = random.Random(seed)
     c = cfg(
@@ -878,18 +885,23 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(seed, block, recovery
     )
     flag_sets = [OK, frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"}), frozenset({"DOWN"})]
     nodes = {n: OK for n in "abcd"}
-    jobs: dict[str, JobObs | None] = {str(i): None for i in range(1, 6)}
+    jobs: dict[str, JobObs | None] = {str(i): None for i in range(1, 7)}
     st, t = GovState(), T0
+    fast = 0
     for _ in range(40):
-        t += rng.choice([0.5, 1, 3, 6])
-        if rng.random() < 0.3:
+        t += rng.choice([0, 0.5, 1, 3, 6, 1800])  # (1800: done records of gone jobs expire)
+        if rng.random() < node_churn:
             nodes = {n: rng.choice(flag_sets) for n in "abcd"}  # a new map object
         for jid in jobs:
-            jobs[jid] = _walk_job(rng, jid, jobs[jid], t)
+            if jobs[jid] is not None and rng.random() < 0.08:
+                jobs[jid] = None  # purged by slurmctld (it may come back, as a new job)
+            else:
+                jobs[jid] = _walk_job(rng, jid, jobs[jid], t)
         s = snap(*[j for j in jobs.values() if j is not None], nodes=nodes)
         before = {k: dict(v.__dict__) for k, v in st.jobs.items()}
-        blind = replace(st, seen_jobs={}, seen_nodes=None)  # nothing to be quiet about
+        blind = replace(st, seen_jobs={}, seen_nodes=None, watch=None)  # nothing to skip
         full, full_acts = decide(c, blind, s, t)
+        fast += isinstance(st.watch, policy._Watch) and st.seen_nodes is nodes
         quick, quick_acts = decide(c, st, s, t)
         assert quick_acts == full_acts
         assert quick.jobs.keys() == full.jobs.keys()
@@ -898,3 +910,4 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(seed, block, recovery
             assert {f: v for f, v in diff.items() if v[0] != v[1]} == {}, (k, st.jobs.get(k))
         assert {k: v.__dict__ for k, v in st.jobs.items()} == before  # input not mutated
         st = quick
+    assert block or fast > 0  # the look-only-at-changes path was taken
