@@ -133,18 +133,22 @@ def jobs_from_records(
 ) -> list[JobObs]:
     """*cache* (id(record) -> (record, obs)) reuses the observation of a record the reader
     took from its own cache (the same object): unchanged jobs cost a lookup. The cache holds
-    each record it names, so an id in it cannot belong to another, newer object."""
+    each record it names, so an id in it cannot belong to another, newer object. Records
+    that changed are added; entries of records no longer listed stay until they outnumber
+    the listed ones (then the cache is rebuilt from this cycle's)."""
     ids = list(map(id, records))
     hits: list[tuple[JobRecord, JobObs] | None] = (
         list(map(cache.get, ids)) if cache is not None else [None] * len(records)
     )
     out: list[JobObs]
     het: dict[int, list[JobRecord]] = {}
+    miss: list[int] = []
     all_hit = None not in hits  # (tuples compare with None in C)
     if all_hit:  # every job unchanged: no Python-level loop
         out = list(map(_OBS, cast(list[tuple[JobRecord, JobObs]], hits)))
     else:
-        for i in compress(range(len(hits)), map(operator.not_, hits)):  # the misses
+        miss = list(compress(range(len(hits)), map(operator.not_, hits)))
+        for i in miss:
             r = records[i]
             if r.het_job_id is not None:
                 het.setdefault(r.het_job_id, []).append(r)  # merged below, never cached
@@ -164,13 +168,24 @@ def jobs_from_records(
             if o.job_id in keys:
                 raise slurm_records.SlurmDataError(f"Slurm JSON: job {o.job_id} is listed twice")
             keys.add(o.job_id)
-    if cache is not None and not (all_hit and len(cache) == len(ids)):
-        cache.clear()  # (all hit and the same size: the cache holds exactly these records)
-        # C-level, no Python loop; compress leaves out the misses (None)
-        cache.update(
-            compress(zip(ids, cast(list[tuple[JobRecord, JobObs]], hits), strict=True), hits)
-        )
+    if cache is not None:
+        if not all_hit:
+            # only the new records are entered (an entry holds its record, so its id names
+            # no other object while it is there): proportional to what changed
+            for i in miss:
+                h = hits[i]
+                if h is not None:
+                    cache[ids[i]] = h
+        if len(cache) > 2 * len(ids) + CACHE_SLACK:
+            cache.clear()  # entries of records no longer listed: rebuilt from this cycle's
+            # C-level, no Python loop; compress leaves out the misses (None)
+            cache.update(
+                compress(zip(ids, cast(list[tuple[JobRecord, JobObs]], hits), strict=True), hits)
+            )
     return out
+
+
+CACHE_SLACK = 1024  # entries of records no longer listed kept before the cache is rebuilt
 
 
 _OBS = operator.itemgetter(1)

@@ -281,3 +281,52 @@ def test_a_view_cut_short_by_the_end_is_no_match():
         sr.parse_jobs(text, "t", cache)
         short = text[: text.index(b'"job_id": 2') + cut]
         assert sr._walk(short, cache) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    names=st.lists(HOSTILE, min_size=0, max_size=6),
+    ops=OPS,
+    shape=st.sampled_from(["22", "24"]),
+    slack=st.sampled_from([0, 2, 1024]),
+)
+def test_governor_observations_from_its_cache_are_the_uncached_ones(names, ops, shape, slack):
+    """gang.slurm's record -> observation cache (only changed records are added; entries of
+    records no longer listed are dropped when they outnumber the listed ones): over random
+    cycles the observations equal an uncached read, an unchanged job's observation is the
+    same object as last cycle's, and the cache stays bounded."""
+    from nodeforge.gang import slurm as gs
+
+    jobs = [job(10 + i, shape, n) for i, n in enumerate(names)]
+    cache = gs.JobCache()
+    prev: dict[str, tuple[str, gs.JobObs]] = {}
+    next_id = 100
+    saved, gs.CACHE_SLACK = gs.CACHE_SLACK, slack
+    try:
+        for op, x, text in ops:
+            i = x % len(jobs) if jobs else 0
+            if op in ("restamp", "dup", "move"):  # (the reader's own test covers those)
+                for j in jobs:
+                    v = j["last_sched_evaluation"]
+                    j["last_sched_evaluation"] = (
+                        n24(v["number"] + 1) if isinstance(v, dict) else v + 1
+                    )
+            elif op == "requeue" and jobs:
+                jobs[i]["restart_cnt"] += 1
+            elif op == "drop" and jobs:
+                jobs.pop(i)
+            elif op == "add":
+                jobs.insert(i, job(next_id, shape, text))
+                next_id += 1
+            elif op == "rename" and jobs:
+                jobs[i] = {**jobs[i], "name": text}
+            doc = render(jobs, shape)
+            cached = gs.parse_jobs(doc, "t", cache)
+            assert cached == gs.parse_jobs(doc, "t")
+            assert len(cache.obs) <= 2 * len(cached) + slack
+            for j, o in zip(jobs, cached, strict=True):
+                if str(j["job_id"]) in prev and prev[str(j["job_id"])][0] == stable(j):
+                    assert o is prev[str(j["job_id"])][1]
+            prev = {str(j["job_id"]): (stable(j), o) for j, o in zip(jobs, cached, strict=True)}
+    finally:
+        gs.CACHE_SLACK = saved
