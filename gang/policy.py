@@ -728,8 +728,12 @@ def next_deadline(cfg: GangConfig, st: GovState, now: float) -> float | None:
     interval tick, so a deadline is acted on one snapshot after it passes, not up to one
     interval later (Kueue, too, requeues after exactly the time left). Deadlines already
     passed are not returned: those are the regular cycle's (no busy loop on one it skipped).
-    A plain walk: 0.27 ms at 7.6k gangs; an index of the clocks kept between calls measured
-    slower (0.4 ms quiet, ~1 ms with 1 % changed)."""
+    With decide()'s _Watch for this state: its heap in order, then the loud records (an
+    admitted record of a job that is not running, e.g. COMPLETING, has no entry); else a
+    plain walk (1.5 ms at 7.6k gangs)."""
+    w = st.watch
+    if isinstance(w, _Watch) and w.cfg is cfg:
+        return _next_deadline_watched(cfg, st, w, now)
     due = None
     for rec in st.jobs.values():
         if rec.phase == ADMITTED and rec.admitted_at is not None:
@@ -740,4 +744,33 @@ def next_deadline(cfg: GangConfig, st: GovState, now: float) -> float | None:
             continue
         if t > now and (due is None or t < due):
             due = t
+    return due
+
+
+def _deadline_of(cfg: GangConfig, rec: GangRecord) -> float | None:
+    if rec.phase == ADMITTED and rec.admitted_at is not None:
+        return rec.admitted_at + cfg.timeout
+    if rec.phase == RECOVERING and rec.lost_at is not None and cfg.recovery_timeout > 0:
+        return rec.lost_at + cfg.recovery_timeout
+    return None
+
+
+def _next_deadline_watched(cfg: GangConfig, st: GovState, w: _Watch, now: float) -> float | None:
+    """next_deadline from the watch: every admitted or recovering record of a listed job is
+    in *due* at its deadline or in *loud*; records of jobs no longer listed are done (decide
+    made them so). Entries are taken in time order from a copy until the first that is
+    still its record's deadline (stale ones and backoffs are passed over)."""
+    get = st.jobs.get
+    due = None
+    for jid in w.loud:
+        rec = get(jid)
+        t = None if rec is None else _deadline_of(cfg, rec)
+        if t is not None and t > now and (due is None or t < due):
+            due = t
+    heap = list(w.due)
+    while heap and (due is None or heap[0][0] < due):
+        t, jid = heappop(heap)
+        rec = get(jid)
+        if t > now and rec is not None and _deadline_of(cfg, rec) == t:
+            return t
     return due

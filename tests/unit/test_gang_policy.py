@@ -909,5 +909,10 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
             diff = {f: (v, full.jobs[k].__dict__[f]) for f, v in r.__dict__.items()}
             assert {f: v for f, v in diff.items() if v[0] != v[1]} == {}, (k, st.jobs.get(k))
         assert {k: v.__dict__ for k, v in st.jobs.items()} == before  # input not mutated
+        # the wake-up read from the watch is the walk's
+        for later in (t, t + 0.5, t + 3, t + 7):
+            assert policy.next_deadline(c, quick, later) == policy.next_deadline(
+                c, replace(quick, watch=None), later
+            )
         st = quick
     assert block or fast > 0  # the look-only-at-changes path was taken
