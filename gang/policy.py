@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from heapq import heapify, heappop, heappush
 from itertools import compress, filterfalse
-from operator import attrgetter, is_not, or_
+from operator import attrgetter, is_not, not_, or_
 
 from . import readiness, strikes
 from .actions import Action, ActionKind
@@ -184,13 +184,9 @@ def decide(
     keys = list(map(_KEY, jobs))
     seen_jobs = dict(zip(keys, jobs, strict=True))  # (C level; the reader lists each key once)
     w = st.watch
-    if (
-        isinstance(w, _Watch)
-        and w.cfg is cfg
-        and snap.nodes is st.seen_nodes
-        and not cfg.block_admission
-    ):
-        watch = _decide_changed(c, w, keys, seen_jobs)
+    moved = _moved_nodes(st.seen_nodes, snap.nodes)
+    if isinstance(w, _Watch) and w.cfg is cfg and moved is not None and not cfg.block_admission:
+        watch = _decide_changed(c, w, keys, seen_jobs, moved)
     else:
         watch = _decide_all(c)
     out = GovState(jobs=c.recs, counters=st.counters, version=st.version, nodes=c.nodes)
@@ -201,6 +197,22 @@ def decide(
 
 
 _KEY = attrgetter("job_id")
+_NODES = attrgetter("nodes")
+
+
+def _moved_nodes(old: object, new: dict) -> frozenset[str] | None:
+    """The nodes whose flags differ between two node maps (listed in one only included);
+    empty for the same map object; None when *old* is no map (the first cycle)."""
+    if new is old:
+        return frozenset()
+    if not isinstance(old, dict):
+        return None
+    try:
+        return frozenset(k for k, _ in old.items() ^ new.items())  # (C level, flags hashable)
+    except TypeError:
+        return None
+
+
 NODE_PHASES = (ADMITTED, READY, RECOVERING)  # quiet only while the node map is the same
 _INF = float("inf")
 
@@ -356,12 +368,13 @@ WATCH_SLACK = 1024  # stale entries in the heap beyond the records: rebuilt by a
 
 
 def _decide_changed(
-    c: _Cycle, w: _Watch, keys: list[str], seen_jobs: dict[str, JobObs]
+    c: _Cycle, w: _Watch, keys: list[str], seen_jobs: dict[str, JobObs], moved: frozenset[str]
 ) -> _Watch | None:
-    """The same node map object and config as last cycle: only jobs whose observation is a
-    new object, loud records and records whose clock is due are looked at (in the
-    snapshot's order, as _decide_all would); every other record is quiet by _Watch's
-    invariant and kept as it is. Records of jobs no longer listed go through _forget."""
+    """The same config as last cycle: only jobs whose observation is a new object, loud
+    records, records whose clock is due and jobs on a node whose flags changed (*moved*:
+    readiness reads only the job's own nodes) are looked at (in the snapshot's order, as
+    _decide_all would); every other record is quiet by _Watch's invariant and kept as it
+    is. Records of jobs no longer listed go through _forget."""
     st, now = c.st, c.now
     jobs = c.snap.jobs
     due = list(w.due)  # (the input state is never mutated)
@@ -373,6 +386,8 @@ def _decide_changed(
     # record is loud or due
     fresh = map(is_not, map(st.seen_jobs.get, keys), jobs)
     mask = map(or_, fresh, map(look.__contains__, keys)) if look else fresh
+    if moved:  # jobs on a node whose flags changed: readiness is theirs to look at again
+        mask = map(or_, mask, map(not_, map(moved.isdisjoint, map(_NODES, jobs))))
     looked = list(compress(jobs, mask))
     c.recs = dict(st.jobs)  # the quiet ones kept as they are (decide never mutates them)
     gone = list(st.jobs.keys() - seen_jobs.keys())
@@ -384,8 +399,12 @@ def _decide_changed(
             if old is None:
                 continue
             t = _quiet_until(c.cfg, job, old)
-            if t is not None and now < t:
-                continue  # (a stale entry: kept as it is, entered again below)
+            if (
+                t is not None
+                and now < t
+                and (old.phase not in NODE_PHASES or moved.isdisjoint(job.nodes))
+            ):
+                continue  # (a stale entry, or nodes of no concern: kept, entered again below)
         c.recs.pop(jid, None)
         _process(c, job)
         if jid not in c.recs and old is not None:
