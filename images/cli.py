@@ -349,6 +349,8 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
             "last_used": dt.datetime.fromtimestamp(i.last_used, dt.UTC).isoformat(
                 timespec="seconds"
             ),
+            # the layer this one is a diff over (a later role group's); None: a whole tree
+            "parent": i.parent,
         }
         for i in layers
     ]
@@ -357,9 +359,10 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
+        over = f"  over {r['parent'][:16]}" if r.get("parent") else ""
         print(
             f"{r['kind']:<6} {r['key'][:40]:<40} {r['bytes'] / 2**20:9.1f} MiB"
-            f"  {r.get('last_used', '')}"
+            f"  {r.get('last_used', '')}{over}"
         )
     total = sum(r["bytes"] for r in rows)
     print(f"{len(rows)} entries, {total / 2**30:.2f} GiB in {args.cache_dir}", file=sys.stderr)
