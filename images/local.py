@@ -424,7 +424,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             try:
                 with phases.phase("base"):
                     store.drop_unfinished()
-                    chain = store.open_chain(keys)
+                    with phases.step("base.open_layers"):
+                        chain = store.open_chain(keys)
                     reused = len(chain)
                     if chain:
                         reporter(
@@ -437,7 +438,8 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                                 verify_jobs[layer.key] = background.submit(
                                     timed, "verify.digest", store.verify, layer, stopping.is_set
                                 )
-                        mount_chain()
+                        with phases.step("base.mount_layers"):
+                            mount_chain()
                 if reused == len(groups):
                     reapplied = (
                         None
@@ -479,6 +481,9 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 if sandbox:
                     sandbox[-1].stop()
                 release_mounts(work)
+                # Its check (and any of a layer over it) is stale once it is rebuilt.
+                for key in [bad.layer.key, *store.descendants(bad.layer.key)]:
+                    verify_jobs.pop(key, None)
                 store.drop(bad.layer, bad.problem)
                 for d in ("upper", "overlay-work", "rootfs"):
                     if (work / d).exists():
