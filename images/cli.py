@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 TARGET_CHOICES = ("local", "qemu", "amazon-ebs")
 
@@ -340,7 +341,7 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
         if (args.cache_dir / "base").is_dir()
         else []
     )
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "kind": "layer",
             "key": i.key,
