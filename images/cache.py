@@ -3,16 +3,22 @@
 Layout under the cache dir (`--cache-dir`, default /var/cache/nodeforge):
 
     .lock                      fcntl lock: one build (or prune) per cache dir at a time
-    layers/<key>/tree/         the provisioned tree before sealing (read-only lower layer)
-    layers/<key>/layer.json    its key inputs, content digest, size and last use
+    layers/<key>/tree/         a prefix layer: the first group's provisioned tree, or a
+                               later group's overlayfs upper dir (its diff over the parent)
+    layers/<key>/layer.json    its key inputs, parent key, content digest, size, last use
     layers/.tmp-<key>-<pid>/   an entry being written; renamed into place only when complete
 
-The layer key covers the base key, every role file except its templates (tasks, defaults,
-handlers, meta), the playbook, the versions file, the artifacts' sha256s and the role
-variables that choose what is installed (INSTALL_VAR). Templates, other configuration
-variables, extensions/hooks and the agent's code are applied over a cached layer by an
-idempotent pass of the same playbook. A layer is verified by its content digest before use:
-a corrupt or partial entry is dropped (and rebuilt by the caller), never used.
+The install pass runs in role groups (ROLE_GROUPS, in playbook order); each group's result
+is one layer whose parent is the previous group's, so a build resumes after the last group
+whose inputs did not change. A group's key is its parent's key (the base key for the first)
+plus what the group's roles install from: their files except templates (tasks, defaults,
+handlers, meta), the role variables that choose what is installed (INSTALL_VAR) that belong
+to them, and the artifacts' sha256s with the versions file for the first group whose roles
+read `nodeforge_artifacts`; the playbook (pre-tasks, role order) keys the first group.
+Templates, other configuration variables, extensions/hooks and the agent's code are applied
+over the last layer by an idempotent pass of the same playbook. A layer is verified by its
+content digest before anything made from it is kept: a corrupt or partial entry is dropped
+with every layer made over it (and rebuilt by the caller), never used.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from nodeforge.errors import NodeforgeError
 
 from .export import write_json_atomic
 
-LAYER_SCHEMA = 1  # bump when what a layer holds changes: every older entry then misses
+LAYER_SCHEMA = 2  # bump when what a layer holds changes: every older entry then misses
 LAYER_META = "layer.json"
 DEFAULT_MAX_BYTES = 20 << 30
 # Role variables that choose packages, sources or install locations: they key the layer.
@@ -91,6 +97,11 @@ def _source_files(d: Path) -> list[Path]:
 NOT_IN_LAYER = frozenset({"seal"})
 
 
+def _role_files(role: Path) -> list[Path]:
+    """A role's install files: all but its templates (templates are configuration)."""
+    return [f for f in _source_files(role) if f.relative_to(role).parts[0] != "templates"]
+
+
 def role_install_digests(roles_dir: Path) -> dict[str, str]:
     """Per role: digest of every file that is not a template (templates are configuration).
     A role that never runs in the install pass (NOT_IN_LAYER) does not key the layer."""
@@ -98,8 +109,7 @@ def role_install_digests(roles_dir: Path) -> dict[str, str]:
     for role in sorted(p for p in roles_dir.iterdir() if p.is_dir()):
         if role.name in NOT_IN_LAYER:
             continue
-        files = [f for f in _source_files(role) if f.relative_to(role).parts[0] != "templates"]
-        out[role.name] = files_digest(role, files)
+        out[role.name] = files_digest(role, _role_files(role))
     return out
 
 
@@ -108,19 +118,75 @@ def install_vars(ansible_vars: dict[str, object]) -> dict[str, object]:
 
 
 @dataclass(frozen=True)
-class LayerInputs:
-    """Everything that affects what the install pass puts into the tree."""
+class RoleGroup:
+    name: str
+    roles: tuple[str, ...]
 
-    base_key: str
+
+# The install pass's groups in playbook order (images/site.yml; a unit test holds them equal).
+# Each is one cached layer over the previous one: a change resumes after the last group it
+# leaves alone. The Slurm stack every node shares changes rarely; the container runtime and
+# the variant/operator choices (docker_source, the gpu role, the agent) change more often.
+ROLE_GROUPS: tuple[RoleGroup, ...] = (
+    RoleGroup("slurm_stack", ("base", "ssh", "munge", "slurm", "accounting")),
+    RoleGroup("runtime", ("docker", "enroot", "pyxis", "gpu", "logrotate", "node_agent")),
+)
+_ARTIFACTS_READ = re.compile(rb"\bnodeforge_artifacts\b")
+
+
+def group_index(role: str, groups: tuple[RoleGroup, ...] = ROLE_GROUPS) -> int:
+    """The group a role runs in; one in no group keys the first (the safe side)."""
+    return next((i for i, g in enumerate(groups) if role in g.roles), 0)
+
+
+def var_owner(name: str, roles: Iterable[str]) -> str | None:
+    """The role a variable belongs to by the roles' `<role>_` naming rule (longest match)."""
+    owners = [r for r in roles if name.startswith(r + "_")]
+    return max(owners, key=len) if owners else None
+
+
+def artifacts_group(roles_dir: Path, groups: tuple[RoleGroup, ...] = ROLE_GROUPS) -> int:
+    """The first group with a role whose install files read `nodeforge_artifacts`: the
+    artifacts' sha256s and the versions file key that group (and so every later one)."""
+    readers = [
+        group_index(role.name, groups)
+        for role in roles_dir.iterdir()
+        if role.is_dir()
+        and role.name not in NOT_IN_LAYER
+        and any(_ARTIFACTS_READ.search(f.read_bytes()) for f in _role_files(role))
+    ]
+    return min(readers, default=0)
+
+
+@dataclass(frozen=True)
+class PrefixInputs:
+    """What one group of the install pass adds to the tree, over its parent."""
+
+    group: str
+    parent: str  # the previous group's key; the base key for the first group
     roles: dict[str, str]  # role name -> digest of its non-template files
-    playbook: str  # sha256 of the playbook
-    versions_file: str  # sha256 of the versions file
-    artifacts: dict[str, str]  # artifact name -> sha256
     install_vars: dict[str, object]
+    artifacts: dict[str, str]  # artifact name -> sha256 (in the group that reads them)
+    files: dict[str, str]  # playbook / versions file -> sha256 (in the group they key)
 
     def key(self) -> str:
         blob = json.dumps({"schema": LAYER_SCHEMA, **self.__dict__}, sort_keys=True)
         return sha256_bytes(blob.encode())
+
+
+@dataclass(frozen=True)
+class LayerInputs:
+    """Everything that affects what the install pass puts into the tree, per group."""
+
+    base_key: str
+    prefixes: tuple[PrefixInputs, ...]
+
+    def keys(self) -> list[str]:
+        return [p.key() for p in self.prefixes]
+
+    def key(self) -> str:
+        """The last group's key: the whole provisioned tree."""
+        return self.prefixes[-1].key()
 
 
 def layer_inputs(
@@ -131,15 +197,33 @@ def layer_inputs(
     versions_file: Path,
     artifacts: dict[str, str],
     ansible_vars: dict[str, object],
+    groups: tuple[RoleGroup, ...] = ROLE_GROUPS,
 ) -> LayerInputs:
-    return LayerInputs(
-        base_key=base_key,
-        roles=role_install_digests(roles_dir),
-        playbook=_file_sha(playbook),
-        versions_file=_file_sha(versions_file),
-        artifacts=dict(sorted(artifacts.items())),
-        install_vars=install_vars(ansible_vars),
-    )
+    roles = role_install_digests(roles_dir)
+    ivars = install_vars(ansible_vars)
+    arts_at = artifacts_group(roles_dir, groups)
+    prefixes: list[PrefixInputs] = []
+    parent = base_key
+    for i, g in enumerate(groups):
+        files = {"playbook": _file_sha(playbook)} if i == 0 else {}
+        if i == arts_at:
+            files["versions_file"] = _file_sha(versions_file)
+        mine = {r: d for r, d in roles.items() if group_index(r, groups) == i}
+        p = PrefixInputs(
+            group=g.name,
+            parent=parent,
+            roles=mine,
+            install_vars={
+                k: v
+                for k, v in ivars.items()
+                if group_index(var_owner(k, roles) or "", groups) == i
+            },
+            artifacts=dict(sorted(artifacts.items())) if i == arts_at else {},
+            files=files,
+        )
+        prefixes.append(p)
+        parent = p.key()
+    return LayerInputs(base_key, tuple(prefixes))
 
 
 # The agent wheel is built from these (images/agent_wheel.py: the core, bootstrap and gang;
@@ -166,10 +250,13 @@ def config_inputs(
     }
 
 
-def roles_to_reapply(old: dict, new: dict, roles: list[str]) -> list[str] | None:
+def roles_to_reapply(
+    old: dict, new: dict, roles: list[str], *, among: list[str] | None = None
+) -> list[str] | None:
     """The roles (in playbook order) whose configuration differs between the layer (*old*)
     and this build (*new*); None when that cannot be told (then every role runs). A variable
-    belongs to the role its name starts with (the roles' `<role>_` naming rule)."""
+    belongs to the role its name starts with (the roles' `<role>_` naming rule). *among*:
+    only these of *roles* (the groups a cached prefix layer holds) are asked about."""
     try:
         changed = {r for r in roles if old["templates"].get(r) != new["templates"].get(r)}
         for k in set(old["vars"]) | set(new["vars"]):
@@ -182,7 +269,7 @@ def roles_to_reapply(old: dict, new: dict, roles: list[str]) -> list[str] | None
             changed.add("node_agent")
     except (KeyError, TypeError, AttributeError):
         return None
-    return [r for r in roles if r in changed]
+    return [r for r in roles if r in changed and (among is None or r in among)]
 
 
 def sources_digest(repo: Path) -> str:
@@ -227,8 +314,11 @@ class Cancelled(Exception):
 
 def tree_digest(tree: Path, cancelled: Callable[[], bool] = lambda: False) -> tuple[str, int, int]:
     """(sha256, bytes, entries) over every entry of *tree*: path, type, mode, owner, size,
-    link target and the content of regular files. Any truncated, missing, extra or altered
-    file changes it. *cancelled* is asked once per directory (raises Cancelled)."""
+    link target, device number, extended attributes and the content of regular files. Any
+    truncated, missing, extra or altered file changes it. The xattrs carry file capabilities
+    and, in an overlayfs upper dir (a later group's layer), the opaque-dir and redirect marks;
+    its whiteouts are 0/0 character devices. *cancelled* is asked once per directory
+    (raises Cancelled)."""
     h = hashlib.sha256()
     total = count = 0
     root = str(tree)
@@ -252,9 +342,23 @@ def tree_digest(tree: Path, cancelled: Callable[[], bool] = lambda: False) -> tu
                 total += st.st_size
             elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
                 h.update(f"{st.st_rdev}".encode())
+            for attr, value in _xattrs(p):
+                h.update(b"\0" + attr.encode("utf-8", "surrogateescape") + b"=" + value)
             h.update(b"\n")
             count += 1
     return h.hexdigest(), total, count
+
+
+def _xattrs(path: str) -> list[tuple[str, bytes]]:
+    """The entry's extended attributes (not followed through a link), by name; none where
+    the filesystem has no xattr support."""
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return []
+        raise
+    return [(n, os.getxattr(path, n, follow_symlinks=False)) for n in sorted(names)]
 
 
 # -- the lock -------------------------------------------------------------------------------
@@ -300,6 +404,7 @@ class Layer:
     path: Path  # layers/<key>
     config: dict  # config_inputs() of the build that made it
     digest: str = ""  # the content digest recorded when it was stored
+    parent: str | None = None  # the layer this one is an overlayfs diff over
 
     @property
     def tree(self) -> Path:
@@ -313,6 +418,7 @@ class LayerInfo:
     entries: int
     created: float
     last_used: float
+    parent: str | None = None
 
 
 class LayerStore:
@@ -353,6 +459,26 @@ class LayerStore:
                 return None
         return layer
 
+    def open_chain(self, keys: list[str]) -> list[Layer]:
+        """The longest cached prefix of *keys* (each group's layer key, in order), records
+        sound and each one's parent the key before it; content NOT yet verified (see open).
+        A layer past the first missing one has lost its parent: it is dropped, a miss."""
+        chain: list[Layer] = []
+        for key in keys:
+            layer = self.open(key)
+            want = chain[-1].key if chain else None
+            if layer is not None and layer.parent != want:
+                self.drop(layer, f"its parent is {layer.parent}, not {want}")
+                layer = None
+            if layer is None:
+                break
+            chain.append(layer)
+        for key in keys[len(chain) + 1 :]:
+            orphan = self.root / key
+            if orphan.exists():
+                self.drop(Layer(key, orphan, {}), "the layer it was made over is gone")
+        return chain
+
     def open(self, key: str) -> Layer | None:
         """The layer for *key* when its record is sound (schema, key, digest, tree present),
         its content NOT yet verified: a caller that starts work on it must finish verify()
@@ -369,7 +495,7 @@ class LayerStore:
             return None
         meta["last_used"] = self.clock()
         write_json_atomic(self._meta(key), meta)
-        return Layer(key, path, meta.get("config") or {}, meta["digest"])
+        return Layer(key, path, meta.get("config") or {}, meta["digest"], meta.get("parent"))
 
     def verify(self, layer: Layer, cancelled: Callable[[], bool] = lambda: False) -> str:
         """Empty when the layer's tree has the content digest recorded with it, else why not."""
@@ -382,29 +508,61 @@ class LayerStore:
         return ""
 
     def drop(self, layer: Layer, problem: str) -> None:
+        """Remove *layer* and every layer made over it (they would have no parent)."""
         self.log(f"cache: layer {layer.key[:16]} is unusable ({problem}); dropped, rebuilding")
+        for key in self.descendants(layer.key):
+            self.log(f"cache: layer {key[:16]} was made over it; dropped with it")
+            shutil.rmtree(self.root / key, ignore_errors=True)
         shutil.rmtree(layer.path, ignore_errors=True)
+
+    def descendants(self, key: str) -> list[str]:
+        """The layers made over *key*, directly or not (children first)."""
+        children: dict[str | None, list[str]] = {}
+        for i in self.entries():
+            children.setdefault(i.parent, []).append(i.key)
+        out: list[str] = []
+        todo = list(children.get(key, []))
+        while todo:
+            k = todo.pop(0)
+            if k in out or k == key:  # a record that names itself (or a loop): once
+                continue
+            out.append(k)
+            todo += children.get(k, [])
+        return out
 
     def _record(self, path: Path, key: str) -> tuple[dict, str]:
         try:
             meta = json.loads((path / LAYER_META).read_text())
         except (OSError, ValueError) as e:
             return {}, f"no readable {LAYER_META}: {e}"
+        parent = meta.get("parent") if isinstance(meta, dict) else None
         if (
             not isinstance(meta, dict)
             or meta.get("schema") != LAYER_SCHEMA
             or meta.get("key") != key
             or not KEY_RE.fullmatch(str(meta.get("digest", "")))
+            or not (parent is None or (isinstance(parent, str) and KEY_RE.fullmatch(parent)))
         ):
             return {}, f"{LAYER_META} is not a schema-{LAYER_SCHEMA} record of this key"
         if not (path / "tree").is_dir():
             return {}, "its tree is missing"
         return meta, ""
 
-    def store(self, key: str, tree: Path, inputs: LayerInputs, config: dict | None = None) -> Layer:
-        """Move *tree* into the cache as the layer for *key*: written under a temp name and
-        renamed into place once its digest is recorded, so an interrupted write leaves no
-        entry. *tree* must be on the cache's filesystem (the build's work dir is)."""
+    def store(
+        self,
+        key: str,
+        tree: Path,
+        inputs: PrefixInputs,
+        config: dict | None = None,
+        *,
+        parent: str | None = None,
+    ) -> Layer:
+        """Move *tree* into the cache as the layer for *key* (with *parent*: *tree* is an
+        overlayfs upper dir over that layer): written under a temp name and renamed into
+        place once its digest is recorded, so an interrupted write leaves no entry. *tree*
+        must be on the cache's filesystem (the build's work dir is)."""
+        if parent is not None and not (self.root / parent / LAYER_META).is_file():
+            raise NodeforgeError(f"internal: layer {key[:16]} stored over a missing parent")
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{key}-{os.getpid()}"
         if tmp.exists():
@@ -423,6 +581,7 @@ class LayerStore:
                 "entries": entries,
                 "created": now,
                 "last_used": now,
+                "parent": parent,
                 "inputs": inputs.__dict__,
                 "config": config or {},
             },
@@ -431,10 +590,10 @@ class LayerStore:
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        return Layer(key, final, config or {}, digest)
+        return Layer(key, final, config or {}, digest, parent)
 
     def entries(self) -> list[LayerInfo]:
-        out = []
+        out: list[LayerInfo] = []
         if not self.root.is_dir():
             return out
         for p in sorted(self.root.iterdir()):
@@ -442,6 +601,7 @@ class LayerStore:
                 continue
             try:
                 m = json.loads((p / LAYER_META).read_text())
+                parent = m.get("parent")
                 out.append(
                     LayerInfo(
                         p.name,
@@ -449,26 +609,48 @@ class LayerStore:
                         int(m["entries"]),
                         float(m["created"]),
                         float(m["last_used"]),
+                        parent if isinstance(parent, str) and KEY_RE.fullmatch(parent) else None,
                     )
                 )
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 out.append(LayerInfo(p.name, 0, 0, 0.0, 0.0))  # unusable: pruned first
         return out
 
-    def prune(self, max_bytes: int, *, keep: str | None = None) -> list[str]:
-        """Remove unfinished entries, then the least recently used layers until the rest
-        fit in *max_bytes* (0 removes all). *keep* (the layer in use) is never removed."""
+    def prune(self, max_bytes: int, *, keep: Iterable[str] = ()) -> list[str]:
+        """Remove unfinished entries and layers whose parent is gone, then the least
+        recently used layers, each with the layers made over it, until the rest fit in
+        *max_bytes* (0 removes all). *keep* (the layers in use) and their parents are
+        never removed, so no layer is ever left without its parent."""
         removed = [f"{n} (unfinished)" for n in self.drop_unfinished()]
-        infos = sorted(self.entries(), key=lambda i: i.last_used)
-        total = sum(i.bytes for i in infos)
-        for info in infos:
+        kept = set(keep)
+        by_key = {i.key: i for i in self.entries()}
+        gone: set[str] = set()
+
+        def remove(key: str, why: str = "") -> None:
+            for k in [key, *self.descendants(key)]:
+                if k in gone:
+                    continue
+                shutil.rmtree(self.root / k, ignore_errors=True)
+                gone.add(k)
+                removed.append(k + why if k == key else f"{k} (made over {key[:16]})")
+
+        for info in list(by_key.values()):
+            if info.parent is not None and info.parent not in by_key and info.key not in gone:
+                remove(info.key, " (its parent is gone)")
+
+        # A layer counts as used when any layer made over it was: a parent goes only after
+        # (and with) the last of its children; of equal use, the one with fewer over it first.
+        def order(info: LayerInfo) -> tuple[float, int]:
+            under = [k for k in self.descendants(info.key) if k in by_key]
+            return max([info.last_used, *(by_key[k].last_used for k in under)]), len(under)
+
+        for info in sorted(by_key.values(), key=order):
+            total = sum(i.bytes for k, i in by_key.items() if k not in gone)
             if total <= max_bytes and info.bytes:
                 break
-            if info.key == keep:
+            if info.key in gone or kept & {info.key, *self.descendants(info.key)}:
                 continue
-            shutil.rmtree(self.root / info.key, ignore_errors=True)
-            total -= info.bytes
-            removed.append(info.key)
+            remove(info.key)
         return removed
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 TARGET_CHOICES = ("local", "qemu", "amazon-ebs")
 
@@ -340,7 +341,7 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
         if (args.cache_dir / "base").is_dir()
         else []
     )
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "kind": "layer",
             "key": i.key,
@@ -349,6 +350,8 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
             "last_used": dt.datetime.fromtimestamp(i.last_used, dt.UTC).isoformat(
                 timespec="seconds"
             ),
+            # the layer this one is a diff over (a later role group's); None: a whole tree
+            "parent": i.parent,
         }
         for i in layers
     ]
@@ -357,9 +360,10 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
+        over = f"  over {r['parent'][:16]}" if r.get("parent") else ""
         print(
             f"{r['kind']:<6} {r['key'][:40]:<40} {r['bytes'] / 2**20:9.1f} MiB"
-            f"  {r.get('last_used', '')}"
+            f"  {r.get('last_used', '')}{over}"
         )
     total = sum(r["bytes"] for r in rows)
     print(f"{len(rows)} entries, {total / 2**30:.2f} GiB in {args.cache_dir}", file=sys.stderr)

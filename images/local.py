@@ -1,14 +1,20 @@
 """The `local` target: base → nspawn sandbox → packer/ansible → seal → export → manifest.
 
-With the layered cache (images/cache.py):
+With the layered cache (images/cache.py): the install pass runs in role groups
+(cache.ROLE_GROUPS), each group's result one cached layer over the previous group's.
 - no input changed (same build key as the published output, its artifacts intact): the
   published build is reported as it is, in seconds (`--force` rebuilds);
-- a cached layer for the install inputs: the layer is the read-only lower dir of an overlay
-  mount; the roles whose templates, configuration variables or agent changed since the
-  layer was made are applied again by one pass of the playbook (they install nothing), and
-  with none changed the sandbox is not even booted; then seal and export;
-- no layer: the base is provisioned without the seal role, the unsealed tree moves into the
-  cache (temp name, then rename), and the overlay of that layer is sealed and exported.
+- every group's layer cached: the layers are the read-only lower dirs of an overlay mount;
+  the roles whose templates, configuration variables or agent changed since the last layer
+  was made are applied again by one pass of the playbook (they install nothing), and with
+  none changed the sandbox is not even booted; then seal and export;
+- the first groups cached (an install input of a later group changed, e.g. docker_source):
+  the build resumes over them: each later group's pass (with the cached groups' roles whose
+  configuration changed) runs in the overlay, and its upper dir becomes that group's layer;
+- nothing cached: the base is provisioned with the first group's roles, that tree moves
+  into the cache (temp name, then rename), and the later groups follow as above.
+A reused layer's content is verified meanwhile; nothing made over it is kept unless its
+digest matched (else it is dropped with the layers over it and the build starts again).
 
 Sealing is the post-stop sealer's (images/seal.py) over the stopped tree: it applies the
 whole sealed-items list (images/sealed.yaml), which covers everything the Ansible seal role
@@ -23,9 +29,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from nodeforge import __version__, data, proc
@@ -62,6 +69,14 @@ PASS_INSTALL = {"ANSIBLE_SKIP_TAGS": "seal"}
 REAPPLY_GATHER_SUBSET = "min"
 
 
+class Unusable(Exception):
+    """A reused layer failed its content check: it is dropped, the build starts again."""
+
+    def __init__(self, layer: cache.Layer, problem: str):
+        super().__init__(problem)
+        self.layer, self.problem = layer, problem
+
+
 def pass_roles(roles: list[str] | None) -> dict[str, str]:
     """The pass that applies *roles* again (None: every role) over a cached layer."""
     return PASS_INSTALL if roles is None else {"ANSIBLE_RUN_TAGS": ",".join(roles)}
@@ -82,8 +97,23 @@ def playbook_roles(playbook: Path) -> list[str] | None:
     return None
 
 
-def build_keys(inp: Inputs, base_key: str, seen: dict[str, str]) -> tuple[cache.LayerInputs, str]:
+def build_groups(roles: list[str] | None) -> tuple[cache.RoleGroup, ...]:
+    """The install pass's groups (cache.ROLE_GROUPS) when they are the playbook's roles in
+    its order; else one group of every role (a pass could not select a group by tag)."""
+    if roles is not None and [r for g in cache.ROLE_GROUPS for r in g.roles] == roles:
+        return cache.ROLE_GROUPS
+    return (cache.RoleGroup("all", tuple(roles or ())),)
+
+
+def build_keys(
+    inp: Inputs,
+    base_key: str,
+    seen: dict[str, str],
+    groups: tuple[cache.RoleGroup, ...] | None = None,
+) -> tuple[cache.LayerInputs, str]:
     """(layer inputs, build key) of this build."""
+    if groups is None:
+        groups = build_groups(playbook_roles(inp.playbook))
     li = cache.layer_inputs(
         base_key=base_key,
         roles_dir=data.path("roles"),
@@ -91,6 +121,7 @@ def build_keys(inp: Inputs, base_key: str, seen: dict[str, str]) -> tuple[cache.
         versions_file=inp.vers.path,
         artifacts=seen,
         ansible_vars=inp.ansible_vars,
+        groups=groups,
     )
     bk = cache.build_key(
         layer_key=li.key(),
@@ -131,10 +162,25 @@ def published_unchanged(output: Path, build_key: str) -> dict | None:
     return m
 
 
-def mount_overlay(lower: Path, work: Path) -> Path:
-    """The layer as a read-only lower dir, this build's changes in work/upper: the merged
-    tree at work/rootfs (unmounted by the session's release-mounts step)."""
+# Fixed overlayfs features, whatever the host's defaults: an upper dir becomes a cached
+# layer and later a lower dir of other mounts, so it must hold nothing that ties it to this
+# mount (no inode index, no metadata-only copy-ups, no directory redirects: a renamed lower
+# dir is copied up whole).
+OVERLAY_OPTIONS = "index=off,metacopy=off,redirect_dir=off"
+OVERLAY_PATH_BAD = re.compile(r"[,:\\\x00-\x1f]")
+
+
+def mount_overlay(lowers: list[Path], work: Path) -> Path:
+    """The layers as read-only lower dirs (topmost first: a later group's diff over the
+    earlier ones), this build's changes in work/upper: the merged tree at work/rootfs
+    (unmounted by the session's release-mounts step)."""
     upper, scratch, merged = work / "upper", work / "overlay-work", work / "rootfs"
+    for d in (*lowers, upper, scratch):
+        if OVERLAY_PATH_BAD.search(str(d)):
+            raise NodeforgeError(
+                f"the build cache path {d} has a ',', ':' or '\\' (overlayfs mount options "
+                "cannot hold them); pass a --cache-dir without them"
+            )
     for d in (upper, scratch, merged):
         d.mkdir(parents=True, exist_ok=True)
     proc.run(
@@ -144,7 +190,8 @@ def mount_overlay(lower: Path, work: Path) -> Path:
             "overlay",
             "overlay",
             "-o",
-            f"lowerdir={lower},upperdir={upper},workdir={scratch}",
+            f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={scratch},"
+            + OVERLAY_OPTIONS,
             merged,
         ],
         hint="the layered build cache needs overlayfs (modprobe overlay); "
@@ -224,12 +271,15 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         )
         with phases.phase("preflight"):
             seen = fetch()
-            layer_in, bkey = build_keys(inp, spec.key(), seen)
-            lkey = layer_in.key()
+            roles = playbook_roles(inp.playbook)
+            groups = build_groups(roles)
+            all_roles = [r for g in groups for r in g.roles]
+            layer_in, bkey = build_keys(inp, spec.key(), seen, groups)
+            keys, lkey = layer_in.keys(), layer_in.key()
             config = cache.config_inputs(
                 roles_dir=data.path("roles"), repo=REPO_ROOT, ansible_vars=inp.ansible_vars
             )
-            logfile.write(f"cache keys: layer {lkey} build {bkey}\n")
+            logfile.write(f"cache keys: layers {' '.join(keys)} build {bkey}\n")
             fetched = Fetched({}, arts, seen)  # tools: from tools_job, for the manifest
             wheel = cached_wheel(
                 cache_dir / "wheels", cache.sources_digest(REPO_ROOT), work, logfile
@@ -264,7 +314,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 tpl, values, opts.var_files, logfile=logfile, on_line=on_line, ansible_env=env
             )
 
-        def reapply(env: dict[str, str]) -> None:
+        def reapply(env: dict[str, str], gather_subset: str = REAPPLY_GATHER_SUBSET) -> None:
             """A pass over the cached layer: ansible-playbook straight at the sandbox, which
             has already answered SSH, with what Packer's ansible provisioner passes
             (images/template.py: playbook, extra vars, config, environment, user root, the
@@ -286,7 +336,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                     "--extra-vars",
                     f"@{ev}",
                     "--extra-vars",
-                    json.dumps({"nodeforge_gather_subset": REAPPLY_GATHER_SUBSET}),
+                    json.dumps({"nodeforge_gather_subset": gather_subset}),
                     inp.playbook,
                 ],
                 logfile=logfile,
@@ -304,71 +354,142 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             "image_name": name,
         }
         base_cached = True
+        chain: list[cache.Layer] = []  # the layers under the merged tree, first group first
+        verify_jobs: dict[str, Future] = {}  # a reused layer's content check, by key
 
-        def make_layer() -> None:
-            """The layer-miss path: base, the install pass, the tree into the cache."""
+        def mount_chain() -> None:
+            mount_overlay([layer.tree for layer in reversed(chain)], work)
+
+        def require_verified() -> None:
+            """Wait for the content checks of the reused layers: nothing made over a layer
+            is kept unless its digest matched (raises Unusable for the first that did not)."""
+            for layer in chain:
+                job = verify_jobs.get(layer.key)
+                problem = job.result() if job is not None else ""
+                if problem:
+                    raise Unusable(layer, problem)
+
+        def group_pass(i: int, again: list[str] | None) -> dict[str, str]:
+            """Ansible's tags for the pass of group *i*: its roles, plus *again* (roles of
+            the cached groups whose configuration changed; None: all of them). Skip-tags,
+            so that the untagged pre-task checks run in every install pass."""
+            run = set(groups[i].roles)
+            run.update(r for g in groups[:i] for r in g.roles if again is None or r in again)
+            skip = ["seal", *(r for r in all_roles if r not in run)]
+            return {"ANSIBLE_SKIP_TAGS": ",".join(skip)}
+
+        def make_layers(again: list[str] | None) -> None:
+            """Run the install pass for each group past the cached ones, storing each
+            group's result as a layer over the previous one (the first: the whole tree)."""
             nonlocal base_cached
-            with phases.phase("base"):
-                base_tar, base_cached = base_mod.ensure_base(
-                    spec, cache_dir / "base", inp.base.keyring, logfile
-                )
-                extract(base_tar, tree)
-            with phases.phase("sandbox"):
-                boot()
-            with phases.phase("provision"):
-                provision(PASS_INSTALL)
-            with phases.phase("layer"):
-                sandbox[-1].stop()
-                made = store.store(lkey, tree, layer_in, config)
-                mount_overlay(made.tree, work)
-                store.prune(opts.cache_max_bytes, keep=lkey)
-
-        with phases.phase("base"):
-            store.drop_unfinished()
-            layer = store.open(lkey)
-            if layer is not None:
-                reporter("cache", f"reusing layer {lkey[:16]} (its content verified meanwhile)")
-                verify_job = background.submit(
-                    timed, "verify.digest", store.verify, layer, stopping.is_set
-                )
-                mount_overlay(layer.tree, work)
-        layer_reused = layer is not None
-        reapplied: list[str] | None = []
-        if layer is None:
-            make_layer()
-        else:
-            roles = playbook_roles(inp.playbook)
-            reapplied = (
-                None if roles is None else cache.roles_to_reapply(layer.config, config, roles)
-            )
-            reporter(
-                "cache",
-                "re-applying "
-                + ("every role" if reapplied is None else ", ".join(reapplied) or "no role")
-                + " over the layer, then seal",
-            )
-            if reapplied == []:
-                phases.skip("sandbox", "no role to re-apply over the layer")
-                phases.skip("provision", "no role to re-apply over the layer")
-            else:
+            if not chain:
+                with phases.phase("base"):
+                    base_tar, base_cached = base_mod.ensure_base(
+                        spec, cache_dir / "base", inp.base.keyring, logfile
+                    )
+                    extract(base_tar, tree)
+            for i in range(len(chain), len(groups)):
+                g = groups[i]
                 with phases.phase("sandbox"):
                     boot()
-                with phases.phase("provision"):
-                    reapply(pass_roles(reapplied))
-            # Nothing made from the layer is kept unless its content digest matched: a
-            # corrupt or altered layer is dropped here and this build starts again from the
-            # base (a layer miss), never sealing or exporting what was made over it.
-            with phases.phase("verify"):
-                problem = verify_job.result()
-            if problem:
+                with phases.phase("provision"), phases.step(f"provision.{g.name}"):
+                    env = group_pass(i, again if i == len(chain) else [])
+                    if i == 0:
+                        provision(env)
+                    else:  # the sandbox answered SSH already: no Packer start-up again
+                        reapply(env, gather_subset="all")
+                with phases.phase("layer"):
+                    sandbox[-1].stop()
+                    with phases.step(f"layer.store_{g.name}"):
+                        if not chain:
+                            made = store.store(keys[0], tree, layer_in.prefixes[0], config)
+                        else:
+                            require_verified()
+                            release_mounts(work)  # the overlay: its upper dir is the layer
+                            made = store.store(
+                                keys[i],
+                                work / "upper",
+                                layer_in.prefixes[i],
+                                config,
+                                parent=chain[-1].key,
+                            )
+                            shutil.rmtree(work / "overlay-work")
+                    chain.append(made)
+                    mount_chain()
+            store.prune(opts.cache_max_bytes, keep=[layer.key for layer in chain])
+
+        reused = 0
+        reapplied: list[str] | None = []
+        for _attempt in range(len(groups) + 1):
+            try:
+                with phases.phase("base"):
+                    store.drop_unfinished()
+                    with phases.step("base.open_layers"):
+                        chain = store.open_chain(keys)
+                    reused = len(chain)
+                    if chain:
+                        reporter(
+                            "cache",
+                            f"reusing {groups[reused - 1].name} layer {keys[reused - 1][:16]} "
+                            f"({reused} of {len(groups)} groups; content verified meanwhile)",
+                        )
+                        for layer in chain:
+                            if layer.key not in verify_jobs:
+                                verify_jobs[layer.key] = background.submit(
+                                    timed, "verify.digest", store.verify, layer, stopping.is_set
+                                )
+                        with phases.step("base.mount_layers"):
+                            mount_chain()
+                if reused == len(groups):
+                    reapplied = (
+                        None
+                        if roles is None
+                        else cache.roles_to_reapply(chain[-1].config, config, all_roles)
+                    )
+                    reporter(
+                        "cache",
+                        "re-applying "
+                        + ("every role" if reapplied is None else ", ".join(reapplied) or "no role")
+                        + " over the layer, then seal",
+                    )
+                    if reapplied == []:
+                        phases.skip("sandbox", "no role to re-apply over the layer")
+                        phases.skip("provision", "no role to re-apply over the layer")
+                    else:
+                        with phases.phase("sandbox"):
+                            boot()
+                        with phases.phase("provision"):
+                            reapply(pass_roles(reapplied))
+                else:
+                    # The cached groups' roles whose configuration changed run again in
+                    # the first pass, so the new layer holds this build's configuration.
+                    done = [r for g in groups[:reused] for r in g.roles]
+                    reapplied = (
+                        []
+                        if not chain
+                        else cache.roles_to_reapply(chain[-1].config, config, all_roles, among=done)
+                    )
+                    make_layers(reapplied)
+                # Nothing made from a reused layer is kept unless its content digest matched:
+                # a corrupt or altered layer is dropped here (with every layer over it) and
+                # this build starts again after the layers that remain, never sealing or
+                # exporting what was made over it.
+                with phases.phase("verify"):
+                    require_verified()
+                break
+            except Unusable as bad:
                 if sandbox:
                     sandbox[-1].stop()
                 release_mounts(work)
-                store.drop(layer, problem)
+                # Its check (and any of a layer over it) is stale once it is rebuilt.
+                for key in [bad.layer.key, *store.descendants(bad.layer.key)]:
+                    verify_jobs.pop(key, None)
+                store.drop(bad.layer, bad.problem)
                 for d in ("upper", "overlay-work", "rootfs"):
-                    shutil.rmtree(work / d)
-                layer_reused, reapplied = False, []
-                make_layer()
+                    if (work / d).exists():
+                        shutil.rmtree(work / d)
+        else:
+            raise NodeforgeError("internal: the build cache kept failing verification")
         with phases.phase("seal"):
             if sandbox:
                 with phases.step("seal.stop_sandbox"):
@@ -399,7 +520,13 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         manifest["cache"] = {
             "build_key": bkey,
             "layer_key": lkey,
-            "layer_reused": layer_reused,
+            "layer_reused": reused == len(groups),
+            # the last group whose cached layer this build resumed after (None: from the base)
+            "prefix_reused": groups[reused - 1].name if reused else None,
+            "layers": [
+                {"group": g.name, "key": k, "reused": i < reused}
+                for i, (g, k) in enumerate(zip(groups, keys, strict=True))
+            ],
             "reapplied": "all" if reapplied is None else reapplied,
         }
         manifest["artifacts"] = manifest_mod.artifact_sums(s.partial, known=sums)

@@ -163,7 +163,7 @@ def test_install_variables_are_the_ones_that_choose_packages():
 # -- the store ------------------------------------------------------------------------------
 
 KEY_A, KEY_B, KEY_C = "a" * 64, "b" * 64, "c" * 64
-INPUTS = cache.LayerInputs("b", {}, "p", "v", {}, {})
+INPUTS = cache.PrefixInputs("g", "b", {}, {}, {}, {})
 
 
 def _tree(root: Path, size: int = 100) -> Path:
@@ -225,7 +225,7 @@ def test_corrupt_or_partial_entry_is_dropped_never_used(tmp_path, damage):
     elif damage == "no meta":
         (layer.path / cache.LAYER_META).unlink()
     elif damage == "bad meta":
-        (layer.path / cache.LAYER_META).write_text('{"schema": 1, "key": ')
+        (layer.path / cache.LAYER_META).write_text('{"schema": 2, "key": ')
     elif damage == "meta of another key":
         m = json.loads((layer.path / cache.LAYER_META).read_text())
         (layer.path / cache.LAYER_META).write_text(json.dumps({**m, "key": KEY_B}))
@@ -300,7 +300,7 @@ def test_prune_keeps_the_most_recently_used_within_the_cap(tmp_path):
     removed = store.prune(2 * one)
     assert removed == [f".tmp-{KEY_C}-1 (unfinished)", KEY_B]
     assert sorted(i.key for i in store.entries()) == [KEY_A, KEY_C]
-    assert store.prune(0, keep=KEY_C) == [KEY_A]
+    assert store.prune(0, keep=[KEY_C]) == [KEY_A]
     assert [i.key for i in store.entries()] == [KEY_C]
 
 
@@ -596,3 +596,228 @@ def test_a_pass_over_a_layer_gathers_only_the_minimal_facts():
     }
     assert first["tags"] == ["always"]
     assert local.REAPPLY_GATHER_SUBSET == "min"
+
+
+# -- role groups: prefix layers -------------------------------------------------------------
+
+
+def _group_keys(r: Path, **kw) -> list[str]:
+    li = cache.layer_inputs(
+        base_key=kw.get("base_key", "b1"),
+        roles_dir=r / "roles",
+        playbook=r / "images/site.yml",
+        versions_file=r / "images/versions.yaml",
+        artifacts=kw.get("arts") or {"pyxis_src": "a" * 64},
+        ansible_vars=kw.get("ansible_vars") or {},
+    )
+    assert li.key() == li.keys()[-1]
+    return li.keys()
+
+
+def test_role_groups_are_the_playbooks_roles_in_order():
+    roles = local.playbook_roles(REPO / "images/site.yml")
+    assert roles is not None
+    assert [r for g in cache.ROLE_GROUPS for r in g.roles] == roles
+    assert local.build_groups(roles) == cache.ROLE_GROUPS
+    assert [g.name for g in cache.ROLE_GROUPS] == ["slurm_stack", "runtime"]
+    # a playbook whose roles are not the groups': one group, the whole install pass
+    other = local.build_groups([*roles, "extra"])
+    assert len(other) == 1 and other[0].roles == (*roles, "extra")
+
+
+@pytest.mark.parametrize(
+    "change,first_changes",
+    [
+        ("docker_source", False),  # the bench's install-affecting change
+        ("docker role task", False),
+        ("pyxis artifact", False),
+        ("versions file", False),  # read with the artifacts, by the runtime group's roles
+        ("slurm role task", True),
+        ("munge default", True),
+        ("slurm install variable", True),
+        ("unowned install variable", True),  # nobody's: keys the first group, the safe side
+        ("playbook", True),
+        ("base", True),
+    ],
+)
+def test_a_group_key_changes_with_its_groups_inputs_and_every_earlier_one(
+    repo, change, first_changes
+):
+    k0 = _group_keys(repo)
+    kw: dict = {}
+    if change == "docker_source":
+        kw["ansible_vars"] = {"docker_source": "debian"}
+    elif change == "docker role task":
+        _append(repo / "roles/docker/tasks/install.yml", "\n# changed\n")
+    elif change == "pyxis artifact":
+        kw["arts"] = {"pyxis_src": "b" * 64}
+    elif change == "versions file":
+        _append(repo / "images/versions.yaml", "\n# changed\n")
+    elif change == "slurm role task":
+        _append(repo / "roles/slurm/tasks/install.yml", "\n# changed\n")
+    elif change == "munge default":
+        _append(repo / "roles/munge/defaults/main.yml", "\nmunge_extra: 1\n")
+    elif change == "slurm install variable":
+        kw["ansible_vars"] = {"slurm_packages": ["slurmd"]}
+    elif change == "unowned install variable":
+        kw["ansible_vars"] = {"site_packages": ["x"]}
+    elif change == "playbook":
+        _append(repo / "images/site.yml", "\n# changed\n")
+    elif change == "base":
+        kw["base_key"] = "b2"
+    k1 = _group_keys(repo, **kw)
+    assert (k1[0] != k0[0]) is first_changes
+    assert k1[1] != k0[1], "the last group's key covers every install input"
+
+
+def test_configuration_changes_no_group_key(repo):
+    k0 = _group_keys(repo)
+    _append(repo / "roles/slurm/templates/slurm.conf.j2", "\n# changed\n")
+    assert _group_keys(repo, ansible_vars={"logrotate_slurm_rotate": "9"}) == k0
+
+
+def test_artifacts_key_the_first_group_whose_roles_read_them(repo):
+    assert cache.artifacts_group(repo / "roles") == 1  # pyxis, gpu: the runtime group
+    _append(repo / "roles/slurm/tasks/install.yml", "\n# {{ nodeforge_artifacts.x }}\n")
+    assert cache.artifacts_group(repo / "roles") == 0
+    k0 = _group_keys(repo)
+    assert _group_keys(repo, arts={"pyxis_src": "c" * 64})[0] != k0[0]
+
+
+def test_a_variable_belongs_to_the_longest_role_name_it_starts_with():
+    roles = ["node", "node_agent", "slurm"]
+    assert cache.var_owner("node_agent_user", roles) == "node_agent"
+    assert cache.var_owner("node_x", roles) == "node"
+    assert cache.var_owner("slurmx_y", roles) is None
+
+
+def _over(store, key, parent, tmp, size=100):
+    return store.store(key, _tree(tmp / key[:4], size=size), INPUTS, parent=parent)
+
+
+def test_a_later_group_is_stored_over_its_parent_and_found_as_a_chain(tmp_path):
+    store = cache.LayerStore(tmp_path / "cache")
+    a = store.store(KEY_A, _tree(tmp_path / "a"), INPUTS)
+    b = _over(store, KEY_B, KEY_A, tmp_path)
+    assert a.parent is None and b.parent == KEY_A
+    assert [layer.key for layer in store.open_chain([KEY_A, KEY_B])] == [KEY_A, KEY_B]
+    assert [layer.key for layer in store.open_chain([KEY_A, KEY_C])] == [KEY_A]  # a prefix
+    assert store.open_chain([KEY_C, KEY_B]) == []  # B was not made over C
+    assert not b.path.exists(), "a layer whose parent is not the chain's is dropped"
+    assert [i.parent for i in store.entries()] == [None]
+    with pytest.raises(NodeforgeError, match="missing parent"):
+        _over(store, KEY_B, KEY_C, tmp_path / "x")
+
+
+def test_a_layer_whose_parent_is_gone_is_a_miss_not_a_crash(tmp_path):
+    logged: list[str] = []
+    store = cache.LayerStore(tmp_path / "cache", log=logged.append)
+    store.store(KEY_A, _tree(tmp_path / "a"), INPUTS)
+    _over(store, KEY_B, KEY_A, tmp_path)
+    shutil.rmtree(store.root / KEY_A)  # removed behind the cache's back
+    assert store.open_chain([KEY_A, KEY_B]) == []
+    assert store.entries() == [] and "the layer it was made over is gone" in logged[-1]
+
+
+def test_dropping_a_layer_drops_every_layer_made_over_it(tmp_path):
+    store = cache.LayerStore(tmp_path / "cache")
+    a = store.store(KEY_A, _tree(tmp_path / "a"), INPUTS)
+    _over(store, KEY_B, KEY_A, tmp_path)
+    _over(store, KEY_C, KEY_B, tmp_path)
+    assert store.descendants(KEY_A) == [KEY_B, KEY_C]
+    data = bytearray((a.tree / "usr/bin/tool").read_bytes())
+    data[0] ^= 1
+    (a.tree / "usr/bin/tool").write_bytes(bytes(data))
+    chain = store.open_chain([KEY_A, KEY_B, KEY_C])
+    assert len(chain) == 3  # records sound: content is verify()'s job
+    problem = store.verify(chain[0])
+    assert problem
+    store.drop(chain[0], problem)
+    assert store.entries() == []
+
+
+@pytest.mark.parametrize("parent", ["x" * 64, "../" + "a" * 61, 7, "a" * 64 + "\n"])
+def test_a_record_with_a_hostile_parent_is_dropped(tmp_path, parent):
+    store = cache.LayerStore(tmp_path / "cache")
+    layer = store.store(KEY_A, _tree(tmp_path / "a"), INPUTS)
+    m = json.loads((layer.path / cache.LAYER_META).read_text())
+    (layer.path / cache.LAYER_META).write_text(json.dumps({**m, "parent": parent}))
+    assert store.open_chain([KEY_A]) == []
+    assert not layer.path.exists()
+
+
+def test_a_record_naming_itself_as_parent_does_not_loop(tmp_path):
+    store = cache.LayerStore(tmp_path / "cache")
+    layer = store.store(KEY_A, _tree(tmp_path / "a"), INPUTS)
+    m = json.loads((layer.path / cache.LAYER_META).read_text())
+    (layer.path / cache.LAYER_META).write_text(json.dumps({**m, "parent": KEY_A}))
+    assert store.descendants(KEY_A) == []
+    assert store.open_chain([KEY_A]) == []  # not the first group's record: dropped
+
+
+def test_prune_never_leaves_a_layer_without_its_parent(tmp_path):
+    now = [0.0]
+    store = cache.LayerStore(tmp_path / "cache", clock=lambda: now[0])
+    key_d = "d" * 64
+    now[0] = 100.0
+    store.store(KEY_A, _tree(tmp_path / "a", size=1000), INPUTS)
+    now[0] = 200.0
+    _over(store, KEY_B, KEY_A, tmp_path, size=1000)  # the most recently used chain: A, B
+    now[0] = 150.0
+    store.store(KEY_C, _tree(tmp_path / "c", size=1000), INPUTS)
+    one = max(i.bytes for i in store.entries())
+    # A is the oldest entry, but B over it is the newest: C goes first
+    assert store.prune(2 * one) == [KEY_C]
+    assert sorted(i.key for i in store.entries()) == [KEY_A, KEY_B]
+    # keeping B keeps its parent too
+    assert store.prune(0, keep=[KEY_B]) == []
+    # of equal use, a child goes before its parent
+    now[0] = 300.0
+    _over(store, key_d, KEY_A, tmp_path, size=1000)
+    assert store.prune(one + 10) == [KEY_B, key_d]
+    assert [i.key for i in store.entries()] == [KEY_A]
+    _over(store, key_d, KEY_A, tmp_path / "again", size=1000)
+    assert store.prune(0) == [key_d, KEY_A]
+    assert store.entries() == []
+
+
+def test_prune_removes_a_layer_whose_parent_is_gone(tmp_path):
+    store = cache.LayerStore(tmp_path / "cache")
+    store.store(KEY_A, _tree(tmp_path / "a"), INPUTS)
+    _over(store, KEY_B, KEY_A, tmp_path)
+    shutil.rmtree(store.root / KEY_A)
+    assert store.prune(1 << 40) == [f"{KEY_B} (its parent is gone)"]
+
+
+def test_digest_covers_extended_attributes(tmp_path):
+    """The opaque-dir mark of an overlayfs upper dir is an xattr (trusted.overlay.opaque,
+    root only): a user.* xattr stands in for it here; tests/e2e/test_build_cache.py has a
+    real upper dir with whiteouts and opaque dirs."""
+    tree = _tree(tmp_path / "t")
+    before = cache.tree_digest(tree)[0]
+    try:
+        os.setxattr(tree / "etc", "user.overlay.opaque", b"y")
+    except OSError as e:  # the test's own precondition, not the code's
+        pytest.fail(f"tmp_path {tmp_path} has no user xattrs ({e}); run on ext4/xfs/tmpfs")
+    marked = cache.tree_digest(tree)[0]
+    assert marked != before
+    os.setxattr(tree / "etc", "user.overlay.opaque", b"n")
+    assert cache.tree_digest(tree)[0] not in (before, marked)
+    os.removexattr(tree / "etc", "user.overlay.opaque")
+    assert cache.tree_digest(tree)[0] == before
+
+
+def test_reapply_among_the_cached_groups_roles(repo):
+    old = _config(repo, logrotate_slurm_rotate=14)
+    _append(repo / "roles/slurm/templates/slurm.conf.j2", "\n# changed\n")
+    new = _config(repo, logrotate_slurm_rotate=9)
+    assert cache.roles_to_reapply(old, new, ROLES) == ["slurm", "logrotate"]
+    # resuming after the first group: only its changed roles run again with the next group
+    assert cache.roles_to_reapply(old, new, ROLES, among=["base", "slurm"]) == ["slurm"]
+
+
+@pytest.mark.parametrize("bad", ["a,b", "a:b", "a\\b", "a\nb"])
+def test_an_overlay_path_that_mount_options_cannot_hold_is_refused(tmp_path, bad):
+    with pytest.raises(NodeforgeError, match="--cache-dir"):
+        local.mount_overlay([tmp_path / bad / "tree"], tmp_path / "work")
+    assert not (tmp_path / "work").exists(), "nothing made before the refusal"
