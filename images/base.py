@@ -1,14 +1,7 @@
 """The base root filesystem: mmdebstrap minbase + what systemd-nspawn, sshd and Ansible need.
 
-Cached by a content key (suite, mirror, arch, package list, kernel, mmdebstrap version), so a
-second build with the same inputs reuses the tarball instead of bootstrapping again.
-
-The kernel is installed by a second apt run (a customize hook) after everything else: in one
-run with the other packages the initramfs is generated twice, once by the kernel's postinst
-(`update-initramfs -c`) and again by the initramfs-tools trigger that udev, kmod and
-klibc-utils activate, which is processed at the end of the run. Installed last, the trigger
-finds no kernel yet and the kernel's postinst generates the initramfs once (measured: the
-bootstrap takes ~41 s instead of ~65 s; the tarball has the same files).
+Cached by a content key (suite, mirror, arch, package list, mmdebstrap version), so a second
+build with the same inputs reuses the tarball instead of bootstrapping again.
 """
 
 from __future__ import annotations
@@ -17,13 +10,11 @@ import hashlib
 import json
 import logging
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
 from nodeforge import proc
-from nodeforge.errors import NodeforgeError
 
 from .versions import Base
 
@@ -61,15 +52,11 @@ class BaseSpec:
     packages: tuple[str, ...]
     mmdebstrap: str  # version, part of the key: a new mmdebstrap may produce a different tree
     components: tuple[str, ...] = ("main",)
-    # Installed by a second apt run after `packages` (see the module docstring); "" = none.
-    kernel: str = ""
 
     def key(self) -> str:
         d = asdict(self)
         if self.components == ("main",):
             del d["components"]  # main-only (cpu) keeps the key it had before variants existed
-        if not self.kernel:
-            del d["kernel"]  # a spec without a late kernel keeps the key it had before
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -81,41 +68,8 @@ def host_arch() -> str:
 def spec_for(base: Base, arch: str, variant: str = "cpu") -> BaseSpec:
     mm = proc.require_tool("mmdebstrap")
     version = proc.run([mm, "--version"]).stdout.strip().split()[-1]
-    pkgs = tuple(sorted(BASE_PACKAGES))
-    return BaseSpec(
-        base.suite,
-        base.mirror,
-        arch,
-        "minbase",
-        pkgs,
-        version,
-        COMPONENTS[variant],
-        kernel=KERNEL_PACKAGE[arch],
-    )
-
-
-def mmdebstrap_argv(spec: BaseSpec, keyring: str, out: Path) -> list[str]:
-    """The mmdebstrap command line that makes the base tarball `out` of `spec`."""
-    if spec.kernel and not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", spec.kernel):
-        raise NodeforgeError(f"internal: bad kernel package name {spec.kernel!r}")
-    argv = [
-        proc.require_tool("mmdebstrap"),
-        f"--variant={spec.variant}",
-        f"--architectures={spec.arch}",
-        f"--include={','.join(spec.packages)}",
-        f"--keyring={keyring}",
-        # Written into the image's sources.list too, so the roles' apt sees these components.
-        f"--components={','.join(spec.components)}",
-        # Recommends stay off for a lean image; roles add what they need by name.
-        '--aptopt=APT::Install-Recommends "false"',
-    ]
-    if spec.kernel:
-        # After every other package: one initramfs generation instead of two (module docstring).
-        argv.append(
-            '--customize-hook=chroot "$1" apt-get install --yes --no-install-recommends '
-            + spec.kernel
-        )
-    return argv + [spec.suite, str(out), spec.mirror]
+    pkgs = tuple(sorted(BASE_PACKAGES + (KERNEL_PACKAGE[arch],)))
+    return BaseSpec(base.suite, base.mirror, arch, "minbase", pkgs, version, COMPONENTS[variant])
 
 
 def ensure_base(
@@ -130,7 +84,20 @@ def ensure_base(
         return tar, True
     # mmdebstrap picks the output format from the extension, so the temp name ends in .tar.
     tmp = tar.with_name(f".part-{os.getpid()}-{tar.name}")
-    argv = mmdebstrap_argv(spec, keyring, tmp)
+    argv = [
+        proc.require_tool("mmdebstrap"),
+        f"--variant={spec.variant}",
+        f"--architectures={spec.arch}",
+        f"--include={','.join(spec.packages)}",
+        f"--keyring={keyring}",
+        # Written into the image's sources.list too, so the roles' apt sees these components.
+        f"--components={','.join(spec.components)}",
+        # Recommends stay off for a lean image; roles add what they need by name.
+        '--aptopt=APT::Install-Recommends "false"',
+        spec.suite,
+        str(tmp),
+        spec.mirror,
+    ]
     try:
         proc.stream(
             argv,
