@@ -593,3 +593,15 @@ def test_bake_settings_are_removed_at_seal_by_both_sealers():
         assert item.find == "exists" and len(item.reason) > 15, item.id
         if dest != "/usr/sbin/policy-rc.d":  # the seal role has its own task for that one
             assert item.live and rel in item.paths, f"the seal role would leave {dest}"
+
+
+@pytest.mark.unit
+def test_pyxis_is_built_with_the_c_toolchain_only():
+    """pyxis is C (its Makefile runs $(CC), strip, install): the build packages installed and
+    purged again are gcc (with binutils), make and libc6-dev, not build-essential's g++,
+    libstdc++-dev and dpkg-dev/perl. gcc only recommends libc6-dev, so it is named."""
+    pkgs = _yaml(ROLES_DIR / "pyxis/defaults/main.yml")["pyxis_build_packages"]
+    assert sorted(pkgs) == ["gcc", "libc6-dev", "make"]
+    tasks = list(_walk_tasks(_yaml(ROLES_DIR / "pyxis/tasks/install.yml")))
+    cmds = [(t.get("ansible.builtin.command") or {}) for t in tasks]
+    assert any(isinstance(c, dict) and c.get("cmd", "").startswith("make") for c in cmds)
