@@ -98,3 +98,143 @@ def test_extension_hook_still_loads_it_and_is_validated(tmp_path):
     got = _node_path(tmp_path, COMPUTE | {"hooks": ["https://hooks.example/setup.sh"]})
     assert got["hooks"] == ["setup.sh"]
     assert "nodeforge.download" in got["loaded"]
+
+
+# -- one `systemctl is-active` for all of the health check's units --------------------------
+def _host(answer):
+    calls: list[list[str]] = []
+
+    def run(argv, **kw):
+        calls.append([str(a) for a in argv])
+        return answer(calls[-1])
+
+    return Host(run=run), calls
+
+
+def _cp(argv, rc, out=""):
+    return subprocess.CompletedProcess(argv, rc, out, None)
+
+
+def test_active_units_asks_once_and_reads_one_state_per_unit():
+    host, calls = _host(lambda a: _cp(a, 0, "active\ninactive\nreloading\n"))
+    got = host.active_units(["slurmd.service", "munge.service", "x.service"])
+    assert got == {"slurmd.service": True, "munge.service": False, "x.service": True}
+    assert calls == [["systemctl", "is-active", "slurmd.service", "munge.service", "x.service"]]
+
+
+@pytest.mark.parametrize("out", ["", "active\n", "active\nactive\nactive\n", "Failed to connect\n"])
+def test_active_units_output_it_cannot_pair_is_asked_unit_by_unit(out):
+    def answer(a):
+        if "--quiet" in a:
+            return _cp(a, 0 if a[-1] == "munge.service" else 3)
+        return _cp(a, 1, out)
+
+    host, calls = _host(answer)
+    got = host.active_units(["slurmd.service", "munge.service"])
+    assert got == {"slurmd.service": False, "munge.service": True}
+    assert calls[1:] == [
+        ["systemctl", "is-active", "--quiet", "slurmd.service"],
+        ["systemctl", "is-active", "--quiet", "munge.service"],
+    ]
+
+
+def test_active_units_timeout_is_not_active():
+    from nodeforge.errors import CommandError
+
+    def answer(a):
+        raise CommandError(a, -1, "", hint="timed out after 30s")
+
+    host, calls = _host(answer)
+    assert host.active_units(["slurmd.service", "munge.service"]) == {
+        "slurmd.service": False,
+        "munge.service": False,
+    }
+    assert len(calls) == 1
+
+
+def test_health_services_check_is_one_spawn_and_names_the_inactive_unit(tmp_path):
+    from nodeforge.bootstrap import health
+
+    host, calls = _host(lambda a: _cp(a, 0, "active\nfailed\n"))
+    cfg = health.Config(units=(("slurmd", "slurmd.service"), ("munge", "munge.service")))
+    checks = health.Checker(host, cfg).services()
+    assert [(c.name, c.ok, c.detail) for c in checks] == [
+        ("slurmd", True, "active"),
+        ("munge", False, "munge.service is not active"),
+    ]
+    assert len(calls) == 1
+
+
+def test_compute_polls_a_starting_controller_every_quarter_second(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    fm.ctl_up = False
+    pings = []
+    sleeps: list[float] = []
+    inner = fm.run
+
+    def run(argv, *a, **kw):
+        if [str(x) for x in argv] == ["scontrol", "ping"]:
+            pings.append(1)
+            fm.ctl_up = len(pings) >= 3  # slurmctld answers the 3rd ping
+        return inner(argv, *a, **kw)
+
+    agent.host.run = run  # type: ignore[method-assign]
+    agent.host.sleep = sleeps.append  # type: ignore[method-assign]
+    fm.ping_waits_for_slurmd_c = False
+    state = agent.init()
+    assert state.status == "ready"
+    assert len(pings) == 3
+    assert sleeps[:2] == [0.25, 0.25]
+
+
+# -- state.json: progress atomic but not fsynced, the outcome durable ------------------------
+def test_write_atomic_not_durable_skips_fsync_but_still_replaces_whole(tmp_path, monkeypatch):
+    from nodeforge import fsutil
+
+    synced: list[int] = []
+    monkeypatch.setattr(fsutil.os, "fsync", synced.append)
+    f = tmp_path / "s.json"
+    assert fsutil.write_atomic(f, "old\n", durable=False)
+    assert fsutil.write_atomic(f, "new\n", durable=False)
+    assert synced == [] and f.read_text() == "new\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temporary left
+    assert fsutil.write_atomic(f, "last\n")
+    assert len(synced) == 2  # the file and its directory
+
+
+def _saves(monkeypatch) -> list[bool]:
+    from nodeforge.bootstrap.state import State
+
+    flags: list[bool] = []
+    real = State.save
+
+    def save(self, path, *, durable=True):
+        flags.append(durable)
+        real(self, path, durable=durable)
+
+    monkeypatch.setattr(State, "save", save)
+    return flags
+
+
+def test_agent_fsyncs_state_only_for_the_outcome(tmp_path, monkeypatch):
+    from nodeforge.bootstrap.state import State
+
+    agent, _fm, paths, _ = make(tmp_path, COMPUTE)
+    flags = _saves(monkeypatch)
+    agent.init()
+    assert len(flags) > 10 and flags[-1] is True and not any(flags[:-1])
+    assert State.load(paths.state_file).status == "ready"
+
+
+def test_agent_fsyncs_a_failure(tmp_path, monkeypatch):
+    from nodeforge.bootstrap.agent import StepFailed
+    from nodeforge.bootstrap.state import State
+
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    fm.fail_on["systemctl restart slurmd.service"] = 1
+    flags = _saves(monkeypatch)
+    with pytest.raises(StepFailed):
+        agent.init()
+    assert flags[-1] is True and flags[-2] is True  # the step's failure, then the run's
+    st = State.load(paths.state_file)
+    assert st.status == "failed" and st.steps["role"].status == "failed"
