@@ -226,16 +226,33 @@ def agent_from_checkout(node: Node) -> None:
     )
 
 
-def without_keygen_order(node: Node) -> None:
-    """--agent-not-after-keygen (experiment): nodeforge-init.service without
-    `After=nodeforge-ssh-keygen.service`, in the node's overlay only."""
-    m = node.merged
-    src = m / "etc/systemd/system/nodeforge-init.service"
-    text = src.read_text()
-    if "nodeforge-ssh-keygen.service" not in text:
-        raise NodeforgeError(f"{src} has no ordering on nodeforge-ssh-keygen.service")
-    src.unlink()  # the overlay copy: the image's lower layer is untouched
-    src.write_text(text.replace(" nodeforge-ssh-keygen.service", ""))
+def init_dropins(files: list[Path]):
+    """--init-dropin FILE (experiment): FILE as a drop-in of baked nodes'
+    nodeforge-init.service (/etc/systemd/system/nodeforge-init.service.d/, overlay only), e.g.
+    another ExecStart= or a scheduling setting, measured without a rebuild."""
+    texts = [(f.name, f.read_text()) for f in files]
+
+    def install(node: Node) -> None:
+        d = node.merged / "etc/systemd/system/nodeforge-init.service.d"
+        d.mkdir(parents=True, exist_ok=True)
+        for name, text in texts:
+            (d / name).write_text(text)
+
+    return install
+
+
+def mask_units(units: list[str]):
+    """--mask-unit UNIT (experiment): UNIT masked (-> /dev/null) in baked nodes' overlay, e.g.
+    to see what a unit that runs beside the agent at boot costs it."""
+
+    def mask(node: Node) -> None:
+        for unit in units:
+            link = node.merged / "etc/systemd/system" / unit
+            if link.exists() or link.is_symlink():
+                link.unlink()
+            link.symlink_to("/dev/null")
+
+    return mask
 
 
 def floor_prepare(cluster: Cluster):
@@ -708,7 +725,8 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
                 f
                 for f, on in (
                     (agent_from_checkout, args.agent_from_checkout),
-                    (without_keygen_order, args.agent_not_after_keygen),
+                    (init_dropins(args.init_dropin), bool(args.init_dropin)),
+                    (mask_units(args.mask_unit), bool(args.mask_unit)),
                 )
                 if on
             ]
@@ -914,10 +932,20 @@ def main() -> int:
         "compiled before boot) instead of the image's",
     )
     ap.add_argument(
-        "--agent-not-after-keygen",
-        action="store_true",
-        help="experiment: baked nodes' nodeforge-init.service not ordered after "
-        "nodeforge-ssh-keygen.service (overlay only)",
+        "--mask-unit",
+        action="append",
+        default=[],
+        metavar="UNIT",
+        help="experiment: UNIT masked in baked nodes' overlay (repeatable)",
+    )
+    ap.add_argument(
+        "--init-dropin",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="experiment: FILE as a drop-in of baked nodes' nodeforge-init.service "
+        "(overlay only; repeatable)",
     )
     ap.add_argument(
         "--lifecycle-repeat",

@@ -87,7 +87,7 @@ class Agent:
             self._step("ready", self._ready, always=True)
         except Exception:  # StepFailed, or a crash already logged with its traceback
             st.status = "failed"
-            self._save()
+            self._save(durable=True)
             raise
         st.status = "ready"
         st.ready_at = st.steps["ready"].ended
@@ -95,11 +95,15 @@ class Agent:
             # first readiness only (first `node init` -> ready); reboots: uptime_at_ready
             st.time_to_ready = round(st.ready_at - st.first_started, 3)
         st.uptime_at_ready = uptime(self.paths.root / "proc")
-        self._save()
+        self._save(durable=True)
         return st
 
-    def _save(self) -> None:
-        self.state.save(self.paths.state_file)
+    def _save(self, *, durable: bool = False) -> None:
+        """Progress records are atomic but not fsynced (two fsyncs per save, ~14 saves on the
+        path to ready); the outcome (ready or failed) is durable. A power cut in between
+        brings an older record back, and `node init` then runs a step again (every step is
+        resumable)."""
+        self.state.save(self.paths.state_file, durable=durable)
 
     def _step(
         self,
@@ -148,7 +152,7 @@ class Agent:
 
     def _fail(self, name: str, error: str, reason: str | None = None) -> None:
         self.state.end(name, now(), "failed", error)
-        self._save()
+        self._save(durable=True)
         log.error("step %s failed: %s", name, error)
         if self.loaded is not None and name in ("role", "hooks", "ready"):
             first = error.strip().splitlines()[0] if error.strip() else "error"

@@ -205,9 +205,9 @@ class Checker:
 
     def services(self) -> list[Check]:
         out = []
+        up = self.host.active_units([unit for _, unit in self.cfg.units])  # one systemctl
         for name, unit in self.cfg.units:
-            up = self.host.is_active(unit)
-            out.append(Check(name, up, "active" if up else f"{unit} is not active"))
+            out.append(Check(name, up[unit], "active" if up[unit] else f"{unit} is not active"))
         return out
 
     def disks(self) -> Check:

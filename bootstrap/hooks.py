@@ -35,12 +35,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nodeforge import download, proc
+from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
 from .params import Params
 from .paths import Paths
+
+if TYPE_CHECKING:
+    from nodeforge import download
 
 log = logging.getLogger("nodeforge.hooks")
 
@@ -188,13 +192,13 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
         name = spec.name or spec.script or _uri_name(spec.uri)
         if name in (".", "..") or not _NAME_OK.fullmatch(name):
             raise HookError(
-                f"hooks[{i}]: cannot use {name!r} from {download.display_url(spec.uri)} as a "
+                f"hooks[{i}]: cannot use {name!r} from {_dl().display_url(spec.uri)} as a "
                 f"hook name; set hooks[{i}].name (A-Z a-z 0-9 _ . -, not . or ..)"
             )
         scheme = spec.uri.split("://", 1)[0]
         if scheme == "http" and spec.sha256 is None:
             raise HookError(
-                f"hook {name} refused: {download.display_url(spec.uri)} is plain http without a "
+                f"hook {name} refused: {_dl().display_url(spec.uri)} is plain http without a "
                 f"sha256; serve it over https:// or set hooks[{i}].sha256 (sha256sum <script>)"
             )
         hooks.append(
@@ -218,10 +222,10 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
         if name in seen:
             raise HookError(
                 f"two hooks are named {name!r} ({seen[name]} and "
-                f"{download.display_url(h.origin)}); give the extension "
+                f"{_dl().display_url(h.origin)}); give the extension "
                 "hook a distinct `name` in params"
             )
-        seen[name] = download.display_url(h.origin) if h.origin != "baked" else "baked"
+        seen[name] = _dl().display_url(h.origin) if h.origin != "baked" else "baked"
     hooks.sort(key=lambda t: (t[0], t[1]))
     return [h for _, _, h in hooks]
 
@@ -232,9 +236,25 @@ def _uri_name(uri: str) -> str:
 
 
 # -- fetching ----------------------------------------------------------------------------------
-_FETCH_POLICY = download.Policy(
-    timeout=FETCH_TIMEOUT, deadline=FETCH_DEADLINE, attempts=1, max_bytes=MAX_SCRIPT_BYTES
-)  # the runner retries, with backoff
+def _dl():
+    """nodeforge.download (urllib, http.client, ssl: ~27 ms of imports), loaded only when an
+    extension hook is named or fetched: a node without them never needs it, and `has_hooks`
+    runs on every compute's path to ready (bench/README.md, agent start-up)."""
+    from nodeforge import download
+
+    return download
+
+
+# None: the default below (tests set their own TLS context here)
+_FETCH_POLICY: download.Policy | None = None
+
+
+def _fetch_policy() -> download.Policy:
+    if _FETCH_POLICY is not None:
+        return _FETCH_POLICY
+    return _dl().Policy(
+        timeout=FETCH_TIMEOUT, deadline=FETCH_DEADLINE, attempts=1, max_bytes=MAX_SCRIPT_BYTES
+    )  # the runner retries, with backoff
 
 
 def fetch(hook: Hook, cache: Path) -> Path:
@@ -242,6 +262,7 @@ def fetch(hook: Hook, cache: Path) -> Path:
 
     Raises ShaMismatch (never run, not retried) or HookError (a failed attempt).
     """
+    download = _dl()
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     uri = hook.origin
     label = f"hook {hook.name}"
@@ -256,7 +277,7 @@ def fetch(hook: Hook, cache: Path) -> Path:
                 uri,
                 cache / hook.name,
                 label=label,
-                policy=_FETCH_POLICY,
+                policy=_fetch_policy(),
                 sha256=hook.sha256,
                 mode=0o700,
             ).path
@@ -301,6 +322,7 @@ def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
 
 
 def _s3_get(hook: Hook, client, bucket: str, key: str, dest: Path, sha256: str | None) -> Path:
+    download = _dl()
     uri = f"s3://{bucket}/{key}"
     try:
         obj = client.get_object(Bucket=bucket, Key=key)

@@ -51,6 +51,7 @@ def key_bytes(params: Params, source_label: str) -> bytes | None:
 def run(host: Host, paths: Paths, params: Params, source_label: str) -> dict:
     key = key_bytes(params, source_label)
     detail: dict[str, object] = {}
+    changed = False
     if key is None:
         if not paths.munge_key.exists():
             raise NodeforgeError(
@@ -62,13 +63,19 @@ def run(host: Host, paths: Paths, params: Params, source_label: str) -> dict:
         changed = write_atomic(paths.munge_key, key, 0o400)
         host.chown(paths.munge_key, "munge", "munge")
         detail["key"] = "written" if changed else "unchanged"
-        if changed and host.is_active("munge.service"):
-            host.systemctl("restart", "munge.service")
-    host.start("munge.service", timeout=60)
+    # A new key: `restart` starts a stopped munged and makes a running one read the key, in one
+    # systemctl call (not is-active, then restart or start: one spawn less on every first
+    # boot's path to ready). Otherwise `start` (a no-op when it runs).
+    host.run(
+        ["systemctl", "restart" if changed else "start", "munge.service"],
+        timeout=60,
+        hint="see `journalctl -u munge.service` and `systemctl status munge.service`",
+    )
     host.wait_until(
         "munge answering (munge -n)",
         lambda: host.ok(["munge", "-n"], timeout=10),
         timeout=min(params.wait_timeout, 60),
+        interval=0.05,  # local and cheap; the default 1 s poll would be a second on the path
         hint="see `journalctl -u munge`",
     )
     return detail

@@ -66,8 +66,9 @@ class State:
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
         return cls(steps=steps, **known)
 
-    def save(self, path: Path) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n", 0o644)
+    def save(self, path: Path, *, durable: bool = True) -> None:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+        write_atomic(path, text, 0o644, durable=durable)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

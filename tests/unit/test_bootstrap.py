@@ -100,8 +100,11 @@ class FakeMachine:
                 self.active.add(a[-1])
                 self.events.append(f"enable {a[-1]}")
                 return 0, ""
-            if a[1] == "is-active":
-                return (0 if a[-1] in self.active else 3), ""
+            if a[1] == "is-active":  # as systemctl: one state per unit unless --quiet; 0 if any
+                units = [u for u in a[2:] if not u.startswith("-")]
+                states = ["active" if u in self.active else "inactive" for u in units]
+                out = "" if "--quiet" in a else "".join(f"{st}\n" for st in states)
+                return (0 if "active" in states else 3), out
             return 0, ""
         if a[0] == "ssh-keygen":
             d = self.root / "etc/ssh"
@@ -769,9 +772,9 @@ def test_ready_waits_for_slurmctld_to_see_the_node_responding(tmp_path):
     states: list[str] = []
     real_save = agent._save
 
-    def save():
+    def save(**kw):
         states.append(fm.nodes.get("c1", {}).get("State", ""))
-        real_save()
+        real_save(**kw)
 
     agent._save = save
     st = agent.init()

@@ -52,6 +52,11 @@ class FakeNode:
         argv = [str(a) for a in argv]
         self.calls.append(argv)
         cmd = argv[0]
+        if cmd == "systemctl" and argv[1] == "is-active":  # as systemctl (one state per unit)
+            units = [u for u in argv[2:] if not u.startswith("-")]
+            states = ["active" if u in self.active else "inactive" for u in units]
+            out = "" if "--quiet" in argv else "".join(f"{st}\n" for st in states)
+            return subprocess.CompletedProcess(argv, 0 if "active" in states else 3, out)
         if cmd == "systemctl":
             return subprocess.CompletedProcess(argv, 0 if argv[-1] in self.active else 3, "")
         if cmd == "nvidia-smi":
