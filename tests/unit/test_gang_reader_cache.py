@@ -100,6 +100,33 @@ def stable(j: dict) -> str:
     return json.dumps({**j, "last_sched_evaluation": digits}, sort_keys=True)
 
 
+def apply_op(jobs: list, op: str, x: int, text: str, next_id: int, shape: str, bump: int) -> int:
+    """One random cycle's change to the job list (what slurmctld would print next); returns
+    the next unused job id. `restamp` is the scheduler's pass: every pending job's
+    last_sched_evaluation moves by *bump*."""
+    i = x % len(jobs) if jobs else 0
+    if op == "restamp":
+        for j in jobs:
+            v = j["last_sched_evaluation"]
+            j["last_sched_evaluation"] = (
+                n24(v["number"] + bump) if isinstance(v, dict) else v + bump
+            )
+    elif op == "requeue" and jobs:
+        jobs[i]["restart_cnt"] += 1
+    elif op == "drop" and jobs:
+        jobs.pop(i)
+    elif op == "add":
+        jobs.insert(i, job(next_id, shape, text))
+        next_id += 1
+    elif op == "move" and jobs:
+        jobs.append(jobs.pop(i))
+    elif op == "dup" and jobs:
+        jobs.insert(i, dict(jobs[i]))  # a job id listed twice: an error either way
+    elif op == "rename" and jobs:
+        jobs[i] = {**jobs[i], "name": text}
+    return next_id
+
+
 OPS = st.lists(
     st.tuples(
         st.sampled_from(["restamp", "requeue", "drop", "add", "move", "dup", "rename"]),
@@ -124,28 +151,8 @@ def test_cached_read_is_the_full_parse_over_random_cycles(names, ops, shape, for
     prev: dict[int, tuple[str, sr.JobRecord]] = {}
     next_id = 100
     for cycle, (op, x, text) in enumerate(ops):
-        i = x % len(jobs) if jobs else 0
-        if op == "restamp":  # the scheduler's pass: every pending job's number moves
-            for j in jobs:
-                v = j["last_sched_evaluation"]
-                bump = 10**x if x < 12 else 1  # sometimes more digits
-                if isinstance(v, dict):
-                    j["last_sched_evaluation"] = n24(v["number"] + bump)
-                else:
-                    j["last_sched_evaluation"] = v + bump
-        elif op == "requeue" and jobs:
-            jobs[i]["restart_cnt"] += 1
-        elif op == "drop" and jobs:
-            jobs.pop(i)
-        elif op == "add":
-            jobs.insert(i, job(next_id, shape, text))
-            next_id += 1
-        elif op == "move" and jobs:
-            jobs.append(jobs.pop(i))
-        elif op == "dup" and jobs:
-            jobs.insert(i, dict(jobs[i]))  # a job id listed twice: an error either way
-        elif op == "rename" and jobs:
-            jobs[i] = {**jobs[i], "name": text}
+        bump = 10**x if x < 12 else 1  # sometimes more digits
+        next_id = apply_op(jobs, op, x, text, next_id, shape, bump)
         doc = render(jobs, shape)
         cached, full = both(doc, cache, forms[cycle])
         assert cached == full
@@ -304,22 +311,9 @@ def test_governor_observations_from_its_cache_are_the_uncached_ones(names, ops, 
     saved, gs.CACHE_SLACK = gs.CACHE_SLACK, slack
     try:
         for op, x, text in ops:
-            i = x % len(jobs) if jobs else 0
-            if op in ("restamp", "dup", "move"):  # (the reader's own test covers those)
-                for j in jobs:
-                    v = j["last_sched_evaluation"]
-                    j["last_sched_evaluation"] = (
-                        n24(v["number"] + 1) if isinstance(v, dict) else v + 1
-                    )
-            elif op == "requeue" and jobs:
-                jobs[i]["restart_cnt"] += 1
-            elif op == "drop" and jobs:
-                jobs.pop(i)
-            elif op == "add":
-                jobs.insert(i, job(next_id, shape, text))
-                next_id += 1
-            elif op == "rename" and jobs:
-                jobs[i] = {**jobs[i], "name": text}
+            # (the reader's own test covers duplicates and moves: here they restamp)
+            op = "restamp" if op in ("dup", "move") else op
+            next_id = apply_op(jobs, op, x, text, next_id, shape, 1)
             doc = render(jobs, shape)
             cached = gs.parse_jobs(doc, "t", cache)
             assert cached == gs.parse_jobs(doc, "t")
