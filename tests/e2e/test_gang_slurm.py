@@ -307,7 +307,12 @@ def test_retry_limit_requeuehold_then_release_resets(lab, gov):
     assert g.rec(j).phase == "deactivated" and g.rec(j).count == 2
     lab.run("scontrol", "release", str(j))
     wait_for(lambda: g.rec(j).count == 0 and g.rec(j).phase != "deactivated", 10, "counter reset")
-    wait_for(lambda: decode_admin(lab.job(j)["AdminComment"])["n"] == "0", 10, "AdminComment n=0")
+    # (the annotate event is written after its command, so it may trail the AdminComment)
+    wait_for(
+        lambda: decode_admin(lab.job(j)["AdminComment"])["n"] == "0" and g.events(j, "annotate"),
+        10,
+        "AdminComment n=0, and its event",
+    )
     assert g.events(j, "annotate")[-1]["reason"] == "Released"
 
 
@@ -636,7 +641,14 @@ def test_deactivation_is_final_until_an_operator_releases(lab, gov):
     assert g.rec(j).hold_confirmed
     assert lab.job(j)["Restarts"] == "3"
     lab.run("scontrol", "release", j)  # the operator
-    wait_for(lambda: g.rec(j).count == 0, 10, "counter reset by the operator's release")
+    # The governor writes its state before it runs the cycle's commands, and each command's
+    # event after the command: the reset shows in the state file before its annotate event.
+    wait_for(
+        lambda: g.rec(j).count == 0 and g.events(j, "annotate"),
+        10,
+        "counter reset by the operator's release, and its event",
+        lambda: (g.rec(j), g.events(j)),
+    )
     assert g.events(j, "annotate")[-1]["reason"] == "Released"
     assert len(g.events(j, "requeuehold")) == 1
 
