@@ -755,13 +755,8 @@ def next_deadline(cfg: GangConfig, st: GovState, now: float) -> float | None:
         return _next_deadline_watched(cfg, st, w, now)
     due = None
     for rec in st.jobs.values():
-        if rec.phase == ADMITTED and rec.admitted_at is not None:
-            t = rec.admitted_at + cfg.timeout
-        elif rec.phase == RECOVERING and rec.lost_at is not None and cfg.recovery_timeout > 0:
-            t = rec.lost_at + cfg.recovery_timeout
-        else:
-            continue
-        if t > now and (due is None or t < due):
+        t = _deadline_of(cfg, rec)
+        if t is not None and t > now and (due is None or t < due):
             due = t
     return due
 
