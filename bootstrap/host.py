@@ -90,9 +90,10 @@ class Host:
     def systemctl(self, *args: str, timeout: float = 120) -> None:
         self.run(["systemctl", *args], timeout=timeout)
 
-    def start(self, unit: str, timeout: float = 180) -> None:
+    def start(self, unit: str, timeout: float = 180, *, restart: bool = False) -> None:
+        """Start *unit* (*restart*: also a running one, e.g. to read a new key)."""
         self.run(
-            ["systemctl", "start", unit],
+            ["systemctl", "restart" if restart else "start", unit],
             timeout=timeout,
             hint=f"see `journalctl -u {unit}` and `systemctl status {unit}`",
         )

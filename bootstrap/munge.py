@@ -66,11 +66,7 @@ def run(host: Host, paths: Paths, params: Params, source_label: str) -> dict:
     # A new key: `restart` starts a stopped munged and makes a running one read the key, in one
     # systemctl call (not is-active, then restart or start: one spawn less on every first
     # boot's path to ready). Otherwise `start` (a no-op when it runs).
-    host.run(
-        ["systemctl", "restart" if changed else "start", "munge.service"],
-        timeout=60,
-        hint="see `journalctl -u munge.service` and `systemctl status munge.service`",
-    )
+    host.start("munge.service", timeout=60, restart=changed)
     host.wait_until(
         "munge answering (munge -n)",
         lambda: host.ok(["munge", "-n"], timeout=10),
