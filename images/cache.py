@@ -652,6 +652,10 @@ class LayerStore:
                 and mark.holds_for(layer.digest, boot, self.clock())
                 and tree_stat_digest(layer.tree, cancelled) == mark.stat
             ):
+                self.log(
+                    f"cache: layer {layer.key[:16]} verified by its mark (no entry changed "
+                    "since its content digest matched in this boot)"
+                )
                 return ""
             mark_path.unlink(missing_ok=True)  # stale or unsound: a full check follows
             d = tree_digests(layer.tree, cancelled, self._now_ns)
@@ -659,16 +663,22 @@ class LayerStore:
             return f"its tree cannot be read ({e})"
         if d.content != layer.digest:
             return "its content digest does not match (corrupt or altered tree)"
-        self._mark(layer.path, d, boot)
+        marked = self._mark(layer.path, d, boot)
+        self.log(
+            f"cache: layer {layer.key[:16]} verified by reading its {d.entries} entries"
+            + ("" if marked else " (no mark left: an entry changed just before, or no boot id)")
+        )
         return ""
 
     def _now_ns(self) -> int:
         return int(self.clock() * 1e9)
 
-    def _mark(self, path: Path, d: TreeDigest, boot: str) -> None:
+    def _mark(self, path: Path, d: TreeDigest, boot: str) -> bool:
         """Leave the mark of a full check that matched, where it may stand for the next."""
         if d.settled and boot:
             VerifiedMark(d.content, d.stat, boot, self.clock()).write(path / VERIFIED_MARK)
+            return True
+        return False
 
     def drop(self, layer: Layer, problem: str) -> None:
         """Remove *layer* and every layer made over it (they would have no parent)."""

@@ -319,9 +319,15 @@ def test_a_matched_full_check_leaves_a_mark_and_the_next_check_reads_nothing(tmp
     mark = cache.VerifiedMark.load(layer.path / cache.VERIFIED_MARK)
     assert mark is not None and mark.digest == layer.digest and mark.boot_id == BOOT
     reads = _count_reads(monkeypatch)
+    logged: list[str] = []
+    store.log = logged.append
     opened = store.open(KEY_A)
     assert opened is not None and store.verify(opened) == ""
     assert reads == []  # only lstat: the mark stood for the content check
+    assert logged == [
+        f"cache: layer {KEY_A[:16]} verified by its mark (no entry changed "
+        "since its content digest matched in this boot)"
+    ]
     assert store.lookup(KEY_A) is not None and reads == []
 
 
