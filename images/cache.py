@@ -480,9 +480,10 @@ class VerifiedMark:
             and KEY_RE.fullmatch(st)
             and isinstance(boot, str)
             and _BOOT_ID_RE.fullmatch(boot)
-            and isinstance(at, int | float)
-            and not isinstance(at, bool)
-            and math.isfinite(at)
+            and (
+                (isinstance(at, float) and math.isfinite(at))
+                or (type(at) is int and abs(at) < 1 << 53)  # not bool; float() cannot overflow
+            )
         ):
             return None
         return cls(digest, st, boot, float(at))

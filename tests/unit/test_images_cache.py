@@ -414,6 +414,7 @@ def _write_mark(layer, **change) -> None:
         "truncated",
         "nan time",
         "bool time",
+        "huge time",
         "boot id with a newline",
         "other schema",
         "stat not a digest",
@@ -441,6 +442,8 @@ def test_a_mark_that_does_not_hold_means_a_full_check(tmp_path, monkeypatch, why
         path.write_text(path.read_text().replace('"at": ', '"at": NaN, "x": '))
     elif why == "bool time":
         _write_mark(layer, at=True)
+    elif why == "huge time":
+        path.write_text(path.read_text().replace('"at": ', '"at": 1' + "0" * 400 + ', "x": '))
     elif why == "boot id with a newline":
         _write_mark(layer, boot_id=BOOT + "\n")
         store.boot_id = lambda: BOOT + "\n"
