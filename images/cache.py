@@ -325,14 +325,17 @@ class TreeDigest:
     stat: str  # sha256 over every entry's path and inode fields, nothing read (VerifiedMark)
     bytes: int
     entries: int
-    # No entry's ctime was within RACY_NS of the walk's start: a later change to any entry
-    # gets a later ctime, so the stat digest can stand for the content read here.
+    # No entry's ctime was within RACY_NS before its lstat: a later change to any entry gets
+    # a later ctime, so the stat digest can stand for the content read here.
     settled: bool
 
 
-def _walk(tree: Path, cancelled: Callable[[], bool]) -> Iterator[tuple[str, str, os.stat_result]]:
-    """(path, path relative to *tree*, lstat) of every entry below *tree*, in the digests'
-    order; *cancelled* is asked once per directory (raises Cancelled)."""
+def _walk(
+    tree: Path, cancelled: Callable[[], bool], now_ns: Callable[[], int] = lambda: 0
+) -> Iterator[tuple[str, str, os.stat_result, int]]:
+    """(path, path relative to *tree*, lstat, *now_ns* just before that lstat) of every
+    entry below *tree*, in the digests' order; *cancelled* is asked once per directory
+    (raises Cancelled)."""
     root = str(tree)
     for dirpath, dirnames, filenames in os.walk(root):
         if cancelled():
@@ -340,7 +343,8 @@ def _walk(tree: Path, cancelled: Callable[[], bool]) -> Iterator[tuple[str, str,
         dirnames.sort()
         for name in sorted(dirnames + filenames):
             p = os.path.join(dirpath, name)
-            yield p, os.path.relpath(p, root), os.lstat(p)
+            t = now_ns()
+            yield p, os.path.relpath(p, root), os.lstat(p), t
 
 
 def _stat_line(rel: str, st: os.stat_result) -> bytes:
@@ -360,14 +364,15 @@ def tree_digests(
 ) -> TreeDigest:
     """The content digest and the stat digest of *tree* in one walk (see tree_digest). Each
     entry's lstat is taken before its content is read, so a change after it (while reading,
-    or at any time later) shows in the stat digest as well."""
+    or at any time later) shows in the stat digest as well: it gets a ctime of at least the
+    lstat's time less one tick, later than the recorded ctime when that was more than
+    RACY_NS older than the lstat (else the walk is not `settled`)."""
     h, hs = hashlib.sha256(), hashlib.sha256()
     total = count = 0
-    racy_after = now_ns() - RACY_NS
     settled = True
-    for p, rel, st in _walk(tree, cancelled):
+    for p, rel, st, t in _walk(tree, cancelled, now_ns):
         hs.update(_stat_line(rel, st))
-        settled = settled and st.st_ctime_ns < racy_after
+        settled = settled and st.st_ctime_ns < t - RACY_NS
         h.update(
             f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0".encode("utf-8", "surrogateescape")
         )
@@ -389,7 +394,7 @@ def tree_stat_digest(tree: Path, cancelled: Callable[[], bool] = lambda: False) 
     """The stat digest of *tree* alone: one lstat per entry, no content read (~0.3 s of CPU
     for the 26k entries of a node tree, against ~2.7 s for the content digest)."""
     hs = hashlib.sha256()
-    for _, rel, st in _walk(tree, cancelled):
+    for _, rel, st, _ in _walk(tree, cancelled):
         hs.update(_stat_line(rel, st))
     return hs.hexdigest()
 
@@ -436,9 +441,9 @@ def _xattrs(path: str) -> list[tuple[str, bytes]]:
 # copied elsewhere has other inode/device numbers. What is not seen between two full checks:
 # the disk changing bytes under the page cache without the kernel knowing (no data checksums
 # on ext4), so a mark holds for one boot (the page cache is gone after it) and MARK_MAX_AGE
-# at most. An entry changed within RACY_NS before the walk (the kernel's ctime has a coarse
-# tick, so a second change in the same tick could keep it) leaves no mark: the next check is
-# full again.
+# at most. An entry changed within RACY_NS before the walk reached it (the kernel's ctime has
+# a coarse tick, so a second change in the same tick could keep it) leaves no mark: the next
+# check is full again.
 
 VERIFIED_MARK = "verified.json"
 MARK_SCHEMA = 1

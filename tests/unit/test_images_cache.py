@@ -1036,3 +1036,20 @@ def test_an_overlay_path_that_mount_options_cannot_hold_is_refused(tmp_path, bad
     with pytest.raises(NodeforgeError, match="--cache-dir"):
         local.mount_overlay([tmp_path / bad / "tree"], tmp_path / "work")
     assert not (tmp_path / "work").exists(), "nothing made before the refusal"
+
+
+def test_settled_is_judged_per_entry_at_its_own_lstat(tmp_path):
+    """An entry written just before the walk started but reached RACY_NS later (the walk
+    is alphabetical: a journal under var/ comes last) does not keep the mark away; one
+    reached within RACY_NS of its change does."""
+    tree = _settled_tree(tmp_path / "rootfs")
+    (tree / "usr/bin/zz-last").write_text("written just now\n")  # the last entry walked
+    start = time.time_ns()
+    calls = [0]
+
+    def slow_walk_clock() -> int:  # FIXTURE clock: the walk starts now, each lstat 1 s later
+        calls[0] += 1
+        return start + (calls[0] - 1) * 1_000_000_000
+
+    assert cache.tree_digests(tree, now_ns=slow_walk_clock).settled
+    assert not cache.tree_digests(tree, now_ns=lambda: start).settled
