@@ -30,18 +30,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
 
 from . import base as base_mod
-from . import cache, export, packer, seal, ssh_gate, template, versions
+from . import cache, export, packer, seal, template, versions
 from . import manifest as manifest_mod
 from .pipeline import (
     REPO_ROOT,
@@ -57,7 +55,7 @@ from .pipeline import (
     output_session,
     tool_versions,
 )
-from .sandbox import BOOT_TIMEOUT, Sandbox, extract, release_mounts
+from .sandbox import Sandbox, extract, release_mounts
 
 # Ansible tag selections (passed through Packer's environment) for the cache's passes:
 # every role in images/site.yml is tagged with its name. No pass runs the seal role: the
@@ -202,50 +200,6 @@ def mount_overlay(lowers: list[Path], work: Path) -> Path:
     return merged
 
 
-def boot_beside_pass(
-    prepare: Callable[[], Sandbox],
-    start: Callable[[Sandbox], None],
-    stop: Callable[[Sandbox], None],
-    run_pass: Callable[[], None],
-    state: Path,
-    phases: Phases,
-) -> None:
-    """Boot the sandbox and run a pass over it, the pass started first: its controller's
-    start-up (~2 s of imports and parsing for ansible-playbook) overlaps the boot, and its
-    SSH connection waits at the gate (images/ssh_gate.py) until *state* says `up`. A failed
-    or interrupted boot says `failed`: the pass fails at its gate at once and the boot's
-    error is raised, not the pass's. The pass runs in a thread (its process in its own
-    session): interrupted while it runs, the sandbox is stopped, which ends the pass (its
-    connection is gone) before the error goes on to the build's cleanup. Phases: `sandbox` ends when the sandbox is up,
-    `provision` is the rest of the pass; the step `provision.pass` is the whole pass."""
-    state.unlink(missing_ok=True)
-
-    def timed_pass() -> None:
-        with phases.step("provision.pass"):
-            run_pass()
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pass") as runner:
-        with phases.phase("sandbox"):
-            sb = prepare()
-            job = runner.submit(timed_pass)
-            try:
-                with phases.step("sandbox.boot"):
-                    start(sb)
-            except BaseException:
-                state.write_text(ssh_gate.FAILED)
-                wait([job])  # unreachable: a consequence, not the cause
-                raise
-            state.write_text(ssh_gate.UP)
-        with phases.phase("provision"):
-            try:
-                job.result()
-            except BaseException:
-                if not job.done():
-                    stop(sb)
-                    wait([job])
-                raise
-
-
 def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
     opts, name, output = inp.opts, inp.name, inp.output
     cache_dir = opts.cache_dir
@@ -337,7 +291,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
         tree = work / "rootfs"
 
-        def prepare_sandbox() -> Sandbox:
+        def boot() -> None:
             sb = Sandbox(
                 tree,
                 work,
@@ -348,24 +302,9 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             sandbox.append(sb)
             with phases.step("sandbox.prepare"):
                 access = sb.prepare()
-            values.update(ssh_port=access.port, ssh_private_key_file=access.key_file)
-            return sb
-
-        def boot() -> None:
-            sb = prepare_sandbox()
             with phases.step("sandbox.boot"):
                 sb.start()
-
-        def boot_and_reapply(env: dict[str, str]) -> None:
-            state = work / "sandbox-state"
-            boot_beside_pass(
-                prepare_sandbox,
-                lambda sb: sb.start(),
-                lambda sb: sb.stop(),
-                lambda: reapply(env, REAPPLY_GATHER_SUBSET, state),
-                state,
-                phases,
-            )
+            values.update(ssh_port=access.port, ssh_private_key_file=access.key_file)
 
         def provision(env: dict[str, str]) -> None:
             logfile.write(f"provision pass: {env or 'all tags'}\n")
@@ -375,22 +314,12 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 tpl, values, opts.var_files, logfile=logfile, on_line=on_line, ansible_env=env
             )
 
-        def reapply(
-            env: dict[str, str],
-            gather_subset: str = REAPPLY_GATHER_SUBSET,
-            gate: Path | None = None,
-        ) -> None:
-            """A pass over the cached layer: ansible-playbook straight at the sandbox, with
-            what Packer's ansible provisioner passes (images/template.py: playbook, extra
-            vars, config, environment, user root, the build's SSH key). Packer's start-up and
-            SSH wait would add seconds, nothing else. The sandbox has answered SSH already,
-            or (*gate*: its state file) its connection waits at the SSH gate until it has."""
+        def reapply(env: dict[str, str], gather_subset: str = REAPPLY_GATHER_SUBSET) -> None:
+            """A pass over the cached layer: ansible-playbook straight at the sandbox, which
+            has already answered SSH, with what Packer's ansible provisioner passes
+            (images/template.py: playbook, extra vars, config, environment, user root, the
+            build's SSH key). Packer's start-up and SSH wait would add seconds, nothing else."""
             logfile.write(f"re-apply pass: {env}\n")
-            ssh_args = ["-o", "IdentitiesOnly=yes"]
-            if gate is not None:
-                ssh_args += ssh_gate.ssh_options(
-                    gate, int(str(values["ssh_port"])), BOOT_TIMEOUT + 60
-                )
             inventory = work / "inventory"
             inventory.write_text(
                 f"default ansible_host=127.0.0.1 ansible_port={values['ssh_port']} "
@@ -401,7 +330,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                     proc.require_tool("ansible-playbook"),
                     "-i",
                     inventory,
-                    "--ssh-extra-args=" + shlex.join(ssh_args),  # ansible splits it again
+                    "--ssh-extra-args=-o IdentitiesOnly=yes",
                     "-e",
                     f"ansible_ssh_private_key_file={values['ssh_private_key_file']}",
                     "--extra-vars",
@@ -527,7 +456,10 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                         phases.skip("sandbox", "no role to re-apply over the layer")
                         phases.skip("provision", "no role to re-apply over the layer")
                     else:
-                        boot_and_reapply(pass_roles(reapplied))
+                        with phases.phase("sandbox"):
+                            boot()
+                        with phases.phase("provision"):
+                            reapply(pass_roles(reapplied))
                 else:
                     # The cached groups' roles whose configuration changed run again in
                     # the first pass, so the new layer holds this build's configuration.
