@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -266,10 +267,10 @@ def test_verification_stops_when_the_build_does(tmp_path):
 def test_interrupted_store_leaves_no_entry(tmp_path, monkeypatch):
     store = cache.LayerStore(tmp_path / "cache")
 
-    def interrupted(tree):
+    def interrupted(tree, *args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cache, "tree_digest", interrupted)
+    monkeypatch.setattr(cache, "tree_digests", interrupted)
     with pytest.raises(KeyboardInterrupt):
         store.store(KEY_A, _tree(tmp_path / "rootfs"), INPUTS)
     monkeypatch.undo()
@@ -278,6 +279,220 @@ def test_interrupted_store_leaves_no_entry(tmp_path, monkeypatch):
     assert [p.name for p in store.root.iterdir()] == [f".tmp-{KEY_A}-{os.getpid()}"]
     assert store.drop_unfinished() == [f".tmp-{KEY_A}-{os.getpid()}"]
     assert list(store.root.iterdir()) == []
+
+
+# -- the verified mark: a full check once, then the entries' inode fields -------------------
+
+BOOT = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+
+def _settled_tree(root: Path) -> Path:
+    """A tree whose entries last changed more than RACY_NS ago (a mark may stand for it)."""
+    tree = _tree(root)
+    time.sleep(cache.RACY_NS / 1e9 + 0.05)
+    return tree
+
+
+def _marked_store(tmp_path, *, boot: str = BOOT, clock=time.time, log=None):
+    store = cache.LayerStore(
+        tmp_path / "cache", clock=clock, boot_id=lambda: boot, log=log or (lambda m: None)
+    )
+    layer = store.store(KEY_A, _settled_tree(tmp_path / "rootfs"), INPUTS)
+    return store, layer
+
+
+def _count_reads(monkeypatch) -> list[str]:
+    """File contents the digest reads from here on."""
+    reads: list[str] = []
+    real = cache._file_sha
+
+    def counting(path):
+        reads.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(cache, "_file_sha", counting)
+    return reads
+
+
+def test_a_matched_full_check_leaves_a_mark_and_the_next_check_reads_nothing(tmp_path, monkeypatch):
+    store, layer = _marked_store(tmp_path)
+    mark = cache.VerifiedMark.load(layer.path / cache.VERIFIED_MARK)
+    assert mark is not None and mark.digest == layer.digest and mark.boot_id == BOOT
+    reads = _count_reads(monkeypatch)
+    logged: list[str] = []
+    store.log = logged.append
+    opened = store.open(KEY_A)
+    assert opened is not None and store.verify(opened) == ""
+    assert reads == []  # only lstat: the mark stood for the content check
+    assert logged == [
+        f"cache: layer {KEY_A[:16]} verified by its mark (no entry changed "
+        "since its content digest matched in this boot)"
+    ]
+    assert store.lookup(KEY_A) is not None and reads == []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "content",
+        "content, mtime put back",
+        "truncated",
+        "removed",
+        "added",
+        "mode",
+        "owner",
+        "symlink",
+        "replaced by a copy",
+        "no tree",
+    ],
+)
+def test_a_marked_layer_damaged_later_is_still_detected_and_dropped(tmp_path, damage):
+    """The mark never hides a change: each damage moves some entry's ctime (or inode, or
+    the listing), so the check reads the content again and the digest catches it."""
+    logged: list[str] = []
+    store, layer = _marked_store(tmp_path, log=logged.append)
+    assert (layer.path / cache.VERIFIED_MARK).is_file()
+    tool = layer.tree / "usr/bin/tool"
+    if damage == "content":
+        data = bytearray(tool.read_bytes())
+        data[-1] ^= 1
+        tool.write_bytes(bytes(data))
+    elif damage == "content, mtime put back":  # same size, same mtime: only ctime tells
+        st = tool.stat()
+        fd = os.open(tool, os.O_WRONLY)
+        os.pwrite(fd, b"Y", 10)
+        os.close(fd)
+        os.utime(tool, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif damage == "truncated":
+        os.truncate(tool, 10)
+    elif damage == "removed":
+        (layer.tree / "etc/os-release").unlink()
+    elif damage == "added":
+        (layer.tree / "etc/extra").write_text("x")
+    elif damage == "mode":
+        tool.chmod(0o4755)
+    elif damage == "owner":
+        os.chown(tool, os.getuid(), os.getgid())  # same owner: ctime still moves
+        data = bytearray(tool.read_bytes())
+        data[0] ^= 1  # and the content differs, so the full check fails
+        fd = os.open(tool, os.O_WRONLY)
+        os.pwrite(fd, bytes(data[:1]), 0)
+        os.close(fd)
+    elif damage == "symlink":
+        (layer.tree / "usr/bin/alias").unlink()
+        (layer.tree / "usr/bin/alias").symlink_to("/etc/shadow")
+    elif damage == "replaced by a copy":  # same bytes and times, other inodes: re-read, fine
+        shutil.copytree(layer.tree, layer.path / "copy", symlinks=True)
+        shutil.rmtree(layer.tree)
+        os.rename(layer.path / "copy", layer.tree)
+        data = bytearray(tool.read_bytes())
+        data[1] ^= 1
+        fd = os.open(tool, os.O_WRONLY)
+        os.pwrite(fd, bytes(data[1:2]), 1)
+        os.close(fd)
+    elif damage == "no tree":
+        shutil.rmtree(layer.tree)
+    assert store.lookup(KEY_A) is None
+    assert not layer.path.exists(), "a damaged entry must be dropped, mark or not"
+    assert logged and "dropped, rebuilding" in logged[-1]
+
+
+def _write_mark(layer, **change) -> None:
+    m = json.loads((layer.path / cache.VERIFIED_MARK).read_text())
+    (layer.path / cache.VERIFIED_MARK).write_text(json.dumps({**m, **change}))
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "another boot",
+        "no boot id",
+        "too old",
+        "from the future",
+        "other digest",
+        "bad json",
+        "truncated",
+        "nan time",
+        "bool time",
+        "huge time",
+        "boot id with a newline",
+        "other schema",
+        "stat not a digest",
+    ],
+)
+def test_a_mark_that_does_not_hold_means_a_full_check(tmp_path, monkeypatch, why):
+    store, layer = _marked_store(tmp_path)
+    path = layer.path / cache.VERIFIED_MARK
+    assert path.is_file()
+    if why == "another boot":
+        store.boot_id = lambda: "ffffffff-4b5a-6978-8796-a5b4c3d2e1f0"
+    elif why == "no boot id":
+        store.boot_id = lambda: ""
+    elif why == "too old":
+        store.clock = lambda: time.time() + cache.MARK_MAX_AGE + 1
+    elif why == "from the future":
+        store.clock = lambda: time.time() - 60
+    elif why == "other digest":
+        _write_mark(layer, digest="e" * 64)
+    elif why == "bad json":
+        path.write_text('{"schema": 1, "digest": ')
+    elif why == "truncated":
+        path.write_text("")
+    elif why == "nan time":
+        path.write_text(path.read_text().replace('"at": ', '"at": NaN, "x": '))
+    elif why == "bool time":
+        _write_mark(layer, at=True)
+    elif why == "huge time":
+        path.write_text(path.read_text().replace('"at": ', '"at": 1' + "0" * 400 + ', "x": '))
+    elif why == "boot id with a newline":
+        _write_mark(layer, boot_id=BOOT + "\n")
+        store.boot_id = lambda: BOOT + "\n"
+    elif why == "other schema":
+        _write_mark(layer, schema=2)
+    elif why == "stat not a digest":
+        _write_mark(layer, stat="x")
+    reads = _count_reads(monkeypatch)
+    opened = store.open(KEY_A)
+    assert opened is not None and store.verify(opened) == ""
+    assert len(reads) == 2  # both regular files read again (the symlink has no content)
+
+
+def test_no_mark_for_a_tree_changed_within_the_racy_window(tmp_path, monkeypatch):
+    """An entry changed just before the walk could change again in the same ctime tick
+    unseen: such a check leaves no mark, and the next one reads everything again."""
+    store = cache.LayerStore(tmp_path / "cache", boot_id=lambda: BOOT)
+    layer = store.store(KEY_A, _tree(tmp_path / "rootfs"), INPUTS)  # just written
+    assert not (layer.path / cache.VERIFIED_MARK).exists()
+    (layer.tree / "etc/os-release").chmod(0o600)  # a change, but not of the content
+    layer = store.open(KEY_A)
+    assert layer is not None
+    assert store.verify(layer) == "its content digest does not match (corrupt or altered tree)"
+
+
+def test_a_stale_mark_is_removed_when_the_full_check_fails(tmp_path):
+    store, layer = _marked_store(tmp_path)
+    (layer.tree / "etc/os-release").write_text("ID=other\n")
+    opened = store.open(KEY_A)
+    assert opened is not None and "does not match" in store.verify(opened)
+    assert not (layer.path / cache.VERIFIED_MARK).exists()
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        (BOOT + "\n", BOOT),
+        (BOOT, BOOT),
+        ("", ""),
+        (BOOT + "\nx", ""),
+        (BOOT.upper(), ""),
+        ("../../etc", ""),
+    ],
+)
+def test_read_boot_id_takes_only_a_lowercase_uuid(tmp_path, text, want):
+    f = tmp_path / "boot_id"
+    f.write_text(text)
+    assert cache.read_boot_id(f) == want
+    assert cache.read_boot_id(tmp_path / "missing") == ""
 
 
 def test_lookup_refuses_a_key_that_is_not_a_sha256(tmp_path):
@@ -821,3 +1036,20 @@ def test_an_overlay_path_that_mount_options_cannot_hold_is_refused(tmp_path, bad
     with pytest.raises(NodeforgeError, match="--cache-dir"):
         local.mount_overlay([tmp_path / bad / "tree"], tmp_path / "work")
     assert not (tmp_path / "work").exists(), "nothing made before the refusal"
+
+
+def test_settled_is_judged_per_entry_at_its_own_lstat(tmp_path):
+    """An entry written just before the walk started but reached RACY_NS later (the walk
+    is alphabetical: a journal under var/ comes last) does not keep the mark away; one
+    reached within RACY_NS of its change does."""
+    tree = _settled_tree(tmp_path / "rootfs")
+    (tree / "usr/bin/zz-last").write_text("written just now\n")  # the last entry walked
+    start = time.time_ns()
+    calls = [0]
+
+    def slow_walk_clock() -> int:  # FIXTURE clock: the walk starts now, each lstat 1 s later
+        calls[0] += 1
+        return start + (calls[0] - 1) * 1_000_000_000
+
+    assert cache.tree_digests(tree, now_ns=slow_walk_clock).settled
+    assert not cache.tree_digests(tree, now_ns=lambda: start).settled

@@ -4,6 +4,7 @@ file, and the step timings the manifest records."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,37 @@ def test_export_disk_makes_the_raw_image_unnamed_and_converts_it(tmp_path, monke
     assert convert[1:5] == ["convert", "-f", "raw", "-O"] and convert[-2] == mkfs[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tree"]
     assert steps == ["export.disk_size", "export.mkfs", "export.qcow2", "export.boot_files"]
+
+
+def test_rootfs_archive_is_zstd_and_extracts_to_the_same_tree(tmp_path):
+    """What lab/ and the e2e tests do with rootfs.tar.zst (`tar -I zstd -x`) gives back
+    the files, links, modes and xattrs of the tree, whatever the zstd level."""
+    tree = tmp_path / "tree"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc/node.conf").write_text("rotate 9\n" * 1000)
+    (tree / "etc/node.conf").chmod(0o640)
+    (tree / "usr/bin").mkdir(parents=True)
+    (tree / "usr/bin/tool").write_bytes(os.urandom(200_000))
+    (tree / "usr/bin/tool").chmod(0o755)
+    (tree / "usr/bin/alias").symlink_to("tool")
+    try:
+        os.setxattr(tree / "usr/bin/tool", "user.nodeforge", b"cap")
+        xattr = True
+    except OSError:
+        xattr = False  # the test's filesystem has no user xattrs
+    dest = tmp_path / export.ROOTFS
+    export.export_rootfs(tree, dest)
+    assert dest.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(
+        ["tar", "-C", out, "--xattrs", "--xattrs-include=*", "-I", "zstd", "-xf", dest],
+        check=True,
+        timeout=60,
+    )
+    for rel in ("etc/node.conf", "usr/bin/tool"):
+        assert (out / rel).read_bytes() == (tree / rel).read_bytes()
+        assert (out / rel).stat().st_mode == (tree / rel).stat().st_mode
+    assert os.readlink(out / "usr/bin/alias") == "tool"
+    if xattr:
+        assert os.getxattr(out / "usr/bin/tool", "user.nodeforge") == b"cap"
