@@ -29,7 +29,7 @@ from nodeforge.slurm import has
 from .. import gres, health
 from ..readiness import HELD_CREATED_FINAL, INITIALIZING, RUNNING_HOOKS, Gate, reads_json
 from ..slurm import client_conf, conf_server, dropin, hardware_spec, node_conf
-from . import RoleContext
+from . import Early, RoleContext
 
 T = TypeVar("T")
 
@@ -53,6 +53,16 @@ def slurmd_exec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> list[
     if ctx.params.node_name:
         argv += ["-N", ctx.node]
     return [*argv, "$SLURMD_OPTIONS"]
+
+
+def early(ctx: RoleContext) -> Early:
+    """`slurmd -C` (this node's hardware, for the create), started in a thread. It needs
+    neither munged nor the controller, so the agent starts it before the munge step: at first
+    boot `systemctl restart munge` waits for basic.target and munged's start, and `slurmd -C`
+    (0.01-0.09 s, measured) then no longer follows them on the path to ready."""
+    env = gres.hardware_spec_env(ctx.paths)  # gpu image: see there why
+    h, p = ctx.host, ctx.params
+    return Early(hw_spec=in_background(lambda: hardware_spec(h, p, env), "slurmd-C"))
 
 
 def node_spec(
@@ -144,8 +154,8 @@ def start_slurmd(
     hide = gres.slurmd_hidden_paths(ctx.paths)  # gpu image without a GPU: see there why
     if dropin(ctx.paths, "slurmd.service", slurmd_exec(ctx, extra_features), hide):
         jobs.append(in_background(lambda: reload_if_needed(h, "slurmd.service"), "reload"))
-    env = gres.hardware_spec_env(ctx.paths)  # gpu image: see there why
-    hw = in_background(lambda: hardware_spec(h, p, env), "slurmd-C")
+    # `slurmd -C`: started by the agent before the munge step (early), or here.
+    hw = ctx.early.hw_spec if ctx.early is not None else early(ctx).hw_spec
     jobs.append(hw)
     # Before slurmd starts, so that a pass is stamped for slurmd's start-up run (health.py).
     checked = in_background(lambda: health.precheck(h, ctx.paths), "health")
