@@ -41,6 +41,8 @@ PROBES = {
     "journal.txt": ["journalctl", "-b", "-o", "short-monotonic", "--no-pager"],
     "critical-chain.txt": ["systemd-analyze", "critical-chain", "nodeforge-init.service"],
     "critical-chain-slurmd.txt": ["systemd-analyze", "critical-chain", "slurmd.service"],
+    # the agent starts before basic.target; munge.service (and so the munge step) after it
+    "critical-chain-munge.txt": ["systemd-analyze", "critical-chain", "munge.service"],
     "blame.txt": ["systemd-analyze", "blame", "--no-pager"],
     "unit.txt": ["systemctl", "cat", "nodeforge-init.service"],
     "importtime.txt": [
