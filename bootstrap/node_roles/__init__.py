@@ -32,15 +32,18 @@ class RoleContext:
 
 @dataclass(frozen=True)
 class Early:
-    """Background work started ahead of the role step. `hw_spec` waits for a compute's
-    `slurmd -C` and returns (or raises) its result; every caller of the agent joins it, also
-    on failure, so no thread outlives `node init`."""
+    """Background work started ahead of the role step. Each field waits for its thread and
+    returns (or raises) its result: `hw_spec` a compute's `slurmd -C`, `has_hooks` whether
+    anything runs between registration and ready (it imports the hooks module). The agent
+    joins them, also on failure, so no thread outlives `node init`."""
 
     hw_spec: Callable[[], dict[str, str]]
+    has_hooks: Callable[[], bool]
 
     def join(self) -> None:
         """Wait for the work, whatever its outcome (the role step reports any error)."""
-        try:
-            self.hw_spec()
-        except Exception:  # noqa: BLE001, S110 - the role step raises it where it uses it
-            pass
+        for job in (self.hw_spec, self.has_hooks):
+            try:
+                job()
+            except Exception:  # noqa: BLE001, S110 - the role step raises it where it uses it
+                pass

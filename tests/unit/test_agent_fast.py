@@ -243,6 +243,9 @@ def test_agent_fsyncs_a_failure(tmp_path, monkeypatch):
 
 
 # -- `slurmd -C` started before the munge step (branch readyfloor) ---------------------------
+EARLY_THREADS = ("slurmd-C", "hooks")
+
+
 def _slurmd_c(fm: FakeMachine) -> list[int]:
     return [i for i, c in enumerate(fm.calls) if c[:2] == ["slurmd", "-C"]]
 
@@ -265,7 +268,7 @@ def test_compute_starts_slurmd_c_before_munge_and_runs_it_once(tmp_path):
     assert state.status == "ready"
     assert started.is_set() and len(_slurmd_c(fm)) == 1
     assert fm.nodes["c1"]["CPUs"] == "4"  # the early result reached the create
-    assert not [t for t in threading.enumerate() if t.name == "slurmd-C"]
+    assert not [t for t in threading.enumerate() if t.name in EARLY_THREADS]
 
 
 def test_failed_munge_step_joins_the_early_slurmd_c(tmp_path):
@@ -277,7 +280,7 @@ def test_failed_munge_step_joins_the_early_slurmd_c(tmp_path):
         agent.init()
     assert agent.state.steps["munge"].status == "failed"
     assert agent.state.steps["role"].status == "pending"
-    assert not [t for t in threading.enumerate() if t.name == "slurmd-C"]
+    assert not [t for t in threading.enumerate() if t.name in EARLY_THREADS]
 
 
 def test_failed_early_slurmd_c_fails_the_role_step_with_its_error(tmp_path):
@@ -309,3 +312,21 @@ def test_controller_starts_nothing_early(tmp_path):
     agent, fm, _paths, _ = make(tmp_path, CTL)
     agent.init()
     assert _slurmd_c(fm) == []  # the controller has no `early`: nothing started before munge
+
+
+def test_early_hooks_lookup_decides_the_drain_at_create(tmp_path):
+    """The hooks lookup started before munge is the one the create uses: a baked hook makes
+    the node drained at create (and resumed after the hook), none leaves it in its final state."""
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    paths.on_init_d.mkdir(parents=True)
+    (paths.on_init_d / "10-ok").write_text("#!/bin/sh\nexit 0\n")
+    (paths.on_init_d / "10-ok").chmod(0o755)
+    agent.init()
+    assert "drain c1: nodeforge: initializing" in fm.events
+    assert fm.events.index("drain c1: nodeforge: initializing") < fm.events.index(
+        "start slurmd.service"
+    )
+    agent2, fm2, _p, _ = make(tmp_path / "b", COMPUTE)
+    agent2.init()
+    assert not [e for e in fm2.events if e.startswith("drain")]
+    assert not [t for t in threading.enumerate() if t.name in EARLY_THREADS]
