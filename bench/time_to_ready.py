@@ -280,6 +280,18 @@ def init_dropins(files: list[Path]):
     return install
 
 
+def init_unit(path: Path):
+    """--init-unit FILE (experiment): FILE replaces the image's nodeforge-init.service in baked
+    nodes' overlay (/etc/systemd/system, where the role installs it): an ordering change
+    that a drop-in cannot make (dependencies cannot be reset), measured without a rebuild."""
+    text = path.read_text()
+
+    def install(node: Node) -> None:
+        (node.merged / "etc/systemd/system/nodeforge-init.service").write_text(text)
+
+    return install
+
+
 def mask_units(units: list[str]):
     """--mask-unit UNIT (experiment): UNIT masked (-> /dev/null) in baked nodes' overlay, e.g.
     to see what a unit that runs beside the agent at boot costs it."""
@@ -764,6 +776,7 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
                 f
                 for f, on in (
                     (agent_from_checkout, args.agent_from_checkout),
+                    (init_unit(args.init_unit) if args.init_unit else None, bool(args.init_unit)),
                     (init_dropins(args.init_dropin), bool(args.init_dropin)),
                     (mask_units(args.mask_unit), bool(args.mask_unit)),
                 )
@@ -1001,6 +1014,13 @@ def main() -> int:
         metavar="FILE",
         help="experiment: FILE as a drop-in of baked nodes' nodeforge-init.service "
         "(overlay only; repeatable)",
+    )
+    ap.add_argument(
+        "--init-unit",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="experiment: FILE replaces baked nodes' nodeforge-init.service (overlay only)",
     )
     ap.add_argument(
         "--lifecycle-repeat",
