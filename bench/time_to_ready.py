@@ -199,10 +199,10 @@ def unit_entered_at(node: Node, unit: str) -> float | None:
 
 
 def boot_wait(st: dict, basic_at: float) -> float:
-    """Seconds of the munge step spent before basic.target: the agent starts before it
-    (DefaultDependencies=no) and its `systemctl start munge` waits for basic.target there.
-    That is systemd's boot order, not the agent's work: the old ordering started the whole
-    unit after basic.target, so the same wait was never inside a step."""
+    """Seconds of the munge step spent before basic.target: an agent unit ordered before it
+    (DefaultDependencies=no, e.g. an --init-unit/--init-dropin experiment) has its `systemctl
+    start munge` wait for basic.target there. That is systemd's boot order, not the agent's
+    work: with the default ordering the whole unit starts after basic.target (then it is 0)."""
     m = (st.get("steps") or {}).get("munge") or {}
     t0, t1 = m.get("started"), m.get("ended")
     if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):

@@ -58,8 +58,8 @@ def slurmd_exec(ctx: RoleContext, extra_features: tuple[str, ...] = ()) -> list[
 def early(ctx: RoleContext) -> Early:
     """`slurmd -C` (this node's hardware, for the create), started in a thread. It needs
     neither munged nor the controller, so the agent starts it before the munge step: at first
-    boot `systemctl restart munge` waits for basic.target and munged's start, and `slurmd -C`
-    (0.01-0.09 s, measured) then no longer follows them on the path to ready.
+    boot `systemctl restart munge` waits for munged's start, and `slurmd -C` (0.01-0.09 s,
+    measured) then no longer follows it on the path to ready.
     The hooks lookup (has_hooks) runs beside them as well."""
     return Early(
         hw_spec=hw_spec_in_background(ctx),
