@@ -261,9 +261,13 @@ class Agent:
         (bench/README.md, branch readyfloor)."""
         if self.state.steps["role"].status in ("done", "skipped"):
             return  # a resumed node: the role step is most likely verified and skipped
-        start = getattr(role_module(self.params.role), "early", None)
-        if start is not None:
-            self.early = start(self._ctx())
+        try:
+            start = getattr(role_module(self.params.role), "early", None)
+            if start is not None:
+                self.early = start(self._ctx())
+        except Exception as exc:  # noqa: BLE001 - outside any step: the role step does the work
+            log.warning("role work before munge not started (%s); the role step does it", exc)
+            self.early = None
 
     def _role(self) -> dict:
         detail = role_module(self.params.role).run(self._ctx())

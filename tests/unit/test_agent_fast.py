@@ -330,3 +330,17 @@ def test_early_hooks_lookup_decides_the_drain_at_create(tmp_path):
     agent2.init()
     assert not [e for e in fm2.events if e.startswith("drain")]
     assert not [t for t in threading.enumerate() if t.name in EARLY_THREADS]
+
+
+def test_early_work_that_cannot_start_is_left_to_the_role_step(tmp_path, monkeypatch):
+    """Outside any step nothing may fail the run unrecorded: the role step does the work."""
+    from nodeforge.bootstrap.node_roles import compute
+
+    def broken(ctx):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(compute, "early", broken)
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    state = agent.init()
+    assert state.status == "ready" and len(_slurmd_c(fm)) == 1
+    assert fm.nodes["c1"]["CPUs"] == "4"
