@@ -41,6 +41,9 @@ PROBES = {
     "journal.txt": ["journalctl", "-b", "-o", "short-monotonic", "--no-pager"],
     "critical-chain.txt": ["systemd-analyze", "critical-chain", "nodeforge-init.service"],
     "critical-chain-slurmd.txt": ["systemd-analyze", "critical-chain", "slurmd.service"],
+    # munge.service (and so the agent's munge step) follows basic.target whatever the agent's
+    # own ordering: what an earlier agent start can overlap
+    "critical-chain-munge.txt": ["systemd-analyze", "critical-chain", "munge.service"],
     "blame.txt": ["systemd-analyze", "blame", "--no-pager"],
     "unit.txt": ["systemctl", "cat", "nodeforge-init.service"],
     "importtime.txt": [

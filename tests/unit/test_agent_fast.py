@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from nodeforge.bootstrap import munge
+from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.host import Host
 from nodeforge.bootstrap.params import parse_params
 from nodeforge.bootstrap.paths import Paths
@@ -238,3 +240,107 @@ def test_agent_fsyncs_a_failure(tmp_path, monkeypatch):
     assert flags[-1] is True and flags[-2] is True  # the step's failure, then the run's
     st = State.load(paths.state_file)
     assert st.status == "failed" and st.steps["role"].status == "failed"
+
+
+# -- `slurmd -C` started before the munge step (branch readyfloor) ---------------------------
+EARLY_THREADS = ("slurmd-C", "hooks")
+
+
+def _slurmd_c(fm: FakeMachine) -> list[int]:
+    return [i for i, c in enumerate(fm.calls) if c[:2] == ["slurmd", "-C"]]
+
+
+def test_compute_starts_slurmd_c_before_munge_and_runs_it_once(tmp_path):
+    """`slurmd -C` needs neither munged nor slurmctld: it runs beside the munge step's wait for
+    munged, and the role step uses that one result (no second `slurmd -C`)."""
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    started = threading.Event()
+    real_run = fm.run
+
+    def run(argv, **kw):  # munged's start waits until slurmd -C has started: proves the overlap
+        if argv[:2] == ["systemctl", "restart"] and argv[-1] == "munge.service":
+            started.wait(5)
+        return real_run(argv, **kw)
+
+    fm.slurmd_c_started = started
+    agent.host.run = run
+    state = agent.init()
+    assert state.status == "ready"
+    assert started.is_set() and len(_slurmd_c(fm)) == 1
+    assert fm.nodes["c1"]["CPUs"] == "4"  # the early result reached the create
+    assert not [t for t in threading.enumerate() if t.name in EARLY_THREADS]
+
+
+def test_failed_munge_step_joins_the_early_slurmd_c(tmp_path):
+    """A run that fails before the role step leaves no thread behind and the failure is the
+    munge step's, recorded as such."""
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    fm.fail_on["systemctl restart munge.service"] = 1
+    with pytest.raises(StepFailed, match="munge"):
+        agent.init()
+    assert agent.state.steps["munge"].status == "failed"
+    assert agent.state.steps["role"].status == "pending"
+    assert not [t for t in threading.enumerate() if t.name in EARLY_THREADS]
+
+
+def test_failed_early_slurmd_c_fails_the_role_step_with_its_error(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    fm.fail_on["slurmd -C"] = 1
+    with pytest.raises(StepFailed, match="role"):
+        agent.init()
+    assert agent.state.steps["munge"].status == "done"
+    assert agent.state.steps["role"].status == "failed"
+    assert "slurmd -C" in (agent.state.steps["role"].error or "")
+    assert "start slurmd.service" not in fm.events  # never started without a spec
+
+
+def test_resumed_compute_does_not_start_slurmd_c_early(tmp_path):
+    """A reboot: the role step was done; it is verified (slurmd inactive after the reboot, so
+    it runs again and asks `slurmd -C` itself, after munge)."""
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    agent.init()
+    fm.reboot()
+    fm.calls.clear()
+    agent.init()
+    munge_at = fm.calls.index(["systemctl", "start", "munge.service"])
+    assert [i > munge_at for i in _slurmd_c(fm)] == [True]
+
+
+def test_controller_starts_nothing_early(tmp_path):
+    from tests.unit.test_bootstrap import CTL
+
+    agent, fm, _paths, _ = make(tmp_path, CTL)
+    agent.init()
+    assert _slurmd_c(fm) == []  # the controller has no `early`: nothing started before munge
+
+
+def test_early_hooks_lookup_decides_the_drain_at_create(tmp_path):
+    """The hooks lookup started before munge is the one the create uses: a baked hook makes
+    the node drained at create (and resumed after the hook), none leaves it in its final state."""
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    paths.on_init_d.mkdir(parents=True)
+    (paths.on_init_d / "10-ok").write_text("#!/bin/sh\nexit 0\n")
+    (paths.on_init_d / "10-ok").chmod(0o755)
+    agent.init()
+    assert "drain c1: nodeforge: initializing" in fm.events
+    assert fm.events.index("drain c1: nodeforge: initializing") < fm.events.index(
+        "start slurmd.service"
+    )
+    agent2, fm2, _p, _ = make(tmp_path / "b", COMPUTE)
+    agent2.init()
+    assert not [e for e in fm2.events if e.startswith("drain")]
+    assert not [t for t in threading.enumerate() if t.name in EARLY_THREADS]
+
+
+def test_early_work_that_cannot_start_is_left_to_the_role_step(tmp_path, monkeypatch):
+    """Outside any step nothing may fail the run unrecorded: the role step does the work."""
+    from nodeforge.bootstrap.node_roles import compute
+
+    def broken(ctx):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(compute, "early", broken)
+    agent, fm, _paths, _ = make(tmp_path, COMPUTE)
+    state = agent.init()
+    assert state.status == "ready" and len(_slurmd_c(fm)) == 1
+    assert fm.nodes["c1"]["CPUs"] == "4"

@@ -196,6 +196,8 @@ class FakeMachine:
             return 0, ""
         if a[0] == "update":
             kv = dict(w.split("=", 1) for w in a[1:])
+            if kv["NodeName"] not in self.nodes:
+                return 1, "Invalid node name specified"
             n = self.nodes[kv["NodeName"]]
             if kv["State"] == "DRAIN":
                 base = n["State"].split("+")[0]
