@@ -589,8 +589,10 @@ def node_from_line(text: str, name: str) -> NodeRecord | None:
     parts = line.split(" Reason=")
     reason = "" if len(parts) == 1 else parts[1].strip() if len(parts) == 2 else ""
     if len(parts) > 2 or more.strip():
-        reason = REASON_AMBIGUOUS + " Reason=".join(parts[1:]).strip()
-    if "\x00" in reason:
+        # (a NUL here may sit in someone's Comment, not in the Reason: shown escaped, since
+        # the text only says whose drain it is not)
+        reason = REASON_AMBIGUOUS + " Reason=".join(parts[1:]).strip().replace("\x00", "\\0")
+    elif "\x00" in reason:
         raise SlurmDataError(f"scontrol show node {name}: NUL in Reason")
     base = words[0] if words[0] in NODE_BASE_STATES else ""
     return NodeRecord(name=name, flags=frozenset(words), reason=reason, base=base)

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as hst
 
 from nodeforge import slurm_records as sr
@@ -177,6 +177,9 @@ OPERATOR_TEXT = hst.tuples(TEXT, TEXT).map("".join)  # e.g. a newline, then forg
 
 
 @settings(max_examples=200, deadline=None)
+# (found by hypothesis: a NUL in a Comment that repeats ` Reason=` made the 22.05 line
+# unreadable instead of someone else's drain)
+@example(as_json=False, reason="0", comment=" Reason=\x00", ok=False)
 @given(
     as_json=hst.booleans(),
     reason=OPERATOR_TEXT,
