@@ -188,6 +188,59 @@ def test_store_then_lookup_returns_the_verified_layer(tmp_path):
     assert [i.key for i in store.entries()] == [KEY_A]
 
 
+def _damage(layer, damage: str) -> None:
+    """Damage a stored layer the way *damage* says (the cases of the two drop tests)."""
+    tool = layer.tree / "usr/bin/tool"
+    if damage == "content":  # same size, one byte flipped
+        data = bytearray(tool.read_bytes())
+        data[-1] ^= 1
+        tool.write_bytes(bytes(data))
+    elif damage == "content, mtime put back":  # same size, same mtime: only ctime tells
+        st = tool.stat()
+        fd = os.open(tool, os.O_WRONLY)
+        os.pwrite(fd, b"Y", 10)
+        os.close(fd)
+        os.utime(tool, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif damage == "truncated":
+        os.truncate(tool, 10)
+    elif damage == "removed":
+        (layer.tree / "etc/os-release").unlink()
+    elif damage == "added":
+        (layer.tree / "etc/extra").write_text("x")
+    elif damage == "mode":
+        tool.chmod(0o4755)
+    elif damage == "owner":
+        os.chown(tool, os.getuid(), os.getgid())  # same owner: ctime still moves
+        data = bytearray(tool.read_bytes())
+        data[0] ^= 1  # and the content differs, so the full check fails
+        fd = os.open(tool, os.O_WRONLY)
+        os.pwrite(fd, bytes(data[:1]), 0)
+        os.close(fd)
+    elif damage == "symlink":
+        (layer.tree / "usr/bin/alias").unlink()
+        (layer.tree / "usr/bin/alias").symlink_to("/etc/shadow")
+    elif damage == "replaced by a copy":  # same bytes and times, other inodes: re-read, fine
+        shutil.copytree(layer.tree, layer.path / "copy", symlinks=True)
+        shutil.rmtree(layer.tree)
+        os.rename(layer.path / "copy", layer.tree)
+        data = bytearray(tool.read_bytes())
+        data[1] ^= 1
+        fd = os.open(tool, os.O_WRONLY)
+        os.pwrite(fd, bytes(data[1:2]), 1)
+        os.close(fd)
+    elif damage == "no meta":
+        (layer.path / cache.LAYER_META).unlink()
+    elif damage == "bad meta":
+        (layer.path / cache.LAYER_META).write_text('{"schema": 2, "key": ')
+    elif damage == "meta of another key":
+        m = json.loads((layer.path / cache.LAYER_META).read_text())
+        (layer.path / cache.LAYER_META).write_text(json.dumps({**m, "key": KEY_B}))
+    elif damage == "no tree":
+        shutil.rmtree(layer.tree)
+    else:
+        raise AssertionError(f"unknown damage {damage!r}")
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -207,31 +260,7 @@ def test_corrupt_or_partial_entry_is_dropped_never_used(tmp_path, damage):
     logged: list[str] = []
     store = cache.LayerStore(tmp_path / "cache", log=logged.append)
     layer = store.store(KEY_A, _tree(tmp_path / "rootfs"), INPUTS)
-    tool = layer.tree / "usr/bin/tool"
-    if damage == "content":  # same size, one byte flipped
-        data = bytearray(tool.read_bytes())
-        data[-1] ^= 1
-        tool.write_bytes(bytes(data))
-    elif damage == "truncated":
-        tool.write_bytes(tool.read_bytes()[:10])
-    elif damage == "removed":
-        (layer.tree / "etc/os-release").unlink()
-    elif damage == "added":
-        (layer.tree / "etc/extra").write_text("x")
-    elif damage == "mode":
-        tool.chmod(0o4755)
-    elif damage == "symlink":
-        (layer.tree / "usr/bin/alias").unlink()
-        (layer.tree / "usr/bin/alias").symlink_to("/etc/shadow")
-    elif damage == "no meta":
-        (layer.path / cache.LAYER_META).unlink()
-    elif damage == "bad meta":
-        (layer.path / cache.LAYER_META).write_text('{"schema": 2, "key": ')
-    elif damage == "meta of another key":
-        m = json.loads((layer.path / cache.LAYER_META).read_text())
-        (layer.path / cache.LAYER_META).write_text(json.dumps({**m, "key": KEY_B}))
-    elif damage == "no tree":
-        shutil.rmtree(layer.tree)
+    _damage(layer, damage)
     assert store.lookup(KEY_A) is None
     assert not layer.path.exists(), "a damaged entry must be dropped"
     assert logged and "dropped, rebuilding" in logged[0]
@@ -352,46 +381,7 @@ def test_a_marked_layer_damaged_later_is_still_detected_and_dropped(tmp_path, da
     logged: list[str] = []
     store, layer = _marked_store(tmp_path, log=logged.append)
     assert (layer.path / cache.VERIFIED_MARK).is_file()
-    tool = layer.tree / "usr/bin/tool"
-    if damage == "content":
-        data = bytearray(tool.read_bytes())
-        data[-1] ^= 1
-        tool.write_bytes(bytes(data))
-    elif damage == "content, mtime put back":  # same size, same mtime: only ctime tells
-        st = tool.stat()
-        fd = os.open(tool, os.O_WRONLY)
-        os.pwrite(fd, b"Y", 10)
-        os.close(fd)
-        os.utime(tool, ns=(st.st_atime_ns, st.st_mtime_ns))
-    elif damage == "truncated":
-        os.truncate(tool, 10)
-    elif damage == "removed":
-        (layer.tree / "etc/os-release").unlink()
-    elif damage == "added":
-        (layer.tree / "etc/extra").write_text("x")
-    elif damage == "mode":
-        tool.chmod(0o4755)
-    elif damage == "owner":
-        os.chown(tool, os.getuid(), os.getgid())  # same owner: ctime still moves
-        data = bytearray(tool.read_bytes())
-        data[0] ^= 1  # and the content differs, so the full check fails
-        fd = os.open(tool, os.O_WRONLY)
-        os.pwrite(fd, bytes(data[:1]), 0)
-        os.close(fd)
-    elif damage == "symlink":
-        (layer.tree / "usr/bin/alias").unlink()
-        (layer.tree / "usr/bin/alias").symlink_to("/etc/shadow")
-    elif damage == "replaced by a copy":  # same bytes and times, other inodes: re-read, fine
-        shutil.copytree(layer.tree, layer.path / "copy", symlinks=True)
-        shutil.rmtree(layer.tree)
-        os.rename(layer.path / "copy", layer.tree)
-        data = bytearray(tool.read_bytes())
-        data[1] ^= 1
-        fd = os.open(tool, os.O_WRONLY)
-        os.pwrite(fd, bytes(data[1:2]), 1)
-        os.close(fd)
-    elif damage == "no tree":
-        shutil.rmtree(layer.tree)
+    _damage(layer, damage)
     assert store.lookup(KEY_A) is None
     assert not layer.path.exists(), "a damaged entry must be dropped, mark or not"
     assert logged and "dropped, rebuilding" in logged[-1]
