@@ -29,6 +29,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -581,6 +582,7 @@ def cmd_cycle(args) -> None:
     t_sub = 1796200000
     if args.shape == "24.11":
         return _cycle_run(args, *_jobs_2411(n, rng, t_sub), t_sub, rng)
+    nodes = nodes_doc["nodes"]
     jobs = []
     for i in range(1, n + 1):
         state = rng.choice(["PENDING"] * 6 + ["RUNNING"] * 3 + ["CONFIGURING"])
@@ -624,7 +626,29 @@ def cmd_cycle(args) -> None:
                 **(FILLER if args.full_jobs else {}),
             }
         )
-    return _cycle_run(args, jobs, json.dumps(nodes_doc), _dump_22, t_sub, rng)
+    return _cycle_run(
+        args, jobs, nodes, lambda: json.dumps(nodes_doc, indent=2), _toggle_22, _dump_22, t_sub, rng
+    )
+
+
+def _toggle_22(node: dict) -> None:
+    """22.05 sinfo shape: DRAIN is a state flag, with the operator's reason."""
+    if "DRAIN" in node["state_flags"]:
+        node["state_flags"] = [f for f in node["state_flags"] if f != "DRAIN"]
+        node["reason"] = ""
+    else:
+        node["state_flags"] = [*node["state_flags"], "DRAIN"]
+        node["reason"] = "maintenance"
+
+
+def _toggle_2411(node: dict) -> None:
+    """24.11 shape: DRAIN is a word of the state list, with the operator's reason."""
+    if "DRAIN" in node["state"]:
+        node["state"] = [w for w in node["state"] if w != "DRAIN"]
+        node["reason"] = ""
+    else:
+        node["state"] = [*node["state"], "DRAIN"]
+        node["reason"] = "maintenance"
 
 
 def _dump_22(jobs: list) -> str:
@@ -657,7 +681,6 @@ def _jobs_2411(n: int, rng: random.Random, t_sub: int):
         nd["state"] = ["ALLOCATED"] if i % 3 else ["IDLE", "CLOUD", "POWERING_UP"]
         nd["reason"] = ""
         nodes.append(nd)
-    node_txt = _slurm_json({**ncap, "nodes": nodes})
     jobs = []
     for i in range(1, n + 1):
         state = rng.choice(["PENDING"] * 6 + ["RUNNING"] * 3 + ["CONFIGURING"])
@@ -680,7 +703,13 @@ def _jobs_2411(n: int, rng: random.Random, t_sub: int):
             standard_output=f"/home/u/slurm-{i}.out",
         )
         jobs.append(j)
-    return jobs, node_txt, _Render2411()
+    return (
+        jobs,
+        nodes,
+        lambda: _slurm_json({**ncap, "nodes": nodes}),
+        _toggle_2411,
+        _Render2411(),
+    )
 
 
 def _slurm_json(d: dict) -> str:
@@ -732,7 +761,16 @@ class _Render2411:
         return out
 
 
-def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Random) -> None:
+def _cycle_run(
+    args,
+    jobs: list,
+    nodes: list,
+    render_nodes: Callable[[], str],
+    toggle_node: Callable[[dict], None],
+    dump,
+    t_sub: int,
+    rng: random.Random,
+) -> None:
     import tempfile
 
     from nodeforge.gang import state as state_mod
@@ -752,7 +790,7 @@ def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Ra
     docs = tempfile.mkdtemp(prefix="gang-cycle-", dir=shm)
     jobs_file, nodes_file = os.path.join(docs, "jobs.json"), os.path.join(docs, "nodes.json")
     with open(nodes_file, "w", encoding="utf-8") as f:
-        f.write(node_txt)
+        f.write(render_nodes())
     client_s = [0.0]
 
     class ClientTimedCli(SlurmCli):
@@ -777,11 +815,19 @@ def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Ra
 
         prof = cProfile.Profile()
 
-    def one(st, change: float, profile: bool = True):
+    def one(st, change: float, node_change: float = 0.0, profile: bool = True):
         nonlocal saved
         # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
         for k in rng.sample(range(len(jobs)), int(len(jobs) * change)):
             jobs[k]["restart_cnt"] += 1
+        # a share *node_change* of the nodes is drained or resumed by an operator: their
+        # flags really change, so the node map is parsed again and the jobs on those nodes
+        # are looked at again (a drain is not lost readiness: no action follows from it)
+        if node_change:
+            for k in rng.sample(range(len(nodes)), int(len(nodes) * node_change)):
+                toggle_node(nodes[k])
+            with open(nodes_file, "w", encoding="utf-8") as f:  # not timed
+                f.write(render_nodes())
         if args.full_jobs or args.shape == "24.11":
             # every scheduler pass stamps the pending jobs it looked at
             for j in jobs:
@@ -809,10 +855,15 @@ def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Ra
         return st2, (*walls, c1 - c0, c2 - c1, c3 - c2), snap.bytes_read
 
     st, _cold, _b = one(GovState(), 0, profile=False)
-    for label, change in (("steady (nothing changed)", 0.0), ("1% of jobs changed", 0.01)):
+    cases = (
+        ("steady (nothing changed)", 0.0, 0.0),
+        ("1% of jobs changed", 0.01, 0.0),
+        ("1% of jobs + 1% of nodes drained/resumed", 0.01, 0.01),
+    )
+    for label, change, node_change in cases:
         ts, nbytes = [], 0
         for _ in range(args.repeat):
-            st, t, nbytes = one(st, change)
+            st, t, nbytes = one(st, change, node_change)
             ts.append(t)
         p_, d_, s_, w_, cp_, cd_, cs_ = (
             statistics.median(x[i] for x in ts) * 1000 for i in range(7)
@@ -820,7 +871,7 @@ def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Ra
         tot = statistics.median(sum(x[:3]) for x in ts) * 1000
         cpu = statistics.median(sum(x[4:7]) for x in ts) * 1000
         print(
-            f"{n:>6} jobs ({len(st.jobs)} gangs), {label:<26}: read+parse {p_:7.1f} ms  "
+            f"{n:>6} jobs ({len(st.jobs)} gangs), {label:<40}: read+parse {p_:7.1f} ms  "
             f"decide {d_:6.1f} ms  persist+wake {s_:6.1f} ms  total {tot:7.1f} ms  "
             f"| CPU {cp_:5.1f} / {cd_:5.1f} / {cs_:5.1f} = {cpu:6.1f} ms  "
             f"| client {w_:6.1f} ms  | slurmctld bytes/cycle {nbytes / 1e6:6.1f} MB"
@@ -836,7 +887,7 @@ def _cycle_run(args, jobs: list, node_txt: str, dump, t_sub: int, rng: random.Ra
     shutil.rmtree(tmp, ignore_errors=True)
     if prof is not None:
         prof.dump_stats(args.profile)
-        print(f"cProfile of the timed parts (warm cycles, both cases): {args.profile}")
+        print(f"cProfile of the timed parts (warm cycles, all cases): {args.profile}")
 
 
 def cmd_deadline(args) -> None:

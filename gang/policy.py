@@ -201,16 +201,24 @@ _NODES = attrgetter("nodes")
 
 
 def _moved_nodes(old: object, new: dict) -> frozenset[str] | None:
-    """The nodes whose flags differ between two node maps (listed in one only included);
-    empty for the same map object; None when *old* is no map (the first cycle)."""
+    """The nodes whose flags differ, in what readiness reads (readiness.READ_FLAGS), between
+    two node maps (listed in one only included); empty for the same map object; None when
+    *old* is no map (the first cycle). A drain, a resume or a reboot request alone moves no
+    node: no phase function of a quiet record reads it (a strike, which reads drains and
+    reasons, is decided only for a record whose clock is due, and that one is looked at)."""
     if new is old:
         return frozenset()
     if not isinstance(old, dict):
         return None
     try:
-        return frozenset(k for k, _ in old.items() ^ new.items())  # (C level, flags hashable)
+        diff = old.items() ^ new.items()  # (C level, flags hashable)
     except TypeError:
         return None
+    return frozenset(k for k, _ in diff if _read(old.get(k)) != _read(new.get(k)))
+
+
+def _read(flags: frozenset[str] | None) -> frozenset[str] | None:
+    return None if flags is None else flags & readiness.READ_FLAGS
 
 
 NODE_PHASES = (ADMITTED, READY, RECOVERING)  # quiet only while the node map is the same

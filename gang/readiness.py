@@ -25,6 +25,9 @@ BAD_NODE_FLAGS = NODE_DOWN_FLAGS
 # A job that was ready loses readiness only when a node fails under it (Kueue: a pod of the
 # workload stops being ready), or when it runs on fewer nodes than it was admitted with.
 LOSS_FLAGS = ("DOWN", "NOT_RESPONDING", "FAIL")
+# Every flag a function here reads: the policy's watch counts a node as changed only when
+# its flags differ in these (or it appeared or went), so a drain alone re-decides no job.
+READ_FLAGS = frozenset(NODE_DOWN_FLAGS) | frozenset(BAD_NODE_FLAGS) | frozenset(LOSS_FLAGS)
 READY_MARK = "nfg-ready="
 
 

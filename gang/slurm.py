@@ -211,9 +211,11 @@ def parse_jobs(
 
 
 def parse_nodes(
-    text: str | slurm_records.Buffer, source: str = "sinfo --json"
+    text: str | slurm_records.Buffer,
+    source: str = "sinfo --json",
+    cache: slurm_records.BlockCache | None = None,
 ) -> dict[str, slurm_records.NodeRecord]:
-    return slurm_records.parse_nodes(text, source)
+    return slurm_records.parse_nodes(text, source, cache)
 
 
 def start_spec(start_at: float, now: float) -> str:
@@ -300,6 +302,7 @@ class SlurmCli:
             {},
             {},
         )
+        self._node_records = slurm_records.BlockCache()  # each node's text -> NodeRecord
         self._out_jobs = OutputBuffer()
         self._out_nodes = OutputBuffer()
 
@@ -326,7 +329,7 @@ class SlurmCli:
         nodes_txt = self._out_nodes.run(self, nodes_argv)
         jobs = parse_jobs(jobs_txt, " ".join(jobs_argv), self._cache)
         if not _same(self._nodes[0], nodes_txt):
-            nodes = parse_nodes(nodes_txt, " ".join(nodes_argv))
+            nodes = parse_nodes(nodes_txt, " ".join(nodes_argv), self._node_records)
             flags = {n: r.flags for n, r in nodes.items()}
             reasons = {n: r.reason for n, r in nodes.items() if r.reason}
             self._nodes = (bytes(nodes_txt), flags, reasons)  # (a copy: the map is rewritten)

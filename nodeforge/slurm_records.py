@@ -27,6 +27,7 @@ import math
 import mmap
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nodeforge.errors import NodeforgeError
@@ -309,21 +310,45 @@ def _load(text: str | Buffer, key: str, source: str) -> list:
 
 
 class BlockCache:
-    """What parse_jobs keeps between calls (one per reader, e.g. per governor): the text of
-    each job of the last document (UTF-8 bytes), in its order, and the record parsed from it. See `_walk`
-    for how it is used and why that is exact."""
+    """What parse_jobs or parse_nodes keeps between calls (one per reader and list, e.g. the
+    governor's jobs and its nodes): the text of each item of the last document (UTF-8 bytes),
+    in its order, and the record parsed from it. See `_walk` for how it is used and why that
+    is exact. *kind* is the list the entries came from: a cache handed the other list starts
+    empty (a job's text is never looked up among nodes)."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "kind")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
+        self.kind = ""
 
 
-# One job's text (UTF-8) followed by the next item's start (_SEP), cut around the digits of
+# One item's text (UTF-8) followed by the next item's start (_SEP), cut around the digits of
 # its volatile number: (text before them, their count, text after them + _SEP, record).
 # Without a volatile number: (whole text + _SEP, 0, b"", record). With _SEP in the pieces, an
-# unchanged job in mid-list costs one comparison per piece (two with a volatile number).
-Entry = tuple[bytes, int, bytes, JobRecord]
+# unchanged item in mid-list costs one comparison per piece (two with a volatile number).
+Record = JobRecord | NodeRecord
+Entry = tuple[bytes, int, bytes, Record]
+
+
+@dataclass(frozen=True, slots=True)
+class _List:
+    """How one list of Slurm's JSON is walked: its member name, the member of an item that
+    names it (a hint to find an item that moved: its text is still compared in full), and
+    the parser of one item."""
+
+    key: str
+    id_member: bytes  # `\n      "job_id": `: the member at item level (indent 6)
+    id_value: re.Pattern[bytes]  # its value; group 1 when the value is quoted
+    record_id: Callable[[Record], object]
+    parse: Callable[[object], Record]
+
+    @property
+    def open(self) -> bytes:  # the list's first item (pretty-printed, indent 2)
+        return b'\n  "' + self.key.encode() + b'": [\n    {\n'
+
+    def id_of(self, m: re.Match[bytes]) -> object:
+        return int(m.group()) if m.lastindex is None else m.group(1).decode()
 
 
 def parse_jobs(
@@ -343,7 +368,7 @@ def parse_jobs(
         except UnicodeEncodeError:  # (a lone surrogate: the full parse decides)
             data = None
         if data is not None:
-            walked = _walk(data, cache)
+            walked = _walk(data, cache, _JOBS)
     if walked is None:
         out = [job_from_json(d) for d in _load(text, "jobs", source)]
     else:
@@ -356,6 +381,7 @@ def parse_jobs(
             ids.add(j.job_id)
     if cache is not None:
         cache.entries = walked if walked is not None else []
+        cache.kind = "jobs"
     return out
 
 
@@ -363,11 +389,10 @@ _JOB_ID = operator.attrgetter("job_id")
 _RECORD = operator.itemgetter(3)
 # Layout of Slurm's pretty-printed JSON (22.05's squeue, 24.11's scontrol/squeue: indent 2):
 # the jobs list is a top-level member, its items sit at indent 4, their members at indent 6.
-_JOBS_OPEN = b'\n  "jobs": [\n    {\n'
 _ITEM_END = b"\n    }"
 _NEXT_ITEM = b",\n    {\n"
 _LIST_END = b"\n  ]"
-_HEAD_MARK = "nodeforge: the jobs list"
+_HEAD_MARK = "nodeforge: the list"
 # A member that slurmctld's scheduler rewrites on every pass for every pending job and that
 # job_from_json does not read: 22.05 prints it as a number, >= 23.02 as Slurm's number
 # object. Only the digits of that number may differ from the cached text.
@@ -378,11 +403,9 @@ _VOL_NUMBER = re.compile(
 )
 _VOL_DIGITS = re.compile(rb"0|[1-9][0-9]*")  # as many digits as cached (bytes: ASCII only)
 _SEP = _ITEM_END + _NEXT_ITEM
-_ID_KEY = b'\n      "job_id": '
-_ID_VALUE = re.compile(rb"[1-9][0-9]{0,18}")
 
 
-def _entry(chunk: bytes, rec: JobRecord) -> Entry:
+def _entry(chunk: bytes, rec: Record) -> Entry:
     v = chunk.find(_VOL_KEY)
     m = _VOL_NUMBER.match(chunk, v + len(_VOL_KEY)) if v >= 0 else None
     if m is None:
@@ -418,8 +441,8 @@ def _match(mv: memoryview, pos: int, entry: Entry) -> int:
     return e if _at(mv, e, _ITEM_END) else -1
 
 
-def _walk(text: Buffer, cache: BlockCache) -> list[Entry] | None:
-    """The jobs, item by item, through *cache*; None when the document is not laid out as
+def _walk(text: Buffer, cache: BlockCache, lst: _List) -> list[Entry] | None:
+    """The items of list *lst* (jobs or nodes), item by item, through *cache*; None when the document is not laid out as
     Slurm prints it or anything in it fails (the caller then parses the whole document,
     which gives the true records or the true error).
 
@@ -429,30 +452,32 @@ def _walk(text: Buffer, cache: BlockCache) -> list[Entry] | None:
     indented deeper), whatever a user wrote into a name, comment or path. Each item's text
     (between its `{` and that line) was parsed as one JSON object: now, or in an earlier call
     that cached it; an item whose text equals a cached one, byte for byte, has the cached
-    record. The one exception is the number in `last_sched_evaluation`, which job_from_json
-    never reads: its digits may differ (as many, so the item stays the same valid JSON but
+    record. The one exception is the number in `last_sched_evaluation`, which neither
+    job_from_json nor node_from_json reads (nodes have no such member): its digits may differ (as many, so the item stays the same valid JSON but
     for them). After the list's `]`, the rest of the document is parsed with the list taken
     out (a marker in its place: a second "jobs" member would replace the marker, and the
     full parse is used). The document is UTF-8 (decoded strictly wherever it is parsed, as
     the full parse decodes it): cut only at ASCII layout bytes, equal bytes are equal text.
     The comparison runs at C speed (memcmp through a memoryview: the document is not copied,
     and may be a memory map of the client's output) and nothing is copied for an unchanged
-    job; only a changed or new job is cut out and parsed. Jobs are compared in last call's
-    order; a job that moved is found by its `job_id` (only a hint: its text is still
-    compared in full)."""
+    job; only a changed or new job is cut out and parsed. Items are compared in last call's
+    order; an item that moved is found by its `job_id` or node `name` (only a hint: its text
+    is still compared in full)."""
     with memoryview(text) as mv:
-        return _walk_view(text, mv, cache)
+        return _walk_view(text, mv, cache, lst)
 
 
-def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache) -> list[Entry] | None:
+def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> list[Entry] | None:
     size = len(mv)
-    i = text.find(_JOBS_OPEN, 0, size)
+    opening = lst.open
+    i = text.find(opening, 0, size)
     if i < 0:
         return None
-    pos = i + len(_JOBS_OPEN)
-    old = cache.entries
+    pos = i + len(opening)
+    old = cache.entries if cache.kind == lst.key else []
     n_old = len(old)
-    by_id: dict[int, int] | None = None
+    by_id: dict[object, int] | None = None
+    id_member, id_value, record_id, parse = lst.id_member, lst.id_value, lst.record_id, lst.parse
     entries: list[Entry] = []
     add = entries.append
     k = 0  # the cached job expected next
@@ -490,21 +515,21 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache) -> list[Entry] |
                 if e < 0:
                     return None
                 h = None  # where this job was last time, by its id
-                q = text.find(_ID_KEY, pos - 1, e)
-                m = _ID_VALUE.match(mv, q + len(_ID_KEY), e) if q >= 0 else None
+                q = text.find(id_member, pos - 1, e)
+                m = id_value.match(mv, q + len(id_member), e) if q >= 0 else None
                 if m is not None:
-                    jid = int(m.group())
-                    if k < n_old and old[k][3].job_id == jid:
-                        h = k  # the expected job, changed (no index needed)
+                    jid = lst.id_of(m)
+                    if k < n_old and record_id(old[k][3]) == jid:
+                        h = k  # the expected item, changed (no index needed)
                     else:
                         if by_id is None:
-                            by_id = {r.job_id: x for x, (_, _, _, r) in enumerate(old)}
+                            by_id = {record_id(r): x for x, (_, _, _, r) in enumerate(old)}
                         h = by_id.get(jid)
                 if h is not None and _match(mv, pos, old[h]) == e:
                     add(old[h])
                 else:
                     chunk = bytes(mv[pos:e])  # (decoded strictly: Slurm writes UTF-8)
-                    add(_entry(chunk, job_from_json(json.loads("{" + chunk.decode() + "}"))))
+                    add(_entry(chunk, parse(json.loads("{" + chunk.decode() + "}"))))
                 if h is not None:
                     k = h + 1
             e += len(_ITEM_END)
@@ -515,10 +540,10 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache) -> list[Entry] |
             else:
                 return None
         rest = str(mv[e + len(_LIST_END) :], "utf-8")
-        head = json.loads(f'{str(mv[:i], "utf-8")}\n  "jobs": "{_HEAD_MARK}"{rest}')
+        head = json.loads(f'{str(mv[:i], "utf-8")}\n  "{lst.key}": "{_HEAD_MARK}"{rest}')
     except (ValueError, SlurmDataError):
         return None
-    if not isinstance(head, dict) or head.get("jobs") != _HEAD_MARK or head.get("errors"):
+    if not isinstance(head, dict) or head.get(lst.key) != _HEAD_MARK or head.get("errors"):
         return None
     return entries
 
@@ -549,15 +574,43 @@ def node_from_json(d: object) -> NodeRecord:
     return NodeRecord(name=name, flags=frozenset(flags), reason=reason, base=base)
 
 
+_JOBS = _List("jobs", b'\n      "job_id": ', re.compile(rb"[1-9][0-9]{0,18}"), _JOB_ID, job_from_json)
+_NODES = _List(
+    "nodes",
+    b'\n      "name": ',
+    re.compile(rb'"([A-Za-z0-9][A-Za-z0-9._-]{0,127})"'),
+    operator.attrgetter("name"),
+    node_from_json,
+)
+
+
 def parse_nodes(
-    text: str | Buffer, source: str = "scontrol show node --json"
+    text: str | Buffer, source: str = "scontrol show node --json", cache: BlockCache | None = None
 ) -> dict[str, NodeRecord]:
+    """Nodes of one JSON document by name (a name listed twice is an error). With *cache*,
+    as parse_jobs: only the nodes whose text changed since the last call are parsed (a node's
+    text moves with its load and free memory, so some do every few seconds)."""
+    walked = None
+    if cache is not None:
+        try:
+            data = text.encode() if isinstance(text, str) else text
+        except UnicodeEncodeError:  # (a lone surrogate: the full parse decides)
+            data = None
+        if data is not None:
+            walked = _walk(data, cache, _NODES)
+    records = (
+        map(node_from_json, _load(text, "nodes", source))
+        if walked is None
+        else map(_RECORD, walked)
+    )
     out: dict[str, NodeRecord] = {}
-    for d in _load(text, "nodes", source):
-        n = node_from_json(d)
+    for n in records:
         if n.name in out:
             raise SlurmDataError(f"{source}: node {n.name} is listed twice")
         out[n.name] = n
+    if cache is not None:
+        cache.entries = walked if walked is not None else []
+        cache.kind = "nodes"
     return out
 
 

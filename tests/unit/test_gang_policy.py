@@ -883,7 +883,16 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
         recovery_timeout=recovery,
         requeuing={"backoff_limit_count": limit},
     )
-    flag_sets = [OK, frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"}), frozenset({"DOWN"})]
+    flag_sets = [
+        OK,
+        frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"}),
+        frozenset({"DOWN"}),
+        # an operator's drain or reboot request: moves no node for the watch (policy
+        # _moved_nodes), so these maps test that nothing it skips would have been decided
+        frozenset({"ALLOCATED", "DRAIN"}),
+        frozenset({"MIXED", "REBOOT_REQUESTED", "DRAIN"}),
+        frozenset({"ALLOCATED", "DRAIN", "NOT_RESPONDING"}),
+    ]
     nodes = {n: OK for n in "abcd"}
     jobs: dict[str, JobObs | None] = {str(i): None for i in range(1, 7)}
     st, t = GovState(), T0
@@ -892,6 +901,8 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
         t += rng.choice([0, 0.5, 1, 3, 6, 1800])  # (1800: done records of gone jobs expire)
         if rng.random() < node_churn:
             nodes = {n: rng.choice(flag_sets) for n in "abcd"}  # a new map object
+            if rng.random() < 0.3:  # only drains come and go
+                nodes = {n: f ^ {"DRAIN"} for n, f in nodes.items()}
             if rng.random() < 0.2:
                 nodes.pop(rng.choice("abcd"))  # a node no longer listed
         elif rng.random() < 0.1:
@@ -920,3 +931,32 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
             )
         st = quick
     assert block or fast > 0  # the look-only-at-changes path was taken
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    flags=hst.lists(
+        hst.frozensets(
+            hst.sampled_from(
+                ["ALLOCATED", "IDLE", "MIXED", "DRAIN", "REBOOT_REQUESTED", "COMPLETING"]
+                + ["CLOUD", "DOWN", "NOT_RESPONDING", "FAIL", "POWERING_UP", "UNKNOWN"]
+                + ["POWERED_DOWN", "MAINTENANCE", "RESERVED", "PLANNED"]
+            ),
+            max_size=5,
+        ),
+        min_size=2,
+        max_size=2,
+    ),
+    state=hst.sampled_from(["RUNNING", "CONFIGURING"]),
+)
+def test_readiness_reads_no_flag_outside_read_flags(flags, state):
+    """The watch (policy._moved_nodes) looks again only at jobs on nodes whose flags moved in
+    readiness.READ_FLAGS: any flag outside them must not change what readiness says."""
+    from nodeforge.gang import readiness
+
+    j = job(state=state, nodes=("a", "b"), num_nodes=2)
+    nodes = {"a": flags[0], "b": flags[1]}
+    seen = {"a": flags[0] & readiness.READ_FLAGS, "b": flags[1] & readiness.READ_FLAGS}
+    assert readiness.check(j, nodes) == readiness.check(j, seen)
+    assert readiness.still_ready(j, nodes, 2) == readiness.still_ready(j, seen, 2)
+    assert readiness.unready_nodes(j, nodes) == readiness.unready_nodes(j, seen)

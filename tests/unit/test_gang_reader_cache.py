@@ -287,7 +287,7 @@ def test_a_view_cut_short_by_the_end_is_no_match():
         cache = sr.BlockCache()
         sr.parse_jobs(text, "t", cache)
         short = text[: text.index(b'"job_id": 2') + cut]
-        assert sr._walk(short, cache) is None
+        assert sr._walk(short, cache, sr._JOBS) is None
 
 
 @settings(max_examples=100, deadline=None)
@@ -324,3 +324,170 @@ def test_governor_observations_from_its_cache_are_the_uncached_ones(names, ops, 
             prev = {str(j["job_id"]): (stable(j), o) for j, o in zip(jobs, cached, strict=True)}
     finally:
         gs.CACHE_SLACK = saved
+
+
+# -- nodes: the same cached read for the node list (the governor's node map every cycle) --
+
+NODE_CAPTURE = CAPTURE.with_name("scontrol-show-node-24.11.json")
+
+
+def node(name: str, shape: str, reason: str = "", drained: bool = False, load: int = 3) -> dict:
+    """A node with the keys the reader reads plus members that move with every slurmd ping
+    (cpu_load, free_mem), nested as Slurm prints them; 22.05 `sinfo --json` or >= 23.02
+    shape."""
+    d = {
+        "architecture": "x86_64",
+        "name": name,
+        "hostname": name,
+        "cpu_load": load,
+        "free_mem": n24(7000 + load) if shape == "24" else 7000 + load,
+        "reason": reason,
+        "energy": {"current_watts": n24(0), "last_collected": 0},
+    }
+    if shape == "24":
+        d["state"] = ["IDLE", "DRAIN"] if drained else ["IDLE"]
+    else:
+        d["state"] = "idle"
+        d["state_flags"] = ["DRAIN"] if drained else []
+    return d
+
+
+def render_nodes(nodes: list, shape: str) -> str:
+    if shape == "24":
+        doc = {"nodes": nodes, "last_update": n24(5), "meta": {}, "errors": [], "warnings": []}
+        return json.dumps(doc, indent=2).replace("/", "\\/")
+    return json.dumps({"meta": {}, "errors": [], "nodes": nodes}, indent=2)
+
+
+def both_nodes(text: str | bytes, cache: sr.BlockCache, form: str = "str"):
+    data = text.encode() if isinstance(text, str) else text
+    out = []
+    for c, f in ((cache, form), (None, "bytes")):
+        try:
+            out.append(sr.parse_nodes(as_form(data, f), "t", c))
+        except sr.SlurmDataError as exc:
+            out.append(str(exc))
+    return out
+
+
+NODE_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["ping", "drain", "drop", "add", "move", "dup", "rename"]),
+        st.integers(0, 50),
+        HOSTILE,
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    reasons=st.lists(HOSTILE, min_size=0, max_size=6),
+    ops=NODE_OPS,
+    shape=st.sampled_from(["22", "24"]),
+    forms=st.lists(st.sampled_from(["str", "bytes", "mmap"]), min_size=12, max_size=12),
+)
+def test_cached_node_read_is_the_full_parse_over_random_cycles(reasons, ops, shape, forms):
+    """Operators drain and resume nodes with any reason text, slurmd pings move load and
+    free memory, dynamic nodes come and go: the cached read gives exactly the full parse's
+    nodes (or its error), and a node whose text did not change is the same record."""
+    nodes = [node(f"c{i:03d}", shape, r, drained=bool(r)) for i, r in enumerate(reasons)]
+    cache = sr.BlockCache()
+    prev: dict[str, tuple[str, sr.NodeRecord]] = {}
+    serial = 100
+    for cycle, (op, x, text) in enumerate(ops):
+        i = x % len(nodes) if nodes else 0
+        if op == "ping" and nodes:
+            nodes[i] = {**nodes[i], "cpu_load": nodes[i]["cpu_load"] + 1}
+        elif op == "drain" and nodes:
+            drained = "DRAIN" not in json.dumps(nodes[i]["state"]) + str(
+                nodes[i].get("state_flags")
+            )
+            name = nodes[i]["name"]
+            nodes[i] = node(name, shape, text if drained else "", drained, nodes[i]["cpu_load"])
+        elif op == "drop" and nodes:
+            nodes.pop(i)
+        elif op == "add":
+            nodes.insert(i, node(f"c{serial}", shape, text, drained=bool(text)))
+            serial += 1
+        elif op == "move" and nodes:
+            nodes.append(nodes.pop(i))
+        elif op == "dup" and nodes:
+            nodes.insert(i, dict(nodes[i]))  # a node listed twice: an error either way
+        elif op == "rename" and nodes:
+            nodes[i] = {**nodes[i], "name": f"r{serial}"}
+            serial += 1
+        cached, full = both_nodes(render_nodes(nodes, shape), cache, forms[cycle])
+        assert cached == full
+        if isinstance(full, str):
+            assert "listed twice" in full
+            seen: set[str] = set()
+            nodes = [n for n in nodes if not (n["name"] in seen or seen.add(n["name"]))]
+            continue
+        for n in nodes:
+            key = json.dumps(n, sort_keys=True)
+            if n["name"] in prev and prev[n["name"]][0] == key:
+                assert cached[n["name"]] is prev[n["name"]][1]
+        prev = {n["name"]: (json.dumps(n, sort_keys=True), cached[n["name"]]) for n in nodes}
+
+
+def test_real_2411_node_capture_reads_back_exactly_and_a_ping_reparses_one_node():
+    text = NODE_CAPTURE.read_text()
+    cache = sr.BlockCache()
+    recs = sr.parse_nodes(text, "scontrol show node --json", cache)
+    assert recs == sr.parse_nodes(text)
+    assert recs["c002"].reason == "maint\nState=IDLE Reason=nodeforge: running hooks"
+    assert recs["c002"].flags == {"IDLE", "DRAIN", "DYNAMIC_NORM"}
+    assert "NOT_RESPONDING" in recs["c003"].flags
+    # slurmd's next ping moves c001's load: only c001 is read again
+    pinged = text.replace('"cpu_load": 3', '"cpu_load": 4', 1)
+    assert pinged != text
+    again = sr.parse_nodes(pinged, "scontrol show node --json", cache)
+    assert again == sr.parse_nodes(pinged)
+    assert [n for n in again if again[n] is not recs[n]] == ["c001"]
+
+
+def test_forged_layout_in_a_node_reason_cannot_end_or_add_a_node():
+    forged = '\n    },\n    {\n      "name": "evil",\n  ]\n  "nodes": [\n    {\n'
+    text = render_nodes([node("c1", "24", forged, True), node("c2", "24")], "24")
+    cache = sr.BlockCache()
+    for _ in range(2):
+        recs = sr.parse_nodes(text, "t", cache)
+        assert recs == sr.parse_nodes(text) and list(recs) == ["c1", "c2"]
+        assert recs["c1"].reason == forged
+
+
+def test_a_cache_of_the_other_list_is_not_used():
+    """A job cache handed to the node reader (or the reverse) starts empty: an item is only
+    ever matched against items of its own list."""
+    cache = sr.BlockCache()
+    sr.parse_jobs(render([job(1, "24")], "24"), "t", cache)
+    assert cache.kind == "jobs" and cache.entries
+    nodes_text = render_nodes([node("c1", "24")], "24")
+    assert sr.parse_nodes(nodes_text, "t", cache) == sr.parse_nodes(nodes_text)
+    assert cache.kind == "nodes"
+    jobs_text = render([job(1, "24")], "24")
+    assert sr.parse_jobs(jobs_text, "t", cache) == sr.parse_jobs(jobs_text)
+    assert cache.kind == "jobs"
+    # a job's very text in a node list is no node (the full parse's error), never the
+    # cached JobRecord
+    as_nodes = jobs_text.replace('\n  "jobs": [', '\n  "nodes": [', 1)
+    cached, full = both_nodes(as_nodes, cache)
+    assert isinstance(full, str) and "state" in full and cached == full
+
+
+def test_node_errors_and_truncation_are_the_full_parse_errors():
+    text = render_nodes([node("c1", "24"), node("c2", "24")], "24")
+    cache = sr.BlockCache()
+    sr.parse_nodes(text, "t", cache)
+    with_errors = text.replace('"errors": []', '"errors": [{"error": "boom"}]')
+    with pytest.raises(sr.SlurmDataError, match="boom"):
+        sr.parse_nodes(with_errors, "t", cache)
+    for cut in (len(text) // 2, len(text) - 3):
+        with pytest.raises(sr.SlurmDataError, match="not JSON"):
+            sr.parse_nodes(text[:cut], "t", cache)
+    bad = text.encode().replace(b'"c2"', b'"c\xc3"', 1)
+    cached, full = both_nodes(bad, cache, "bytes")
+    assert isinstance(full, str) and "not UTF-8" in full and cached == full
+    assert sr.parse_nodes(text, "t", cache) == sr.parse_nodes(text)

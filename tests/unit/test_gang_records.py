@@ -324,7 +324,7 @@ def test_block_cache_reads_any_layout_exactly_as_the_full_parse():
     objs_before = json.dumps({"meta": {}, "warnings": w, "jobs": jobs}, indent=2)
     one = json.dumps({"meta": {}, "jobs": jobs[:1]}, indent=2)
     for text in (last, first, objs_before, one):
-        assert sr._walk(text.encode(), sr.BlockCache()) is not None
+        assert sr._walk(text.encode(), sr.BlockCache(), sr._JOBS) is not None
     for text in (last, first, objs_after, second, objs_before, one):
         cache = sr.BlockCache()
         for _ in range(2):  # cold, then through the cache
