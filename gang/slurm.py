@@ -271,14 +271,6 @@ class OutputBuffer:
 _HINT = "is slurmctld up and SLURM_CONF right?"
 
 
-def _same(kept: bytes | None, out: mmap.mmap | bytes) -> bool:
-    """Is the output byte for byte *kept*? (memcmp through a view: no copy of the output)"""
-    if kept is None or len(kept) != len(out):
-        return False
-    with memoryview(out) as mv:
-        return kept.startswith(mv)
-
-
 class SlurmCli:
     """Runs Slurm's clients through nodeforge.proc. *prefix* (e.g. `nsenter --net=...`) and
     *env* (SLURM_CONF) let tests and the bench point it at a private cluster."""
@@ -296,12 +288,10 @@ class SlurmCli:
         self.clock = clock
         self._commands: tuple[list[str], list[str]] | None = None
         self._cache = JobCache()
-        # (node output last parsed, its flags, its reasons); None: nothing parsed yet
-        self._nodes: tuple[bytes | None, dict[str, frozenset[str]], dict[str, str]] = (
-            None,
-            {},
-            {},
-        )
+        # (nodes last read, their flags, their reasons)
+        self._nodes: tuple[
+            dict[str, slurm_records.NodeRecord], dict[str, frozenset[str]], dict[str, str]
+        ] = ({}, {}, {})
         self._node_records = slurm_records.BlockCache()  # each node's text -> NodeRecord
         self._out_jobs = OutputBuffer()
         self._out_nodes = OutputBuffer()
@@ -328,12 +318,15 @@ class SlurmCli:
         jobs_txt = self._out_jobs.run(self, jobs_argv)
         nodes_txt = self._out_nodes.run(self, nodes_argv)
         jobs = parse_jobs(jobs_txt, " ".join(jobs_argv), self._cache)
-        if not _same(self._nodes[0], nodes_txt):
-            nodes = parse_nodes(nodes_txt, " ".join(nodes_argv), self._node_records)
+        nodes = parse_nodes(nodes_txt, " ".join(nodes_argv), self._node_records)
+        last = self._nodes[0]
+        # every node's text unchanged (its cached record, in the same order): the same map
+        # object, which lets decide() skip ready jobs; else new maps (a node's text moves
+        # with every slurmd ping: decide() then compares the flags, at C level)
+        if len(nodes) != len(last) or not all(map(operator.is_, nodes.values(), last.values())):
             flags = {n: r.flags for n, r in nodes.items()}
             reasons = {n: r.reason for n, r in nodes.items() if r.reason}
-            self._nodes = (bytes(nodes_txt), flags, reasons)  # (a copy: the map is rewritten)
-        # unchanged node text: the same map object, which lets decide() skip ready jobs
+            self._nodes = (nodes, flags, reasons)
         _, flags, reasons = self._nodes
         return Snapshot(
             jobs=jobs,  # (records and observations: no view into the maps is kept)

@@ -107,3 +107,33 @@ def test_empty_node_output_is_an_error_even_on_the_first_read(tmp_path):
     nf.write_text("")
     with pytest.raises(SlurmDataError, match="not JSON"):
         _cli(tmp_path, jf, nf).snapshot()
+
+
+def test_snapshot_node_map_is_the_same_object_only_while_every_node_text_is(tmp_path):
+    """The node map decide() reads: the same object while slurmctld prints every node as
+    before; a ping (load, free memory) gives a new map with the same flags; a drain gives
+    its flags and reason. Each read equals the full parse of that output."""
+    from nodeforge.gang.slurm import parse_nodes
+    from tests.unit.test_gang_reader_cache import job, node, render, render_nodes
+
+    jf, nf = tmp_path / "jobs.json", tmp_path / "nodes.json"
+    jf.write_text(render([job(1, "24")], "24"))
+    nodes = [node("c1", "24"), node("c2", "24")]
+    nf.write_text(render_nodes(nodes, "24"))
+    cli = _cli(tmp_path, jf, nf)
+    first = cli.snapshot()
+    assert cli.snapshot().nodes is first.nodes
+    nodes[1] = node("c2", "24", load=9)  # slurmd's ping
+    nf.write_text(render_nodes(nodes, "24"))
+    pinged = cli.snapshot()
+    assert pinged.nodes is not first.nodes and pinged.nodes == first.nodes
+    nodes[0] = node("c1", "24", reason="ops: fan\nState=IDLE", drained=True)
+    nf.write_text(render_nodes(nodes, "24"))
+    drained = cli.snapshot()
+    full = parse_nodes(nf.read_text())
+    assert drained.nodes == {n: r.flags for n, r in full.items()}
+    assert drained.nodes["c1"] == {"IDLE", "DRAIN"}
+    assert drained.node_reasons == {"c1": "ops: fan\nState=IDLE"}
+    nodes.pop(0)  # a dynamic node deleted
+    nf.write_text(render_nodes(nodes, "24"))
+    assert cli.snapshot().nodes == {"c2": frozenset({"IDLE"})}
