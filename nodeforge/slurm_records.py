@@ -574,7 +574,9 @@ def node_from_json(d: object) -> NodeRecord:
     return NodeRecord(name=name, flags=frozenset(flags), reason=reason, base=base)
 
 
-_JOBS = _List("jobs", b'\n      "job_id": ', re.compile(rb"[1-9][0-9]{0,18}"), _JOB_ID, job_from_json)
+_JOBS = _List(
+    "jobs", b'\n      "job_id": ', re.compile(rb"[1-9][0-9]{0,18}"), _JOB_ID, job_from_json
+)
 _NODES = _List(
     "nodes",
     b'\n      "name": ',

@@ -663,6 +663,36 @@ def test_drain_under_a_ready_job_is_not_lost_readiness(lab, gov):
     assert "ReadinessLost" not in notes and not g.events(j, "requeue"), g.events(j)
 
 
+def test_real_node_output_is_read_node_by_node_through_the_cache(lab, clean):
+    """slurmctld's own node JSON (22.05 `sinfo --json`, 24.11 `scontrol show node --json`) is
+    laid out as the cached read expects: a second read of the same output takes every node
+    from the cache (the same record objects, no fallback to the full parse), a drain with a
+    hostile reason reads back exactly, and every read equals the full parse."""
+    from nodeforge import slurm_records as sr
+
+    cli = SlurmCli(prefix=lab.prefix(), env=lab.env, timeout=10)
+    _, argv = cli.commands()
+
+    def read() -> str:
+        return cli._run(*argv).stdout
+
+    cache = sr.BlockCache()
+    text = read()
+    first = sr.parse_nodes(text, "t", cache)
+    assert first == sr.parse_nodes(text) and len(first) >= 2
+    again = sr.parse_nodes(text, "t", cache)
+    assert all(again[n] is first[n] for n in first)
+    reason = 'ops: fan "x" Reason=y'
+    lab.run("scontrol", "update", "NodeName=gn4", "State=DRAIN", f"Reason={reason}")
+    try:
+        text = read()
+        drained = sr.parse_nodes(text, "t", cache)
+        assert drained == sr.parse_nodes(text)
+        assert "DRAIN" in drained["gn4"].flags and drained["gn4"].reason == reason
+    finally:
+        lab.run("scontrol", "update", "NodeName=gn4", "State=RESUME")
+
+
 def test_block_admission_not_stalled_by_a_gang_waiting_for_its_dependency(lab, gov):
     g = gov(timeout=30, block_admission=True).start()
     blocker = lab.sbatch("-N1", "-w", "gn1", script="#!/bin/sh\nsleep 60\n")  # not a gang

@@ -42,6 +42,7 @@ from test_gang_slurm import (  # noqa: F401  (fixtures and cases collected here 
     test_not_requeueable_is_recorded,
     test_probe_never_signals_backoff_steps,
     test_prolog_hangs,
+    test_real_node_output_is_read_node_by_node_through_the_cache,
     test_retry_limit_requeuehold_then_release_resets,
     wait_for,
 )
