@@ -1,12 +1,13 @@
 """`nodeforge node init`: the first-boot agent, step by step, resumable.
 
-Steps: params → identity → munge → role → hooks → ready. The unit starts before basic.target and
-network-online.target (docs/contracts.md "Boot ordering"); the agent waits for both itself
-(boot_order) after reading a node.yaml that was in place before boot, and before anything else. Each is recorded in state.json with
+Steps: params → identity → munge → role → hooks → ready. Each is recorded in state.json with
 start/end/duration/status/error. On a rerun (a reboot, or the operator after a fix) a step that
 is done is verified cheaply and skipped; `params` and `ready` always run (both are cheap and
 must reflect this boot). The agent starts the Slurm daemons itself every boot (they are not
 enabled), so the readiness gate is applied again before slurmd comes back after a reboot.
+The unit starts before basic.target and network-online.target (docs/contracts.md); the agent
+waits for both itself (boot_order) after reading a node.yaml that was in place before boot,
+before anything else.
 """
 
 from __future__ import annotations

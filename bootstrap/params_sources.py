@@ -69,7 +69,7 @@ def load_params(cfg: SourceConfig) -> Loaded:
     if cfg.wait_boot is not None:
         got = _before_boot(cfg)
         if got is not None:
-            log.info("params from %s (read before basic.target)", got.source)
+            log.info("params from %s (read before the boot targets)", got.source)
             return got
         # All sources again, in order, once the boot is where the agent used to start.
         cfg.wait_boot(
