@@ -38,8 +38,8 @@ from pathlib import Path
 from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
 
+from . import ansible_strategy, cache, export, packer, seal, template, versions
 from . import base as base_mod
-from . import cache, export, packer, seal, template, versions
 from . import manifest as manifest_mod
 from .pipeline import (
     REPO_ROOT,
@@ -248,6 +248,9 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         # manifest: they run beside the layer's verification.
         for tool in ("packer", "ansible-playbook", "mmdebstrap"):
             proc.require_tool(tool)  # a missing tool fails now, naming its package
+        # Every ansible-playbook run uses Mitogen's strategy (images/ansible_strategy.py); a
+        # missing mitogen package fails now, naming it.
+        strategy_env = ansible_strategy.strategy_env()
         # The third worker verifies a reused layer's content while it is already mounted,
         # booted and provisioned (see "verify" below).
         background = ThreadPoolExecutor(max_workers=3, thread_name_prefix="background")
@@ -311,7 +314,12 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             if not tpl.exists():
                 tpl.write_text(template_job.result())
             packer.build(
-                tpl, values, opts.var_files, logfile=logfile, on_line=on_line, ansible_env=env
+                tpl,
+                values,
+                opts.var_files,
+                logfile=logfile,
+                on_line=on_line,
+                ansible_env={**strategy_env, **env},
             )
 
         def reapply(env: dict[str, str], gather_subset: str = REAPPLY_GATHER_SUBSET) -> None:
@@ -341,7 +349,12 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 ],
                 logfile=logfile,
                 on_line=on_line,
-                env={"ANSIBLE_CONFIG": str(inp.ansible_cfg), **template.ANSIBLE_ENV, **env},
+                env={
+                    "ANSIBLE_CONFIG": str(inp.ansible_cfg),
+                    **template.ANSIBLE_ENV,
+                    **strategy_env,
+                    **env,
+                },
                 timeout=3600,
                 hint=f"the full Ansible output is in {getattr(logfile, 'name', 'the build log')}",
             )

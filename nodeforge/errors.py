@@ -30,3 +30,13 @@ class MissingToolError(NodeforgeError):
         # *package* is a Debian package name, or a whole install command (pip-installed tools)
         how = package if " " in package else f"apt-get install {package}"
         super().__init__(f"required tool '{tool}' not found on PATH; install it with: {how}")
+
+
+class MissingPackageError(NodeforgeError):
+    """A Python package the build needs is not installed next to nodeforge."""
+
+    def __init__(self, package: str, needed_for: str, install: str):
+        super().__init__(
+            f"required Python package '{package}' not found ({needed_for}); "
+            f"install it with: {install}"
+        )
