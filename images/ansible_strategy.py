@@ -15,6 +15,7 @@ build that silently ran the slower strategy would hide a broken install behind i
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from pathlib import Path
 
@@ -45,3 +46,11 @@ def strategy_env() -> dict[str, str]:
     """Environment that makes ansible-playbook use `mitogen_linear` (raises
     MissingPackageError naming the package if it is not installed)."""
     return {"ANSIBLE_STRATEGY": STRATEGY, "ANSIBLE_STRATEGY_PLUGINS": str(strategy_dir())}
+
+
+def tool_versions() -> dict[str, str]:
+    """For the manifest's `tools`: the mitogen release that ran the playbook."""
+    try:
+        return {PACKAGE: importlib.metadata.version(PACKAGE)}
+    except importlib.metadata.PackageNotFoundError:  # a copy on sys.path without metadata
+        return {PACKAGE: "unknown"}

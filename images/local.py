@@ -512,7 +512,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 seal.seal_and_scan(tree, logfile)
         with phases.phase("export"):
             with phases.step("export.tool_versions"):
-                fetched.tools = tools_job.result()
+                fetched.tools = {**tools_job.result(), **ansible_strategy.tool_versions()}
             with phases.step("export.packages"):
                 pkgs = export.dpkg_versions(tree)
             manifest = manifest_mod.with_packages(

@@ -52,6 +52,7 @@ def test_the_pinned_range_is_the_one_in_pyproject_and_the_installed_release_is_i
     spec = mine[0].specifier
     assert spec.contains(version("mitogen"))
     assert not spec.contains("0.4.0"), "the range must be bounded above"
+    assert ansible_strategy.tool_versions() == {"mitogen": version("mitogen")}
 
 
 def _playbook(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
