@@ -631,24 +631,19 @@ def cmd_cycle(args) -> None:
     )
 
 
-def _toggle_22(node: dict) -> None:
-    """22.05 sinfo shape: DRAIN is a state flag, with the operator's reason."""
-    if "DRAIN" in node["state_flags"]:
-        node["state_flags"] = [f for f in node["state_flags"] if f != "DRAIN"]
-        node["reason"] = ""
-    else:
-        node["state_flags"] = [*node["state_flags"], "DRAIN"]
-        node["reason"] = "maintenance"
+def _toggler(key: str) -> Callable[[dict], None]:
+    """Drain or resume a node of the document (DRAIN in `key`: 22.05's state_flags, 24.11's
+    state list), with the operator's reason."""
+
+    def toggle(node: dict) -> None:
+        drained = "DRAIN" in node[key]
+        node[key] = [w for w in node[key] if w != "DRAIN"] if drained else [*node[key], "DRAIN"]
+        node["reason"] = "" if drained else "maintenance"
+
+    return toggle
 
 
-def _toggle_2411(node: dict) -> None:
-    """24.11 shape: DRAIN is a word of the state list, with the operator's reason."""
-    if "DRAIN" in node["state"]:
-        node["state"] = [w for w in node["state"] if w != "DRAIN"]
-        node["reason"] = ""
-    else:
-        node["state"] = [*node["state"], "DRAIN"]
-        node["reason"] = "maintenance"
+_toggle_22, _toggle_2411 = _toggler("state_flags"), _toggler("state")
 
 
 def _dump_22(jobs: list) -> str:

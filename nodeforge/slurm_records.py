@@ -361,14 +361,7 @@ def parse_jobs(
     the last call costs a byte comparison with last call's text instead of a JSON parse;
     the records are exactly those of the full parse (`_walk` says why). Give it the bytes:
     only the changed jobs are then decoded (a str is encoded first)."""
-    walked = None
-    if cache is not None:
-        try:
-            data = text.encode() if isinstance(text, str) else text
-        except UnicodeEncodeError:  # (a lone surrogate: the full parse decides)
-            data = None
-        if data is not None:
-            walked = _walk(data, cache, _JOBS)
+    walked = _walk_cached(text, cache, _JOBS)
     if walked is None:
         out = [job_from_json(d) for d in _load(text, "jobs", source)]
     else:
@@ -439,6 +432,18 @@ def _match(mv: memoryview, pos: int, entry: Entry) -> int:
             return -1
         e += len(post)
     return e if _at(mv, e, _ITEM_END) else -1
+
+
+def _walk_cached(text: str | Buffer, cache: BlockCache | None, lst: _List) -> list[Entry] | None:
+    """The items of *lst* through *cache* (the bytes: a str is encoded first); None without
+    a cache, or when the full parse must decide."""
+    if cache is None:
+        return None
+    try:
+        data = text.encode() if isinstance(text, str) else text
+    except UnicodeEncodeError:  # (a lone surrogate: the full parse decides)
+        return None
+    return _walk(data, cache, lst)
 
 
 def _walk(text: Buffer, cache: BlockCache, lst: _List) -> list[Entry] | None:
@@ -592,14 +597,7 @@ def parse_nodes(
     """Nodes of one JSON document by name (a name listed twice is an error). With *cache*,
     as parse_jobs: only the nodes whose text changed since the last call are parsed (a node's
     text moves with its load and free memory, so some do every few seconds)."""
-    walked = None
-    if cache is not None:
-        try:
-            data = text.encode() if isinstance(text, str) else text
-        except UnicodeEncodeError:  # (a lone surrogate: the full parse decides)
-            data = None
-        if data is not None:
-            walked = _walk(data, cache, _NODES)
+    walked = _walk_cached(text, cache, _NODES)
     records = (
         map(node_from_json, _load(text, "nodes", source))
         if walked is None

@@ -82,13 +82,13 @@ def as_form(data: bytes, form: str):
     return m
 
 
-def both(text: str | bytes, cache: sr.BlockCache, form: str = "str"):
+def both(text: str | bytes, cache: sr.BlockCache, form: str = "str", parse=sr.parse_jobs):
     """(cached read of *text* in *form*, full read of its bytes): records or the error."""
     data = text.encode() if isinstance(text, str) else text
     out = []
     for c, f in ((cache, form), (None, "bytes")):
         try:
-            out.append(sr.parse_jobs(as_form(data, f), "t", c))
+            out.append(parse(as_form(data, f), "t", c))
         except sr.SlurmDataError as exc:
             out.append(str(exc))
     return out
@@ -127,15 +127,14 @@ def apply_op(jobs: list, op: str, x: int, text: str, next_id: int, shape: str, b
     return next_id
 
 
-OPS = st.lists(
-    st.tuples(
-        st.sampled_from(["restamp", "requeue", "drop", "add", "move", "dup", "rename"]),
-        st.integers(0, 50),
-        HOSTILE,
-    ),
-    min_size=1,
-    max_size=12,
-)
+def ops_of(*names: str):
+    """1-12 random cycles: (what changes, where, hostile text for it)."""
+    return st.lists(
+        st.tuples(st.sampled_from(names), st.integers(0, 50), HOSTILE), min_size=1, max_size=12
+    )
+
+
+OPS = ops_of("restamp", "requeue", "drop", "add", "move", "dup", "rename")
 
 
 @settings(max_examples=150, deadline=None)
@@ -360,25 +359,10 @@ def render_nodes(nodes: list, shape: str) -> str:
 
 
 def both_nodes(text: str | bytes, cache: sr.BlockCache, form: str = "str"):
-    data = text.encode() if isinstance(text, str) else text
-    out = []
-    for c, f in ((cache, form), (None, "bytes")):
-        try:
-            out.append(sr.parse_nodes(as_form(data, f), "t", c))
-        except sr.SlurmDataError as exc:
-            out.append(str(exc))
-    return out
+    return both(text, cache, form, sr.parse_nodes)
 
 
-NODE_OPS = st.lists(
-    st.tuples(
-        st.sampled_from(["ping", "drain", "drop", "add", "move", "dup", "rename"]),
-        st.integers(0, 50),
-        HOSTILE,
-    ),
-    min_size=1,
-    max_size=12,
-)
+NODE_OPS = ops_of("ping", "drain", "drop", "add", "move", "dup", "rename")
 
 
 @settings(max_examples=150, deadline=None)
