@@ -69,6 +69,16 @@ class Node:
             pytest.fail(explain(cmd, r, what or "command failed"), pytrace=False)
         return r.stdout
 
+    def open_files(self, unit: str) -> list[str]:
+        """What the unit's main process has open (one readlink per descriptor: one that it
+        closes meanwhile, e.g. a connection, is gone before it is read; `ls -l` of the whole
+        directory failed on that in CI)."""
+        pid = self.sh(f"systemctl show -P MainPID {shlex.quote(unit)}").strip()
+        if not pid.isdigit() or pid == "0":
+            pytest.fail(f"{unit} has no main process (MainPID {pid!r})", pytrace=False)
+        out = self.run(f'for f in /proc/{pid}/fd/*; do readlink "$f"; done').stdout
+        return out.split("\n")
+
     # -- facts ---------------------------------------------------------------------------
     @property
     def state(self) -> dict[str, Any]:

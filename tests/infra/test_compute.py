@@ -58,8 +58,10 @@ def test_slurmd_survives_forced_rotation(node):
     node.sh("logrotate -f /etc/logrotate.d/nodeforge-slurm", what="forced rotation failed")
     deadline = time.monotonic() + 20
     while True:
-        fds = node.sh("ls -l /proc/$(systemctl show -P MainPID slurmd.service)/fd")
-        if "slurmd.log.1" not in fds and "slurmd.log" in fds:
+        fds = node.open_files("slurmd.service")
+        if "/var/log/slurm/slurmd.log" in fds and not any(
+            f.startswith("/var/log/slurm/slurmd.log.") for f in fds
+        ):
             break
         assert time.monotonic() < deadline, (
             f"slurmd still writes the rotated file after 20s:\n{fds}"

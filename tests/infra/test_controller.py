@@ -65,9 +65,10 @@ def test_slurmctld_survives_forced_rotation(node):
             "slurmctld stopped logging to /var/log/slurm/slurmctld.log after rotation"
         )
         time.sleep(2)
-    fds = node.sh("ls -l /proc/$(systemctl show -P MainPID slurmctld.service)/fd")
-    assert "slurmctld.log.1" not in fds, (
-        "slurmctld still writes to the rotated file (no reopen on SIGUSR2)"
+    fds = node.open_files("slurmctld.service")
+    assert "/var/log/slurm/slurmctld.log" in fds, f"slurmctld has no log open: {fds}"
+    assert not any(f.startswith("/var/log/slurm/slurmctld.log.") for f in fds), (
+        f"slurmctld still writes to the rotated file (no reopen on SIGUSR2): {fds}"
     )
 
 
