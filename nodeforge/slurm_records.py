@@ -448,26 +448,27 @@ def _walk_cached(text: str | Buffer, cache: BlockCache | None, lst: _List) -> li
 
 def _walk(text: Buffer, cache: BlockCache, lst: _List) -> list[Entry] | None:
     """The items of list *lst* (jobs or nodes), item by item, through *cache*; None when the
-    document is not laid out as Slurm prints it or anything in it fails (the caller then parses the whole document,
-    which gives the true records or the true error).
+    document is not laid out as Slurm prints it or anything in it fails (the caller then
+    parses the whole document, which gives the true records or the true error).
 
     Why this is exactly the full parse: Slurm's serializer escapes every newline inside a
     string, so a raw newline is layout. A line that starts with exactly four spaces and `}`
-    therefore closes an item of the jobs list (the items' own members and nested values are
+    therefore closes an item of the list (the items' own members and nested values are
     indented deeper), whatever a user wrote into a name, comment or path. Each item's text
-    (between its `{` and that line) was parsed as one JSON object: now, or in an earlier call
-    that cached it; an item whose text equals a cached one, byte for byte, has the cached
-    record. The one exception is the number in `last_sched_evaluation`, which neither
+    (between its `{` and that line) was parsed as one JSON object: now, or in an earlier
+    call that cached it; an item whose text equals a cached one, byte for byte, has the
+    cached record. The one exception is the number in `last_sched_evaluation`, which neither
     job_from_json nor node_from_json reads (nodes have no such member): its digits may
-    differ (as many, so the item stays the same valid JSON but for them). After the list's `]`, the rest of the document is parsed with the list taken
-    out (a marker in its place: a second "jobs" member would replace the marker, and the
-    full parse is used). The document is UTF-8 (decoded strictly wherever it is parsed, as
-    the full parse decodes it): cut only at ASCII layout bytes, equal bytes are equal text.
-    The comparison runs at C speed (memcmp through a memoryview: the document is not copied,
-    and may be a memory map of the client's output) and nothing is copied for an unchanged
-    job; only a changed or new job is cut out and parsed. Items are compared in last call's
-    order; an item that moved is found by its `job_id` or node `name` (only a hint: its text
-    is still compared in full)."""
+    differ (as many, so the item stays the same valid JSON but for them). After the list's
+    `]`, the rest of the document is parsed with the list taken out (a marker in its place:
+    a second member of that name would replace the marker, and the full parse is used). The
+    document is UTF-8 (decoded strictly wherever it is parsed, as the full parse decodes
+    it): cut only at ASCII layout bytes, equal bytes are equal text. The comparison runs at
+    C speed (memcmp through a memoryview: the document is not copied, and may be a memory
+    map of the client's output) and nothing is copied for an unchanged item; only a changed
+    or new item is cut out and parsed. Items are compared in last call's order; an item that
+    moved is found by its `job_id` or node `name` (only a hint: its text is still compared
+    in full)."""
     with memoryview(text) as mv:
         return _walk_view(text, mv, cache, lst)
 
