@@ -810,6 +810,24 @@ def _cycle_run(
 
         prof = cProfile.Profile()
 
+    # Collector passes that start inside the timed part of a cycle, by generation: what
+    # `--gc governor` moves out of the cycle (gc.callbacks; CPU from start to stop).
+    import gc
+
+    timed = [False]
+    in_cycle: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    started_at = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if not timed[0]:
+            return
+        if phase == "start":
+            started_at[0] = time.process_time()
+        else:
+            in_cycle[info["generation"]].append(time.process_time() - started_at[0])
+
+    gc.callbacks.append(on_gc)
+
     def one(st, change: float, node_change: float = 0.0, profile: bool = True):
         nonlocal saved
         # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
@@ -835,6 +853,7 @@ def _cycle_run(
         if prof is not None and profile:
             prof.enable()
         client_s[0] = 0.0
+        timed[0] = True
         c0, t0 = time.process_time(), time.perf_counter()
         snap = cli.snapshot()  # spawn `cat` twice, take the output, parse jobs (+ nodes)
         t1, c1 = time.perf_counter(), time.process_time()
@@ -844,12 +863,37 @@ def _cycle_run(
         # the governor's loop asks for the next gang deadline after every cycle (next_wait)
         next_deadline(cfg, st2, now)
         t3, c3 = time.perf_counter(), time.process_time()
+        timed[0] = False
         if prof is not None:
             prof.disable()
         walls = (t1 - t0 - client_s[0], t2 - t1, t3 - t2, client_s[0])
         return st2, (*walls, c1 - c0, c2 - c1, c3 - c2), snap.bytes_read
 
+    # `gang run`'s collector (gang/collector.py): automatic passes off, the young
+    # generation collected and frozen after every cycle, a full pass every 5th cycle here
+    # (every 300 s in the daemon). Its CPU is measured apart: it runs while the governor
+    # would sleep.
+    from nodeforge.gang.collector import Collector
+
+    cycles = [0]
+    col = (
+        Collector(full_every=5.0, clock=lambda: float(cycles[0])) if args.gc == "governor" else None
+    )
+    if col is not None:
+        col.__enter__()
+    gc_cpu: dict[str, list[float]] = {"young": [], "full": []}
+
+    def between() -> None:
+        cycles[0] += 1
+        if col is not None:
+            c = time.process_time()
+            kind = col.between_cycles(idle=1.0)
+            gc_cpu[kind].append(time.process_time() - c)
+
     st, _cold, _b = one(GovState(), 0, profile=False)
+    between()
+    for v in in_cycle.values():  # the first (cold) cycle is not in the figures
+        v.clear()
     cases = (
         ("steady (nothing changed)", 0.0, 0.0),
         ("1% of jobs changed", 0.01, 0.0),
@@ -860,24 +904,44 @@ def _cycle_run(
         for _ in range(args.repeat):
             st, t, nbytes = one(st, change, node_change)
             ts.append(t)
+            between()
         p_, d_, s_, w_, cp_, cd_, cs_ = (
             statistics.median(x[i] for x in ts) * 1000 for i in range(7)
         )
         tot = statistics.median(sum(x[:3]) for x in ts) * 1000
         cpu = statistics.median(sum(x[4:7]) for x in ts) * 1000
+        cpu_max = max(sum(x[4:7]) for x in ts) * 1000  # where a collector pass shows
+        passes = ", ".join(f"gen{g} {len(v)} ({sum(v) * 1000:.1f} ms)" for g, v in in_cycle.items())
+        for v in in_cycle.values():
+            v.clear()
         print(
             f"{n:>6} jobs ({len(st.jobs)} gangs), {label:<40}: read+parse {p_:7.1f} ms  "
             f"decide {d_:6.1f} ms  persist+wake {s_:6.1f} ms  total {tot:7.1f} ms  "
-            f"| CPU {cp_:5.1f} / {cd_:5.1f} / {cs_:5.1f} = {cpu:6.1f} ms  "
+            f"| CPU {cp_:5.1f} / {cd_:5.1f} / {cs_:5.1f} = {cpu:6.1f} ms (max {cpu_max:6.1f})  "
             f"| client {w_:6.1f} ms  | slurmctld bytes/cycle {nbytes / 1e6:6.1f} MB"
         )
+        print(f"    collector passes inside these {args.repeat} cycles: {passes}")
     print(
         f"(shape {args.shape}{', full jobs' if args.full_jobs else ''}; median of "
-        f"{args.repeat}; wall ms without the client; CPU = this process's user+sys time "
+        f"{args.repeat} (max: the slowest cycle); wall ms without the client; CPU = this process's user+sys time "
         f"per phase, the client's own time (cat) not in it; client = wall time in the "
         f"client calls, cat writing the document included; load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
+    gc.callbacks.remove(on_gc)
+    if col is not None:
+        col.__exit__(None, None, None)
+        y, f = gc_cpu["young"], gc_cpu["full"]
+        print(
+            f"collector between cycles (--gc governor, not in the figures above): young "
+            f"pass median {statistics.median(y) * 1000:.1f} ms CPU over {len(y)}, full pass "
+            f"median {statistics.median(f) * 1000:.1f} ms over {len(f)} (max "
+            f"{max(f) * 1000:.1f})"
+            if y and f
+            else f"collector between cycles: young {len(y)}, full {len(f)} passes"
+        )
+    else:
+        print("(--gc auto: Python's automatic collector, its passes inside the cycles)")
     shutil.rmtree(docs, ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
     if prof is not None:
@@ -1047,6 +1111,14 @@ def main() -> None:
         default="22.05",
         help="cycle: 22.05 `squeue --json` jobs (synthetic) or 24.11 `scontrol show job "
         "--json` jobs (every key of a real 24.11.5 capture, ~6-8 kB each)",
+    )
+    ap.add_argument(
+        "--gc",
+        choices=("governor", "auto"),
+        default="governor",
+        help="cycle: Python's cyclic collector as `gang run` runs it (between cycles, "
+        "gang/collector.py; a full pass every 5th cycle here, its CPU reported apart) or "
+        "Python's default (automatic, its passes fall inside the cycles)",
     )
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument(

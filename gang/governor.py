@@ -12,6 +12,7 @@ from nodeforge.errors import CommandError, NodeforgeError
 from . import metrics, policy, strikes
 from . import state as state_mod
 from .actions import ActionKind
+from .collector import Collector
 from .config import GangConfig
 from .events import EventLog, encode_admin
 from .slurm import SlurmCli, Snapshot
@@ -38,6 +39,7 @@ class Governor:
         self.failures = 0  # failed reads of slurmctld in a row
         self.retry_at = 0.0
         self._saved: state_mod.Saved | None = None  # what this process last wrote
+        self.collector: Collector | None = None  # set while run() runs (collector.py)
 
     # ---- one cycle ------------------------------------------------------------------------
     def cycle(self) -> list[policy.Action]:
@@ -94,7 +96,13 @@ class Governor:
         if self.cfg.metrics_file:
             metrics.write(
                 self.cfg.metrics_file,
-                metrics.render(self.state, self.last_cycle_seconds, self.up, self.last_bytes),
+                metrics.render(
+                    self.state,
+                    self.last_cycle_seconds,
+                    self.up,
+                    self.last_bytes,
+                    None if self.collector is None else self.collector.stats,
+                ),
             )
 
     def _admin(self, a: policy.Action, job, phase: str, why: str) -> None:
@@ -287,23 +295,33 @@ class Governor:
             metrics.observe(self.state, name, a.waited)
 
     # ---- loop -----------------------------------------------------------------------------
-    def run(self, max_cycles: int | None = None, duration: float | None = None) -> int:
-        """Cycle every interval_seconds until stop(), max_cycles or duration (all bounded)."""
+    def run(
+        self,
+        max_cycles: int | None = None,
+        duration: float | None = None,
+        collector: Collector | None = None,
+    ) -> int:
+        """Cycle every interval_seconds until stop(), max_cycles or duration (all bounded).
+        Python's cyclic collector runs between cycles, not inside them (collector.py)."""
         end = None if duration is None else time.monotonic() + duration
         n = 0
         self.events.write({"action": "governor_start"})
-        while not self.stop_event.is_set():
-            started = time.monotonic()
-            self.cycle()
-            n += 1
-            if max_cycles is not None and n >= max_cycles:
-                break
-            if end is not None and time.monotonic() >= end:
-                break
-            wait = self.next_wait(time.monotonic() - started)
-            if end is not None:
-                wait = min(wait, max(0.0, end - time.monotonic()))
-            self.stop_event.wait(wait)
+        with collector or Collector() as col:
+            self.collector = col
+            while not self.stop_event.is_set():
+                started = time.monotonic()
+                self.cycle()
+                n += 1
+                if max_cycles is not None and n >= max_cycles:
+                    break
+                if end is not None and time.monotonic() >= end:
+                    break
+                col.between_cycles(self.next_wait(time.monotonic() - started))
+                wait = self.next_wait(time.monotonic() - started)
+                if end is not None:
+                    wait = min(wait, max(0.0, end - time.monotonic()))
+                self.stop_event.wait(wait)
+        self.collector = None
         self.events.write({"action": "governor_stop", "cycles": n})
         return n
 

@@ -15,6 +15,7 @@ from collections import Counter
 
 from nodeforge.fsutil import write_atomic
 
+from .collector import CollectorStats
 from .state import ADMITTED, BACKOFF, DEACTIVATED, PENDING, READY, RECOVERING, WAITING, GovState
 
 _PHASE_QUEUE = operator.attrgetter("phase", "partition")
@@ -63,7 +64,11 @@ def _evicted_key(k: str) -> tuple[str, str, str]:
 
 
 def render(
-    st: GovState, cycle_seconds: float | None = None, up: bool = True, slurm_bytes: int = 0
+    st: GovState,
+    cycle_seconds: float | None = None,
+    up: bool = True,
+    slurm_bytes: int = 0,
+    gc_stats: CollectorStats | None = None,
 ) -> str:
     L: list[str] = []
 
@@ -171,6 +176,19 @@ def render(
         L.append(f"nodeforge_gang_cycle_seconds {cycle_seconds:.6f}")
     head("nodeforge_gang_slurm_bytes", "gauge", "Bytes slurmctld returned in the last cycle")
     L.append(f"nodeforge_gang_slurm_bytes {slurm_bytes}")
+    if gc_stats is not None:  # the daemon's collector, run between cycles (collector.py)
+        head(
+            "nodeforge_gang_gc_seconds_total",
+            "counter",
+            "CPU seconds of Python's cyclic collector, run between cycles (not in cycle_seconds)",
+        )
+        for kind in sorted(gc_stats.seconds):
+            L.append(
+                f'nodeforge_gang_gc_seconds_total{{pass="{kind}"}} {gc_stats.seconds[kind]:.6f}'
+            )
+        head("nodeforge_gang_gc_passes_total", "counter", "Passes of the cyclic collector")
+        for kind in sorted(gc_stats.passes):
+            L.append(f'nodeforge_gang_gc_passes_total{{pass="{kind}"}} {gc_stats.passes[kind]}')
     return "\n".join(L) + "\n"
 
 
