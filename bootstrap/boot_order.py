@@ -5,12 +5,16 @@ after basic.target or network-online.target: docs/contracts.md "Boot ordering"),
 interpreter start and the local work overlap the rest of the boot. Whatever needs the network
 (or what cloud-init does before network-online.target) first waits here: `systemctl start
 TARGET...` queues nothing new at boot, its job merges with the one the boot already has, and
-returns when the target is reached. One spawn, no polling, bounded by a timeout.
+returns when the target is reached. One spawn, no polling, bounded by a timeout. The agent
+starts that spawn in a thread before its params step (`start`), so the spawn and its D-Bus round
+trip overlap the params parse; `wait` then only collects it.
 """
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,11 +29,17 @@ BASIC = "basic.target"
 # systemd-networkd-wait-online gives up after 120 s by default and network-online.target is then
 # reached all the same (it only Wants= it): 300 s is for a boot that is stuck, not slow.
 NETWORK_ONLINE_TIMEOUT = 300.0
+# A join's bound past the command's own timeout (which kills systemctl): the thread's own return
+JOIN_SLACK = 10.0
 UNIT = "nodeforge-init.service"
 
 
 class BootWaitError(NodeforgeError):
     exit_code = 1
+
+
+# What the command gave: its CompletedProcess and duration, or its CommandError (the timeout)
+_Outcome = tuple[subprocess.CompletedProcess, float] | BaseException
 
 
 @dataclass
@@ -39,7 +49,35 @@ class BootWait:
     host: Host
     timeout: float = NETWORK_ONLINE_TIMEOUT
     reached: set[str] = field(default_factory=set)
-    waited_s: float = 0.0
+    waited_s: float = 0.0  # blocked in `wait` (on the agent's path)
+    command_s: float = 0.0  # the `systemctl start` itself (in the thread, or in `wait`)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _pending: tuple[str, ...] = ()
+    _outcome: _Outcome | None = field(default=None, repr=False)
+
+    def start(self, targets: Sequence[str]) -> None:
+        """Start the wait for *targets* in a thread; `wait` for them collects it, `join` ends it
+        on any outcome (no thread outlives the run)."""
+        todo = tuple(t for t in targets if t not in self.reached)
+        if not todo or self._thread is not None:
+            return
+        self._pending, self._outcome = todo, None
+
+        def target() -> None:
+            try:
+                self._outcome = self._spawn(todo)
+            except BaseException as exc:  # noqa: BLE001 - raised by wait() where it is needed
+                self._outcome = exc
+
+        self._thread = threading.Thread(target=target, name="nodeforge-boot-wait", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        """End a started wait whatever its outcome (the run's failure path: its error, if any,
+        is not this run's concern any more). Bounded: the command's own timeout kills it."""
+        if self._thread is not None:
+            self._thread.join(self.timeout + JOIN_SLACK)
+            self._thread = None
 
     def wait(self, targets: Sequence[str], why: str) -> float:
         """Return when every target in *targets* is reached (seconds waited; 0.0 when this run
@@ -49,19 +87,30 @@ class BootWait:
         todo = [t for t in targets if t not in self.reached]
         if not todo:
             return 0.0
-        names = " and ".join(todo)
-        it = "them" if len(todo) > 1 else "it"
         t0 = self.host.monotonic()
-        try:
-            cp = self.host.run(["systemctl", "start", *todo], check=False, timeout=self.timeout)
-        except CommandError as exc:  # the timeout (a missing systemctl: MissingToolError)
+        if self._thread is not None and set(todo) <= set(self._pending):
+            todo = list(self._pending)
+            thread, self._thread = self._thread, None
+            thread.join(self.timeout + JOIN_SLACK)
+            outcome = self._outcome if not thread.is_alive() else None
+        else:
+            try:
+                outcome = self._spawn(tuple(todo))
+            except CommandError as exc:
+                outcome = exc
+        names = " and ".join(todo)
+        if not isinstance(outcome, tuple):  # the timeout (a missing systemctl: MissingToolError)
+            if outcome is not None and not isinstance(outcome, CommandError):
+                raise outcome
+            it = "them" if len(todo) > 1 else "it"
             raise BootWaitError(
                 f"{names} not reached within {self.timeout:g}s (the agent's timeout for it; "
                 f"{UNIT} starts before {it} and waits for {it} before {why}). See "
                 f"`systemctl list-jobs`, `systemctl status {todo[-1]}` and "
                 "`journalctl -b -u systemd-networkd-wait-online.service`, then run "
                 "`nodeforge node init` again"
-            ) from exc
+            ) from outcome
+        cp, took = outcome
         dt = self.host.monotonic() - t0
         if cp.returncode != 0:
             out = (cp.stdout or "").strip().splitlines()
@@ -71,5 +120,11 @@ class BootWait:
             )  # fmt: skip
         self.reached.update(todo)
         self.waited_s += dt
-        log.info("waited %.3fs for %s (before %s)", dt, names, why)
+        self.command_s += took
+        log.info("waited %.3fs for %s (before %s; systemctl took %.3fs)", dt, names, why, took)
         return dt
+
+    def _spawn(self, targets: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, float]:
+        t0 = self.host.monotonic()
+        cp = self.host.run(["systemctl", "start", *targets], check=False, timeout=self.timeout)
+        return cp, self.host.monotonic() - t0

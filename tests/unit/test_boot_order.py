@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 
 import pytest
 
+from nodeforge.bootstrap import boot_order
 from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.boot_order import BASIC, NETWORK_ONLINE, BootWait, BootWaitError
 from nodeforge.bootstrap.host import Host
@@ -187,8 +189,139 @@ def test_timeout_fails_the_params_step_before_any_change_to_the_node(tmp_path):
     assert fm.hostname == "node1" and seen == [BOOT_WAIT]  # nothing else was run
 
 
-def test_invalid_local_params_fail_without_waiting(tmp_path):
+def _wait_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "nodeforge-boot-wait"]
+
+
+def test_invalid_local_params_fail_and_the_started_wait_is_joined(tmp_path):
+    """The wait was started before params; a params error still ends it (no thread left)."""
     agent, fm, _paths, _ = make(tmp_path, CTL | {"role": "nope"})
+    done: list[bool] = []
+    run = agent.host.run
+
+    def slow(argv, *a, **kw):
+        if argv == BOOT_WAIT:
+            threading.Event().wait(0.2)  # still running when params fails
+            done.append(True)
+        return run(argv, *a, **kw)
+
+    agent.host.run = slow
     with pytest.raises(StepFailed, match="role"):
         agent.init()
-    assert fm.calls == []
+    assert fm.calls == [BOOT_WAIT] and done == [True] and _wait_threads() == []
+
+
+# -- the wait in a thread (started before params, collected where it is needed) -----------------
+class Blocking(FakeSystemctl):
+    """`systemctl start` that returns only when released (or raises *exc* then)."""
+
+    def __init__(self, exc: BaseException | None = None, **kw):
+        super().__init__(**kw)
+        self.entered, self.release, self.exc = threading.Event(), threading.Event(), exc
+
+    def __call__(self, argv, check=True, timeout=None, **kw):
+        self.entered.set()
+        assert self.release.wait(10), "never released"
+        if self.exc is not None:
+            raise self.exc
+        return super().__call__(argv, check=check, timeout=timeout, **kw)
+
+
+def test_started_wait_runs_beside_the_caller_and_wait_collects_it():
+    fake = Blocking()
+    bw = BootWait(_host(fake), timeout=42)
+    bw.start((BASIC, NETWORK_ONLINE))
+    assert fake.entered.wait(5)  # running, and start() returned: the caller goes on meanwhile
+    threading.Timer(0.1, fake.release.set).start()
+    assert bw.wait((BASIC, NETWORK_ONLINE), "the identity step") >= 0.05  # blocked till done
+    assert fake.calls == [(BOOT_WAIT, 42)] and bw.reached == {BASIC, NETWORK_ONLINE}
+    assert bw.command_s >= 0.09 and _wait_threads() == []  # released 0.1 s after it entered
+    assert bw.wait((NETWORK_ONLINE,), "again") == 0.0 and len(fake.calls) == 1
+    bw.join()  # nothing left to join: a no-op
+
+
+def test_started_wait_timeout_is_raised_where_it_is_collected_naming_both_targets():
+    fake = Blocking(timeout=True)
+    fake.release.set()
+    bw = BootWait(_host(fake), timeout=7)
+    bw.start((BASIC, NETWORK_ONLINE))
+    with pytest.raises(BootWaitError) as ei:
+        bw.wait((NETWORK_ONLINE,), "the identity step")  # a subset: collects the started one
+    msg = str(ei.value)
+    assert "basic.target and network-online.target not reached within 7s" in msg
+    assert "before the identity step" in msg and "systemctl list-jobs" in msg
+    assert isinstance(ei.value.__cause__, CommandError)
+    assert bw.reached == set() and _wait_threads() == [] and len(fake.calls) == 1
+
+
+def test_started_wait_other_exception_is_raised_as_is_and_the_thread_joined():
+    fake = Blocking(exc=RuntimeError("dbus gone"))
+    fake.release.set()
+    bw = BootWait(_host(fake))
+    bw.start((BASIC, NETWORK_ONLINE))
+    with pytest.raises(RuntimeError, match="dbus gone"):
+        bw.wait((BASIC, NETWORK_ONLINE), "x")
+    assert bw.reached == set() and _wait_threads() == []
+
+
+def test_a_thread_stuck_past_the_bound_is_a_timeout_not_a_hang(monkeypatch):
+    """The command's own timeout kills systemctl; should the thread not return even then, the
+    join is bounded too (timeout + JOIN_SLACK)."""
+    monkeypatch.setattr(boot_order, "JOIN_SLACK", 0.1)
+    fake = Blocking()  # ignores its timeout: released only at the end of the test
+    bw = BootWait(_host(fake), timeout=0.1)
+    bw.start((BASIC, NETWORK_ONLINE))
+    try:
+        with pytest.raises(BootWaitError, match="not reached within 0.1s"):
+            bw.wait((BASIC, NETWORK_ONLINE), "x")
+        bw.join()  # already handed over: returns at once
+    finally:
+        fake.release.set()
+    for t in _wait_threads():
+        t.join(5)
+    assert _wait_threads() == []
+
+
+def test_the_agent_reads_params_while_the_wait_runs(tmp_path):
+    """The wait starts before the params step: `systemctl start` is already running before
+    params.json (written by that step, before it collects the wait) exists, and still running
+    when it appears."""
+    agent, _fm, paths, _ = make(tmp_path, CTL)
+    run = agent.host.run
+    seen: list[tuple[bool, bool]] = []
+
+    def overlapped(argv, *a, **kw):
+        if argv == BOOT_WAIT:
+            before = paths.params_json.exists()
+            ev = threading.Event()
+            seen.append(
+                (before, any(ev.wait(0.02) or paths.params_json.exists() for _ in range(250)))
+            )
+        return run(argv, *a, **kw)
+
+    agent.host.run = overlapped
+    state = agent.init()
+    assert seen == [(False, True)] and state.status == "ready"
+    detail = state.steps["params"].detail
+    assert detail["boot_targets_s"] >= 0.02 and detail["boot_wait_s"] >= 0
+    assert _wait_threads() == []
+
+
+def test_a_crash_in_params_while_the_wait_runs_leaves_no_thread(tmp_path):
+    agent, fm, _paths, _ = make(tmp_path, CTL)
+    done: list[bool] = []
+    run = agent.host.run
+
+    def slow(argv, *a, **kw):
+        if argv == BOOT_WAIT:
+            threading.Event().wait(0.2)
+            done.append(True)
+        return run(argv, *a, **kw)
+
+    def crash() -> str:
+        raise RuntimeError("no hostname")
+
+    agent.host.run, agent.hostname = slow, crash
+    with pytest.raises(RuntimeError, match="no hostname"):
+        agent.init()
+    assert done == [True] and _wait_threads() == [] and fm.calls == [BOOT_WAIT]
