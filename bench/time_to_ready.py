@@ -211,17 +211,6 @@ def boot_wait(st: dict, basic_at: float) -> float:
     return round(max(0.0, min(t1, basic_at) - t0), 3)
 
 
-def targets_wait(st: dict) -> float:
-    """Seconds the agent itself waited for basic.target + network-online.target (its unit
-    starts before them: boot_order; the params step records `boot_wait_s`). Boot order, not
-    the agent's work, like boot_wait; 0.0 for an agent that does not record it."""
-    d = ((st.get("steps") or {}).get("params") or {}).get("detail") or {}
-    w = d.get("boot_wait_s")
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 1e6:
-        return 0.0
-    return round(float(w), 3)
-
-
 def console_tail(node: Node, n: int = 25) -> str:
     try:
         lines = (Path(node.dir) / "console.log").read_text(errors="replace").splitlines()
@@ -834,10 +823,7 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
             basic = unit_entered_at(node, "basic.target")
             if basic is not None:
                 res["basic_target_after_s"] = round(basic - node.started, 3)
-                res["agent_targets_wait_s"] = targets_wait(st)
-                # both waits on systemd's boot order: the agent's own (for the targets) and
-                # the munge step's before basic.target
-                res["agent_boot_wait_s"] = round(boot_wait(st, basic) + targets_wait(st), 3)
+                res["agent_boot_wait_s"] = boot_wait(st, basic)
                 if res.get("agent_seconds") is not None:
                     res["agent_own_s"] = round(res["agent_seconds"] - res["agent_boot_wait_s"], 3)
             if res.get("agent_ready_after_s") is not None:
@@ -933,7 +919,7 @@ def summarize(results: list[dict], variants: list[str]) -> dict:
         out["median_agent_started_after_s_baked"] = median(
             [r["agent_started_after_s"] for r in ok["baked"] if r.get("agent_started_after_s")]
         )
-        # the agent's share without its waits for the boot targets (boot_wait, targets_wait)
+        # the agent's share without the munge step's wait for basic.target (boot_wait)
         out["median_agent_own_s_baked"] = median(
             [r["agent_own_s"] for r in ok["baked"] if r.get("agent_own_s") is not None]
         )

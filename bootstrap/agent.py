@@ -5,14 +5,10 @@ start/end/duration/status/error. On a rerun (a reboot, or the operator after a f
 is done is verified cheaply and skipped; `params` and `ready` always run (both are cheap and
 must reflect this boot). The agent starts the Slurm daemons itself every boot (they are not
 enabled), so the readiness gate is applied again before slurmd comes back after a reboot.
-The unit starts before basic.target and network-online.target (docs/contracts.md); the agent
-starts its wait for both (boot_order) in a thread first, reads a node.yaml that was in place
-before boot, and collects the wait before anything else.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import logging
@@ -26,7 +22,6 @@ from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
 
 from . import identity, munge
-from .boot_order import BASIC, NETWORK_ONLINE, NETWORK_ONLINE_TIMEOUT, BootWait
 from .host import Host
 from .node_roles import Early, RoleContext
 from .params import Params
@@ -60,7 +55,6 @@ class Agent:
     hostname: Callable[[], str] = socket.gethostname
     hook_sleep: Callable[[float], None] | None = None
     hook_grace: float = 5.0
-    boot_timeout: float = NETWORK_ONLINE_TIMEOUT  # the wait for basic + network-online
 
     # filled while running
     state: State = field(init=False)
@@ -69,7 +63,6 @@ class Agent:
     node: str = field(init=False, default="")
     address: str = field(init=False, default="")
     early: Early | None = field(init=False, default=None)
-    boot: BootWait = field(init=False)
 
     @property
     def params(self) -> Params:
@@ -78,16 +71,6 @@ class Agent:
 
     # -- main ---------------------------------------------------------------------------------
     def init(self) -> State:
-        # This run's wait (every boot waits anew), started first: its `systemctl start` spawn
-        # and D-Bus round trip overlap the params parse. Joined on any outcome.
-        self.boot = BootWait(self.host, self.boot_timeout)
-        self.boot.start((BASIC, NETWORK_ONLINE))
-        try:
-            return self._init()
-        finally:
-            self.boot.join()
-
-    def _init(self) -> State:
         self.state = State.load(self.paths.state_file)
         st = self.state
         t0 = now()
@@ -190,18 +173,8 @@ class Agent:
         Gate(self.host, self.node, self.paths.slurm_client_conf, timeout=15).fail(reason)
 
     # -- steps --------------------------------------------------------------------------------
-    def _wait_boot(self, why: str) -> float:
-        """Wait (once per run) for where the unit used to start: after basic.target and
-        network-online.target. Everything but the interpreter start and a node.yaml that was in
-        place before boot comes after it: the network (IMDS, URLs, the address, the
-        controller), and what the boot does before those targets (tmpfiles, cloud-init's
-        user-data, write_files and hostname)."""
-        return self.boot.wait((BASIC, NETWORK_ONLINE), why)
-
     def _params(self) -> dict:
-        cfg = dataclasses.replace(
-            self.sources or SourceConfig(self.paths), wait_boot=self._wait_boot
-        )
+        cfg = self.sources or SourceConfig(self.paths)
         self.loaded = load_params(cfg)
         p = self.params
         st = self.state
@@ -232,16 +205,11 @@ class Agent:
             # hooks get the PATH of the root-only private key, never the key itself
             public["users_keypair_file"] = str(identity.users_keypair_paths(self.paths)[0])
         write_atomic(self.paths.params_json, json.dumps(public, indent=2) + "\n", 0o640)
-        # The last thing in this step (so that a timeout is its error): all later steps run
-        # where the unit used to start them.
-        self._wait_boot("the identity step (hostname, /etc/hosts after cloud-init's) and the rest")
         return {
             "source": self.loaded.source,
             "role": p.role,
             "node": self.node,
             "address": self.address,
-            "boot_wait_s": round(self.boot.waited_s, 3),  # blocked on the targets (the path)
-            "boot_targets_s": round(self.boot.command_s, 3),  # the `systemctl start` itself
         }
 
     def _address(self) -> str:
@@ -251,7 +219,6 @@ class Agent:
         if p.role == "controller" and p.controller.address:
             return p.controller.address
         target = p.controller.address if p.role != "controller" else ""
-        self._wait_boot("detecting this node's address (no node_address in params)")
         return identity.detect_address(self.host, target)
 
     def _hosts(self) -> dict[str, str]:

@@ -52,29 +52,9 @@ class SourceConfig:
     own_addresses: Callable[[], Iterable[str]] | None = None  # for HyperPod self-lookup
     hostname: Callable[[], str] | None = None
     imds_guarded: Callable[[], bool] | None = None  # None: imds_guard_installed(paths)
-    # The agent's wait for basic.target + network-online.target (boot_order.BootWait), called
-    # with the reason before any source that may still be written during boot or needs the
-    # network. None: read every source at once (a tool run on a booted node, tests).
-    wait_boot: Callable[[str], object] | None = None
-
-
-# Sources read before that wait: a node.yaml in place before boot. Everything else may be written
-# during boot (cloud-init's user-data copy and write_files run before network-online.target; a
-# `tmpfiles.extra` credential is written out by systemd-tmpfiles before basic.target) or needs the
-# network (IMDS, a params URL, HyperPod's address lookup).
-BOOT_WRITTEN_CREDENTIAL = "tmpfiles.extra"
 
 
 def load_params(cfg: SourceConfig) -> Loaded:
-    if cfg.wait_boot is not None:
-        got = _before_boot(cfg)
-        if got is not None:
-            log.info("params from %s (read before the boot targets)", got.source)
-            return got
-        # All sources again, in order, once the boot is where the agent used to start.
-        cfg.wait_boot(
-            "reading params (node.yaml written during boot, cmdline, user-data, HyperPod)"
-        )
     for _name, fn in (
         ("file", _from_file),
         ("cmdline", _from_cmdline),
@@ -92,14 +72,6 @@ def load_params(cfg: SourceConfig) -> Loaded:
         "EC2 user-data with a `nodeforge:` section, or HyperPod's "
         f"{p.hyperpod_resource_config} + {p.hyperpod_provisioning_parameters}"
     )
-
-
-def _before_boot(cfg: SourceConfig) -> Loaded | None:
-    """node.yaml when it was in place before boot; None when it may not be there yet: absent,
-    or a `tmpfiles.extra` system credential (systemd-tmpfiles may be writing it right now)."""
-    if (cfg.paths.system_credentials / BOOT_WRITTEN_CREDENTIAL).exists():
-        return None
-    return _from_file(cfg)
 
 
 # -- secrets ------------------------------------------------------------------------------------

@@ -17,8 +17,6 @@ class Paths:
     cmdline: Path = Path("/proc/cmdline")
     boot_id: Path = Path("/proc/sys/kernel/random/boot_id")  # new at every boot (and nspawn start)
     proc_uptime: Path = Path("/proc/uptime")  # CLOCK_BOOTTIME: no jumps when NTP steps the clock
-    # systemd's system credentials (systemd >= 252: kernel cmdline, SMBIOS, container manager)
-    system_credentials: Path = Path("/run/credentials/@system")
     cloud_init_user_data: Path = Path("/var/lib/cloud/instance/user-data.txt")
     hyperpod_resource_config: Path = Path("/opt/ml/config/resource_config.json")
     hyperpod_provisioning_parameters: Path = Path("/opt/ml/config/provisioning_parameters.json")

@@ -40,22 +40,6 @@ def test_boot_wait_is_the_munge_step_before_basic_target(basic, wait):
     assert ttr.boot_wait(st, basic) == pytest.approx(wait)
 
 
-@pytest.mark.parametrize(
-    "detail, wait",
-    [
-        ({"boot_wait_s": 0.125}, 0.125),
-        ({}, 0.0),  # an agent that does not record it (main before boot_order)
-        ({"boot_wait_s": float("nan")}, 0.0),
-        ({"boot_wait_s": -1}, 0.0),
-        ({"boot_wait_s": True}, 0.0),
-        ({"boot_wait_s": "0.2"}, 0.0),
-    ],
-)
-def test_targets_wait_is_the_agents_own_wait_for_the_boot_targets(detail, wait):
-    st = {"steps": {"params": {"detail": detail}}}
-    assert ttr.targets_wait(st) == pytest.approx(wait)
-
-
 def test_boot_wait_without_a_munge_record_is_zero():
     assert ttr.boot_wait({}, 5.0) == 0.0
     assert ttr.boot_wait({"steps": {"munge": {"started": None}}}, 5.0) == 0.0
