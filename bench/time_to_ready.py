@@ -186,12 +186,13 @@ def parse_us_utc(text: str) -> float | None:
     return t.replace(tzinfo=dt.UTC).timestamp()
 
 
-def unit_entered_at(node: Node, unit: str) -> float | None:
-    """When *unit* became active in the node (host and node share the clock), asked after the
-    trial (not timed); None when it cannot be told."""
+def unit_entered_at(node: Node, unit: str, prop: str = "ActiveEnterTimestamp") -> float | None:
+    """When *unit* became active in the node (host and node share the clock), or another
+    timestamp property *prop* of it, asked after the trial (not timed); None when it cannot be
+    told."""
     cp = node_exec(
         node,
-        ["systemctl", "show", "--timestamp=us+utc", "-p", "ActiveEnterTimestamp", unit],
+        ["systemctl", "show", "--timestamp=us+utc", "-p", prop, unit],
         check=False,
         timeout=30,
     )
@@ -807,6 +808,15 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
         res["seconds"] = round(t_ready - node.started, 2)
         if t_idle is not None:  # first IDLE with any flag (`idle*` counted): the old measure
             res["idle_any_flag_seconds"] = round(t_idle - node.started, 2)
+        # where the agent's process began (before the interpreter start and imports) and
+        # where munged was up (floor too): the boot timeline around the agent's path
+        for key, unit, prop in (
+            ("init_exec_after_s", "nodeforge-init.service", "ExecMainStartTimestamp"),
+            ("munge_active_after_s", "munge.service", "ActiveEnterTimestamp"),
+        ):
+            at = unit_entered_at(node, unit, prop)
+            if at is not None:
+                res[key] = round(at - node.started, 3)
         if variant != "floor":
             st = read_state(node)
             res.update(agent_summary(st, node.started))
