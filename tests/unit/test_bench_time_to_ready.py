@@ -43,3 +43,40 @@ def test_boot_wait_is_the_munge_step_before_basic_target(basic, wait):
 def test_boot_wait_without_a_munge_record_is_zero():
     assert ttr.boot_wait({}, 5.0) == 0.0
     assert ttr.boot_wait({"steps": {"munge": {"started": None}}}, 5.0) == 0.0
+
+
+# The ratio goals are judged only where the polls can tell: each ready time is the first look
+# at the controller that showed the node ready, so the true time is up to one poll earlier.
+@pytest.mark.parametrize(
+    "floor, baked, poll, verdict",
+    [
+        (0.53, 0.54, 0.25, None),  # this machine, 0.25 s poll: both on the same look (1.02x)
+        (0.33, 0.52, 0.05, False),  # this machine, 0.05 s poll: 1.58x, missed at any true time
+        (0.50, 0.55, 0.01, True),  # 1.1x, met at any true time
+        (0.40, 0.52, 0.05, None),  # 1.3x measured: the polls cannot tell
+        (0.05, 0.06, 0.05, None),  # the floor within one poll of zero
+    ],
+)
+def test_baked_over_floor_verdict_accounts_for_the_poll(floor, baked, poll, verdict):
+    res = [{"variant": "floor", "ok": True, "seconds": floor}]
+    res += [{"variant": "baked", "ok": True, "seconds": baked}]
+    got = ttr.summarize(res, ["floor", "baked"], poll)
+    assert got["goals_met"]["baked_within_1.3x_floor"] is verdict
+    assert got["ratios"]["baked_over_floor"] == round(baked / floor, 2)
+
+
+@pytest.mark.parametrize(
+    "baked, lifecycle, poll, verdict",
+    [(0.54, 56.19, 0.25, True), (0.54, 2.6, 0.05, None), (0.54, 2.0, 0.05, False)],
+)
+def test_lifecycle_verdict_accounts_for_the_poll(baked, lifecycle, poll, verdict):
+    assert ttr.ratio_verdict(lifecycle, baked, poll, 5.0, at_most=False) is verdict
+
+
+@pytest.mark.parametrize("poll", ["0", "-1", "nan", "6"])
+def test_poll_outside_its_range_is_refused(poll, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["time_to_ready.py", "--poll", poll])
+    with pytest.raises(SystemExit) as exc:
+        ttr.main()
+    assert exc.value.code == 2
+    assert "--poll must be > 0 and <= 5 seconds" in capsys.readouterr().err
