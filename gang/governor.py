@@ -316,8 +316,10 @@ class Governor:
                     break
                 if end is not None and time.monotonic() >= end:
                     break
-                col.between_cycles(self.next_wait(time.monotonic() - started))
                 wait = self.next_wait(time.monotonic() - started)
+                t = time.monotonic()
+                col.between_cycles(wait)  # (the wait is not asked twice: it walks the gangs)
+                wait = max(0.0, wait - (time.monotonic() - t))
                 if end is not None:
                     wait = min(wait, max(0.0, end - time.monotonic()))
                 self.stop_event.wait(wait)
