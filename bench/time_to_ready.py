@@ -24,6 +24,14 @@ it). Also recorded: when it was first seen IDLE with any flags (the old, dishone
              the build's apt archive cache, bind-mounted read-only and served as a local
              `file:` repository: nothing is downloaded, not even package lists.
 
+Experiments (bench/README.md, "The smallest gates"): `gate-systemctl`, `gate-python` and
+`gate-imports` are the floor's node with munge + slurmd started not by systemd at boot but by
+one oneshot unit at the agent's place in the boot order (After=network-online.target) that
+does nothing else: `systemctl start munge slurmd`; the same from the image's Python; the same
+after importing the agent's modules. Each is the floor plus the least that a gate of its kind
+adds. `--munge-key-in-place` gives baked nodes the key before boot with munge.service enabled,
+`--keep-file PATH` copies a file out of each node before it is removed.
+
 Every node is removed after its trial, so each trial runs next to the controller only. Only
 addresses inside the cluster's own namespaces are contacted (ansible reaches the lifecycle
 node's sshd on 127.0.0.1 inside that node's network namespace). The cluster is always taken
@@ -66,6 +74,25 @@ from nodeforge.lab.localcluster import (
 )
 
 VARIANTS = ("floor", "baked", "lifecycle")
+# Experiments: the floor's node, but munge + slurmd started by a oneshot unit at the agent's
+# place in the boot order (After=network-online.target), with nothing else in it. The floor
+# plus the smallest gate each kind of program could be: what any agent of that kind costs.
+GATE_START = ["/bin/systemctl", "start", "munge.service", "slurmd.service"]
+GATES = {
+    "gate-systemctl": GATE_START,
+    "gate-python": [
+        "/opt/nodeforge/bin/python",
+        "-c",
+        f"import subprocess; subprocess.run({GATE_START!r}, check=True)",
+    ],
+    "gate-imports": [
+        "/opt/nodeforge/bin/python",
+        "-c",
+        "import nodeforge.cli, nodeforge.bootstrap.cli, nodeforge.bootstrap.agent, "
+        f"nodeforge.bootstrap.node_roles.compute, subprocess; subprocess.run({GATE_START!r}, "
+        "check=True)",
+    ],
+}
 GOAL_AGENT_S = 0.25
 GOAL_BAKED_OVER_FLOOR = 1.3
 GOAL_LIFECYCLE_OVER_BAKED = 5.0
@@ -307,7 +334,45 @@ def mask_units(units: list[str]):
     return mask
 
 
-def floor_prepare(cluster: Cluster):
+def place_munge_key(node: Node, key: bytes, enable: bool = False) -> None:
+    """The cluster's key at /etc/munge/munge.key (0400 munge:munge) in the node's overlay, as a
+    platform that hands the key over before boot would; *enable*: munge.service enabled."""
+    m = node.merged
+    uid, gid = _ids(m, "munge")
+    kf = m / "etc/munge/munge.key"
+    kf.write_bytes(key)
+    os.chown(kf, uid, gid)
+    os.chmod(kf, 0o400)
+    if enable:
+        wants = m / "etc/systemd/system/multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        link = wants / "munge.service"
+        if not link.is_symlink():
+            link.symlink_to(_unit_path(m, "munge.service"))
+
+
+def munge_key_in_place(cluster: Cluster):
+    """--munge-key-in-place (experiment): baked nodes get the key before boot (as the floor
+    does) and munge.service enabled, so munged starts at basic.target beside the agent."""
+    key = (cluster.dir / "munge.key").read_bytes()
+    return lambda node: place_munge_key(node, key, enable=True)
+
+
+def keep_files(paths: list[str], workdir: Path):
+    """--keep-file PATH (experiment): copy PATH from the node's root before it is removed."""
+
+    def keep(node: Node) -> None:
+        for p in paths:
+            src = node.merged / p.lstrip("/")
+            # a regular file only: a link in the node's root would be followed on the host
+            if src.is_file() and not any(q.is_symlink() for q in (src, *src.parents)):
+                workdir.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, workdir / f"{node.name}-{src.name}", follow_symlinks=False)
+
+    return keep
+
+
+def floor_prepare(cluster: Cluster, gate: list[str] | None = None):
     key = (cluster.dir / "munge.key").read_bytes()
     ctl = cluster.controller
 
@@ -318,11 +383,7 @@ def floor_prepare(cluster: Cluster):
         if unit.exists() or unit.is_symlink():
             unit.unlink()
         unit.symlink_to("/dev/null")  # masked: the agent never runs
-        uid, gid = _ids(m, "munge")
-        kf = m / "etc/munge/munge.key"
-        kf.write_bytes(key)
-        os.chown(kf, uid, gid)
-        os.chmod(kf, 0o400)
+        place_munge_key(node, key)
         d = sysd / "slurmd.service.d"
         d.mkdir(parents=True, exist_ok=True)
         # The agent's drop-in (bootstrap/node_roles/compute.py slurmd_exec), without --conf (no
@@ -334,6 +395,14 @@ def floor_prepare(cluster: Cluster):
         )
         wants = sysd / "multi-user.target.wants"
         wants.mkdir(parents=True, exist_ok=True)
+        if gate is not None:
+            (sysd / "nf-gate.service").write_text(
+                "[Unit]\nDescription=bench: the smallest gate\nWants=network-online.target\n"
+                "After=network-online.target\n[Service]\nType=oneshot\nRemainAfterExit=yes\n"
+                f"ExecStart={' '.join(a if ' ' not in a else chr(34) + a + chr(34) for a in gate)}\n"
+            )
+            (wants / "nf-gate.service").symlink_to("../nf-gate.service")
+            return
         for u in ("munge.service", "slurmd.service"):
             link = wants / u
             if not link.is_symlink():
@@ -772,6 +841,8 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
     try:
         if variant == "floor":
             node = lc.start_node(name, prepare=floor_prepare(cluster))
+        elif variant in GATES:
+            node = lc.start_node(name, prepare=floor_prepare(cluster, GATES[variant]))
         elif variant == "baked":
             steps = [
                 f
@@ -780,6 +851,7 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
                     (init_unit(args.init_unit) if args.init_unit else None, bool(args.init_unit)),
                     (init_dropins(args.init_dropin), bool(args.init_dropin)),
                     (mask_units(args.mask_unit), bool(args.mask_unit)),
+                    (munge_key_in_place(cluster), args.munge_key_in_place),
                 )
                 if on
             ]
@@ -817,7 +889,7 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
             at = unit_entered_at(node, unit, prop)
             if at is not None:
                 res[key] = round(at - node.started, 3)
-        if variant != "floor":
+        if variant in ("baked", "lifecycle"):
             st = read_state(node)
             res.update(agent_summary(st, node.started))
             basic = unit_entered_at(node, "basic.target")
@@ -845,6 +917,8 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
     finally:
         res["load_after"] = round(os.getloadavg()[0], 2)
         if node is not None:
+            if args.keep_file:
+                keep_files(args.keep_file, args.workdir)(node)
             lc.remove_node(name)
     if res.get("ok"):
         extra = f"  agent {res['agent_seconds']}s" if res.get("agent_seconds") is not None else ""
@@ -954,6 +1028,9 @@ def summarize(results: list[dict], variants: list[str], poll: float = 0.0) -> di
                 roles.setdefault(k, []).append(d)
         out["median_lifecycle_ansible_roles_s"] = {k: median(v) for k, v in roles.items()}
     ratios, goals = {}, {}
+    for v in variants:
+        if v in GATES and med.get(v) and med.get("floor"):
+            ratios[f"{v}_over_floor"] = round(med[v] / med["floor"], 2)
     if med.get("floor") and med.get("baked"):
         ratios["baked_over_floor"] = round(med["baked"] / med["floor"], 2)
         goals["baked_within_1.3x_floor"] = ratio_verdict(
@@ -988,7 +1065,9 @@ def main() -> int:
     ap.add_argument(
         "--variants",
         default=",".join(VARIANTS),
-        help="comma-separated subset of floor,baked,lifecycle",
+        help="comma-separated subset of floor,baked,lifecycle (experiments: "
+        + ",".join(GATES)
+        + ")",
     )
     ap.add_argument(
         "--cache-dir",
@@ -1051,6 +1130,19 @@ def main() -> int:
         help="experiment: FILE replaces baked nodes' nodeforge-init.service (overlay only)",
     )
     ap.add_argument(
+        "--munge-key-in-place",
+        action="store_true",
+        help="experiment: baked nodes get the munge key before boot (as the floor does) and "
+        "munge.service enabled (overlay only)",
+    )
+    ap.add_argument(
+        "--keep-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="experiment: copy PATH from each node's root into --workdir before it is removed",
+    )
+    ap.add_argument(
         "--lifecycle-repeat",
         type=int,
         default=None,
@@ -1071,7 +1163,7 @@ def main() -> int:
     if os.geteuid() != 0:
         sys.exit("run as root (network namespaces, overlays, systemd-nspawn)")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS]
+    bad = [v for v in variants if v not in VARIANTS and v not in GATES]
     if bad or not variants or args.repeat < 1:
         sys.exit(f"--variants: choose from {', '.join(VARIANTS)}; --repeat >= 1")
 
