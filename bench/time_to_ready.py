@@ -334,6 +334,15 @@ def mask_units(units: list[str]):
     return mask
 
 
+def _enable(root: Path, unit: str) -> None:
+    """*unit* wanted by multi-user.target in the node's overlay (as `systemctl enable`)."""
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / unit
+    if not link.is_symlink():
+        link.symlink_to(_unit_path(root, unit))
+
+
 def place_munge_key(node: Node, key: bytes, enable: bool = False) -> None:
     """The cluster's key at /etc/munge/munge.key (0400 munge:munge) in the node's overlay, as a
     platform that hands the key over before boot would; *enable*: munge.service enabled."""
@@ -344,11 +353,7 @@ def place_munge_key(node: Node, key: bytes, enable: bool = False) -> None:
     os.chown(kf, uid, gid)
     os.chmod(kf, 0o400)
     if enable:
-        wants = m / "etc/systemd/system/multi-user.target.wants"
-        wants.mkdir(parents=True, exist_ok=True)
-        link = wants / "munge.service"
-        if not link.is_symlink():
-            link.symlink_to(_unit_path(m, "munge.service"))
+        _enable(m, "munge.service")
 
 
 def munge_key_in_place(cluster: Cluster):
@@ -363,9 +368,12 @@ def keep_files(paths: list[str], workdir: Path):
 
     def keep(node: Node) -> None:
         for p in paths:
-            src = node.merged / p.lstrip("/")
+            parts = Path(p.lstrip("/")).parts
+            src = node.merged.joinpath(*parts)
             # a regular file only: a link in the node's root would be followed on the host
-            if src.is_file() and not any(q.is_symlink() for q in (src, *src.parents)):
+            # (the components inside the node's root are the node's; those above are ours)
+            inside = (node.merged.joinpath(*parts[: i + 1]) for i in range(len(parts)))
+            if src.is_file() and not any(q.is_symlink() for q in inside):
                 workdir.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, workdir / f"{node.name}-{src.name}", follow_symlinks=False)
 
@@ -393,9 +401,9 @@ def floor_prepare(cluster: Cluster, gate: list[str] | None = None):
             f"ExecStart=/usr/sbin/slurmd --systemd -Z --conf-server {ctl.address}:{SLURMCTLD_PORT}"
             f" -N {node.name} $SLURMD_OPTIONS\n"
         )
-        wants = sysd / "multi-user.target.wants"
-        wants.mkdir(parents=True, exist_ok=True)
         if gate is not None:
+            wants = sysd / "multi-user.target.wants"
+            wants.mkdir(parents=True, exist_ok=True)
             (sysd / "nf-gate.service").write_text(
                 "[Unit]\nDescription=bench: the smallest gate\nWants=network-online.target\n"
                 "After=network-online.target\n[Service]\nType=oneshot\nRemainAfterExit=yes\n"
@@ -404,9 +412,7 @@ def floor_prepare(cluster: Cluster, gate: list[str] | None = None):
             (wants / "nf-gate.service").symlink_to("../nf-gate.service")
             return
         for u in ("munge.service", "slurmd.service"):
-            link = wants / u
-            if not link.is_symlink():
-                link.symlink_to(_unit_path(m, u))
+            _enable(m, u)
 
     return prepare
 
@@ -839,10 +845,8 @@ def trial(lc: LocalCluster, variant: str, name: str, args, lifecycle: Lifecycle 
     res: dict = {"variant": variant, "node": name, "load_before": round(os.getloadavg()[0], 2)}
     node = None
     try:
-        if variant == "floor":
-            node = lc.start_node(name, prepare=floor_prepare(cluster))
-        elif variant in GATES:
-            node = lc.start_node(name, prepare=floor_prepare(cluster, GATES[variant]))
+        if variant == "floor" or variant in GATES:
+            node = lc.start_node(name, prepare=floor_prepare(cluster, GATES.get(variant)))
         elif variant == "baked":
             steps = [
                 f

@@ -308,22 +308,24 @@ class Governor:
         self.events.write({"action": "governor_start"})
         with collector or Collector() as col:
             self.collector = col
-            while not self.stop_event.is_set():
-                started = time.monotonic()
-                self.cycle()
-                n += 1
-                if max_cycles is not None and n >= max_cycles:
-                    break
-                if end is not None and time.monotonic() >= end:
-                    break
-                wait = self.next_wait(time.monotonic() - started)
-                t = time.monotonic()
-                col.between_cycles(wait)  # (the wait is not asked twice: it walks the gangs)
-                wait = max(0.0, wait - (time.monotonic() - t))
-                if end is not None:
-                    wait = min(wait, max(0.0, end - time.monotonic()))
-                self.stop_event.wait(wait)
-        self.collector = None
+            try:
+                while not self.stop_event.is_set():
+                    started = time.monotonic()
+                    self.cycle()
+                    n += 1
+                    if max_cycles is not None and n >= max_cycles:
+                        break
+                    if end is not None and time.monotonic() >= end:
+                        break
+                    wait = self.next_wait(time.monotonic() - started)
+                    t = time.monotonic()
+                    col.between_cycles(wait)  # (not asked twice: next_wait walks the gangs)
+                    wait = max(0.0, wait - (time.monotonic() - t))
+                    if end is not None:
+                        wait = min(wait, max(0.0, end - time.monotonic()))
+                    self.stop_event.wait(wait)
+            finally:
+                self.collector = None  # a closed collector's stats are no longer the daemon's
         self.events.write({"action": "governor_stop", "cycles": n})
         return n
 

@@ -181,3 +181,15 @@ def test_keep_file_copies_a_regular_file_and_never_follows_a_link(tmp_path):
         out,
     )(node)  # fmt: skip
     assert sorted(p.name for p in out.iterdir()) == ["c001-importtime.log"]
+
+
+def test_keep_file_is_not_refused_for_a_link_above_the_nodes_root(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "linked").symlink_to(real)  # the host's own layout, not the node's
+    _, node = _node_root(tmp_path / "linked")
+    (node.merged / "var/log").mkdir(parents=True)
+    (node.merged / "var/log/a.log").write_text("a\n")
+    out = tmp_path / "out"
+    ttr.keep_files(["/var/log/a.log"], out)(node)
+    assert (out / "c001-a.log").read_text() == "a\n"
