@@ -93,6 +93,7 @@ GATES = {
         "check=True)",
     ],
 }
+KEEP_FILE_PATH = re.compile(r"(/[A-Za-z0-9._+@-]+)+")
 GOAL_AGENT_S = 0.25
 GOAL_BAKED_OVER_FLOOR = 1.3
 GOAL_LIFECYCLE_OVER_BAKED = 5.0
@@ -1164,6 +1165,12 @@ def main() -> int:
     args = ap.parse_args()
     if not 0 < args.poll <= 5:  # (NaN fails too) a zero poll would spin on the controller
         ap.error(f"--poll must be > 0 and <= 5 seconds, got {args.poll}")
+    for kf in args.keep_file:  # a path in the node's root: never out of it
+        if not KEEP_FILE_PATH.fullmatch(kf) or ".." in kf.split("/"):
+            ap.error(
+                f"--keep-file {kf!r}: give an absolute path inside the node (letters, digits, "
+                "'._-+@' and '/', no '..'), e.g. /var/log/nodeforge/importtime.log"
+            )
     if os.geteuid() != 0:
         sys.exit("run as root (network namespaces, overlays, systemd-nspawn)")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -193,3 +193,16 @@ def test_keep_file_is_not_refused_for_a_link_above_the_nodes_root(tmp_path):
     out = tmp_path / "out"
     ttr.keep_files(["/var/log/a.log"], out)(node)
     assert (out / "c001-a.log").read_text() == "a\n"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["var/log/a.log", "/var/../../etc/shadow", "/..", "/var/log/a\\nb", "/a=b", "/a 'b'", "/", ""],
+)
+def test_keep_file_path_outside_its_grammar_is_refused(path, monkeypatch, capsys):
+    path = path.replace("\\n", "\n")  # a newline in the path itself
+    monkeypatch.setattr(sys, "argv", ["time_to_ready.py", "--keep-file", path])
+    with pytest.raises(SystemExit) as exc:
+        ttr.main()
+    assert exc.value.code == 2
+    assert "--keep-file" in capsys.readouterr().err
