@@ -323,7 +323,7 @@ class _Collector:
             props = dict(getattr(report, "user_properties", []))
             host = props.get("nf_host", "?")
             role = props.get("nf_role", "?")
-            check = report.nodeid.split("/")[-1].split("[")[0]
+            check = check_name(report.nodeid)
             if report.outcome == "skipped":
                 msg = (
                     report.longrepr[2]
@@ -337,6 +337,15 @@ class _Collector:
             else:
                 msg, outcome = "", "passed"
             self.results.append(CheckResult(host, role, check, outcome, report.duration, msg))
+
+
+def check_name(nodeid: str) -> str:
+    """``test_compute.py::test_x`` from a pytest node id: the module's file name and the test,
+    without the host parameter (an nspawn node's label such as ``e2e/c001`` holds slashes, so the
+    id is split at ``::`` before any ``/`` is looked at)."""
+    path, sep, rest = nodeid.partition("::")
+    name = path.rsplit("/", 1)[-1] + sep + rest
+    return name.split("[", 1)[0]
 
 
 def _failure_text(report: Any) -> str:

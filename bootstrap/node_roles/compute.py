@@ -239,12 +239,15 @@ def has_hooks(ctx: RoleContext) -> bool:
 
 
 DOCKER_UNITS = ("containerd.service", "docker.service")
+# The role step's `docker` detail when params turn dockerd off; `nodeforge verify` reads it to
+# know what the node is meant to run (tests/infra/test_compute.py).
+DOCKER_DISABLED = "disabled by params (docker: false)"
 
 
 def start_docker(ctx: RoleContext) -> str:
     """Compute nodes run containers: dockerd + containerd, disabled at bake, started here."""
     if not ctx.params.docker:
-        return "disabled by params (docker: false)"
+        return DOCKER_DISABLED
     for unit in DOCKER_UNITS:
         ctx.host.systemctl("enable", unit)
         ctx.host.start(unit, timeout=ctx.params.wait_timeout)

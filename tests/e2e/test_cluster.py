@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -179,6 +181,32 @@ def test_nodes_reported_ready_take_a_pinned_job_at_once(cluster):
         assert f"{n}: started" in progress and f"{n}: ready after" in progress, progress
     st = status()
     assert all(st[n]["slurm_ready"] for n in ("c001", "c002")), st
+
+
+def test_verify_passes_on_the_local_cluster(cluster, tmp_path):
+    """The documented flow: `cluster up`, then `nodeforge verify --hosts nspawn://NAME` passes
+    (issue 27: the docker checks ran although the local cluster turns docker off), and every
+    check is named `FILE::TEST` in the JSON and JUnit forms (it came out as `c001]`)."""
+    junit = tmp_path / "verify.xml"
+    cp = nodeforge(
+        "verify", "--hosts", f"nspawn://{CLUSTER}", "--json", "--junitxml", str(junit),
+        check=False, timeout=600,
+    )  # fmt: skip
+    report = json.loads(cp.stdout)
+    bad = [r for r in report["results"] if r["outcome"] in ("failed", "error")]
+    assert cp.returncode == 0 and report["ok"] and not bad, json.dumps(bad, indent=1)[-6000:]
+    hosts = {r["host"] for r in report["results"]}
+    assert {f"{CLUSTER}/ctl", f"{CLUSTER}/c001", f"{CLUSTER}/c002"} <= hosts, hosts
+    named = re.compile(r"test_[a-z_]+\.py::test_[a-z0-9_]+")
+    odd = sorted({r["check"] for r in report["results"] if not named.fullmatch(r["check"])})
+    assert odd == [], odd
+    docker = [
+        r for r in report["results"]
+        if r["check"] == "test_compute.py::test_docker_active_with_log_rotation"
+    ]  # fmt: skip
+    assert {r["outcome"] for r in docker} == {"passed"} and len(docker) >= 2, docker
+    names = {c.get("name") for c in ET.parse(junit).getroot().iter("testcase")}
+    assert names and all(named.fullmatch(n or "") for n in names), sorted(map(str, names))
 
 
 def test_cluster_add_ready_means_a_pinned_job_starts(cluster):

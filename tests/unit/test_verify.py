@@ -6,6 +6,8 @@ import json
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodeforge.lab import verify
 from nodeforge.lab.verify import CheckResult, HostSpecError, parse_host_spec, parse_host_specs
@@ -177,3 +179,25 @@ def test_verify_cli_imports_stdlib_only():
 def test_ssh_alias_is_ssh_config_safe():
     s = parse_host_spec("ssh://admin@10.0.0.5:2222")
     assert verify.ssh_alias(s) == "nf-admin_10.0.0.5_2222"
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "want"),
+    [
+        ("test_compute.py::test_docker_active_with_log_rotation[e2e/c001]",
+         "test_compute.py::test_docker_active_with_log_rotation"),
+        ("tests/infra/test_common.py::test_host_keys[ssh://root@h:22]",
+         "test_common.py::test_host_keys"),
+        ("test_login.py::test_x[a/b[c]/d]", "test_login.py::test_x"),
+        ("test_common.py::test_plain", "test_common.py::test_plain"),
+    ],
+)  # fmt: skip
+def test_check_name_survives_host_labels_with_slashes(nodeid, want):
+    """An nspawn node's label (`e2e/c001`) holds a slash: the check came out as `c001]`."""
+    assert verify.check_name(nodeid) == want
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_check_name_ignores_any_host_label(label):
+    assert verify.check_name(f"test_c.py::test_y[{label}]") == "test_c.py::test_y"
