@@ -459,7 +459,6 @@ class LocalCluster:
         cluster.save()
         self.progress(f"{name}: started ({role}, {address})")
         self._refresh_hosts(cluster, skip=name)
-        self.progress(f"{name}: started ({role}, {address})")
         return node
 
     # -- single nodes (bench/time_to_ready.py) -----------------------------------------

@@ -597,6 +597,32 @@ class _Scope(_Box):
         ]
 
     def alive(self, proc: subprocess.Popen) -> bool:
+        # The scope's own processes, not its unit state: right after the leader exits, systemd
+        # may not yet have seen the cgroup empty, and `is-active` then still says active (a
+        # hook that left nothing was reported as having left processes running).
+        if not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            return self._active()  # a legacy hierarchy: the unit state is all there is
+        cp = subprocess.run(
+            ["systemctl", "show", "--property=ControlGroup", "--value", f"{self.name}.scope"],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        cgroup = cp.stdout.strip()
+        if cp.returncode != 0 or not cgroup:
+            return False  # the scope is gone: nothing of it is left
+        procs = Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "cgroup.procs"
+        try:
+            pids = [int(p) for p in procs.read_text().split()]
+        except FileNotFoundError:
+            return False  # the cgroup was removed meanwhile: nothing is left
+        except (OSError, ValueError):
+            return self._active()
+        return any(not _zombie(p) for p in pids)
+
+    def _active(self) -> bool:
         cp = subprocess.run(
             ["systemctl", "is-active", "--quiet", f"{self.name}.scope"],
             check=False,
