@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import fake_command
+
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs/hyperpod"
@@ -102,16 +104,6 @@ def _params_check(directory: Path, address: str) -> dict:
     return doc["params"]
 
 
-def _fake_systemctl(tmp_path: Path, rc: int = 0) -> tuple[Path, Path]:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    log = tmp_path / "systemctl.log"
-    f = bindir / "systemctl"
-    f.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexit {rc}\n')
-    f.chmod(0o755)
-    return bindir, log
-
-
 def _on_create(tmp_path: Path, rc_path: Path, systemctl_rc: int = 0, munge: bool = True):
     prefix = tmp_path / "prefix"  # what HyperPod copied from SourceS3Uri
     prefix.mkdir()
@@ -120,7 +112,8 @@ def _on_create(tmp_path: Path, rc_path: Path, systemctl_rc: int = 0, munge: bool
         (prefix / f.name).chmod(f.stat().st_mode)
     if munge:
         (prefix / "munge.key").write_bytes(os.urandom(128))
-    bindir, log = _fake_systemctl(tmp_path, systemctl_rc)
+    bindir = tmp_path / "bin"
+    log = fake_command(bindir, "systemctl", rc=systemctl_rc)
     root = tmp_path / "root"
     root.mkdir()
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "NODEFORGE_ROOT": str(root),

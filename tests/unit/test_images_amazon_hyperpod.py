@@ -16,6 +16,7 @@ import pytest
 from nodeforge.errors import NodeforgeError
 from nodeforge.images import packer, template, varfile
 from nodeforge.images.packer import PackerVersion
+from tests.helpers import fake_command
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
@@ -133,11 +134,7 @@ def test_post_build_check_refuses_an_ami_hyperpod_cannot_use(
     tmp_path, monkeypatch, encrypt_boot, aws_says, ok
 ):
     bindir = tmp_path / "bin"
-    bindir.mkdir()
-    calls = tmp_path / "aws-calls"
-    aws = bindir / "aws"
-    aws.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nprintf '%s\\n' '{aws_says}'\n")
-    aws.chmod(0o755)
+    calls = fake_command(bindir, "aws", stdout=aws_says + "\n")
     (tmp_path / "packer-manifest.json").write_text(
         json.dumps({"builds": [{"artifact_id": "eu-west-1:ami-0123456789abcdef0"}]})
     )
