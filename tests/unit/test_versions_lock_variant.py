@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nodeforge.cli import main
 from nodeforge.errors import NodeforgeError
@@ -134,3 +136,41 @@ def test_lock_variant_is_one_of_the_build_variants(bad, capsys):
 def test_variant_targets_cover_exactly_the_versions_file_variants():
     assert tuple(template.VARIANT_TARGETS) == versions.VARIANTS
     assert set(template.VARIANT_TARGETS["cpu"]) == set(template.TARGETS)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(arch=st.text(max_size=12))
+def test_any_arch_value_pins_or_is_refused_in_one_line_and_changes_nothing(
+    tmp_path, capsys, cpu_mirror, arch
+):
+    f = tmp_path / "versions.yaml"
+    if not f.exists():
+        _copy(tmp_path)
+    before = f.read_text()
+    try:
+        rc = main(["versions", "lock", "--versions-file", str(f), "--artifact-mirror",
+                   str(cpu_mirror), f"--arch={arch}"])  # fmt: skip
+    except SystemExit as exc:  # argparse's own usage error
+        rc = exc.code
+    err = capsys.readouterr().err
+    if arch == "amd64":
+        assert rc == 0, err
+        f.write_text(before)  # the next example starts unpinned again
+        return
+    assert rc == 2, err
+    assert err.startswith(("nodeforge: error:", "usage:")) and "Traceback" not in err
+    assert f.read_text() == before  # nothing half-pinned
+
+
+def test_hyperpod_build_needs_the_aws_cli_and_jq_before_anything_starts(monkeypatch):
+    from nodeforge.errors import MissingToolError
+    from nodeforge.images import remote
+
+    monkeypatch.setattr(remote.proc, "require_tool", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(remote, "aws_credentials_present", lambda env=None: True)
+    monkeypatch.setattr(remote.shutil, "which", lambda tool: None)
+    with pytest.raises(MissingToolError, match=r"'aws' not found.*apt-get install awscli"):
+        remote.check_target("amazon-ebs", {"encrypt_boot": False})
+    assert remote.check_target("amazon-ebs", {}) == 0  # encrypted: the check never runs
