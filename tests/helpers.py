@@ -191,3 +191,19 @@ def loopback_tls(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.load_cert_chain(cert, key)
     return server, ssl.create_default_context(cafile=str(cert))
+
+
+def fake_command(bindir: Path, name: str, *, stdout: str = "", rc: int = 0) -> Path:
+    """A stand-in *name* in *bindir* (put it first on PATH) that appends its arguments to the
+    returned log file, prints *stdout* and exits *rc*. The log exists only once it ran."""
+    import shlex
+
+    bindir.mkdir(parents=True, exist_ok=True)
+    log = bindir / f"{name}.calls"
+    f = bindir / name
+    f.write_text(
+        f'#!/bin/sh\necho "$@" >> {shlex.quote(str(log))}\n'
+        f"printf '%s' {shlex.quote(stdout)}\nexit {rc}\n"
+    )
+    f.chmod(0o755)
+    return log

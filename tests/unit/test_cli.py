@@ -115,12 +115,13 @@ def test_versions_lock_json(tmp_path):
     for a in versions.load(f).all_artifacts():
         (mirror / a.file).write_bytes(a.file.encode())
     cp = _nf("versions", "lock", "--versions-file", str(f), "--artifact-mirror", str(mirror),
-             "--json", cwd=tmp_path)  # fmt: skip
+             "--variant", "all", "--arch", "all", "--json", cwd=tmp_path)  # fmt: skip
     assert cp.returncode == 0, cp.stderr
     out = json.loads(cp.stdout)
     assert out["versions_file"] == str(f)
     assert {a.url for a in versions.load(f).all_artifacts()} == set(out["pinned"])
     assert all(len(s) == 64 for s in out["pinned"].values())
+    assert out["unpinned"] == []
 
 
 def test_validate_json(tmp_path):
