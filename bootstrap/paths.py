@@ -29,6 +29,9 @@ class Paths:
     hook_cache: Path = Path("/var/lib/nodeforge/hooks")
     log_dir: Path = Path("/var/log/nodeforge")
     secrets: Path = Path("/etc/nodeforge/secrets")
+    # node_exporter's arguments from params (role metrics: its unit reads this file, and does
+    # not start without it)
+    metrics_env: Path = Path("/etc/nodeforge/metrics.env")
     run_dir: Path = Path("/run/nodeforge")
     # The agent's health pass, for slurmd's start-up HealthCheckProgram run (health.py, stamp).
     health_stamp: Path = Path("/run/nodeforge/health/passed")
