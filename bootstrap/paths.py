@@ -23,6 +23,7 @@ class Paths:
     slurm_features: Path = Path("/etc/nodeforge/slurm-features.json")
     templates: Path = Path("/usr/share/nodeforge/templates")
     on_init_d: Path = Path("/etc/nodeforge/on-init.d")
+    image_json: Path = Path("/etc/nodeforge/image.json")  # the image's manifest (every image)
     # Outputs
     state_file: Path = Path("/var/lib/nodeforge/state.json")
     params_json: Path = Path("/var/lib/nodeforge/params.json")
