@@ -171,10 +171,10 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from nodeforge.cli import EXIT_FAILURE, EXIT_NOT_READY, EXIT_OK
+
     from .state import State
     from .status import as_json, as_text
-
-    from nodeforge.cli import EXIT_FAILURE, EXIT_NOT_READY, EXIT_OK
 
     paths = _paths(args.root)
     if not paths.state_file.exists() and not paths.image_json.exists():
