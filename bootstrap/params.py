@@ -166,6 +166,9 @@ class Params:
     extra: dict[str, Any] = field(default_factory=dict)
     expected_gpus: int | None = None  # GPU node: `node health` requires exactly this many
     health_interval: int = 300  # controller: Slurm HealthCheckInterval (s); 0 = off
+    # node_exporter's listen address: "node:PORT" (this node's address), "*:PORT" (every
+    # interface), "ADDR:PORT" / "[ADDR6]:PORT" (an IP of this node), or "off"
+    metrics_listen: str = "node:9100"
 
     def munge_key_bytes(self) -> bytes | None:
         if self.munge_key is None:
@@ -303,7 +306,7 @@ _TOP = {
     "gres", "gres_types", "cpus", "real_memory", "partitions", "max_node_count", "accounting", "docker", "hooks",
     "hook_timeout", "hook_retries", "hook_backoff", "hook_backoff_max", "wait_timeout",
     "users_keypair", "extra", "hook_output_max", "s3_endpoint_url", "expected_gpus",
-    "health_interval",
+    "health_interval", "metrics_listen",
 }  # fmt: skip
 
 
@@ -416,9 +419,41 @@ def parse_params(data: Any, source: str) -> Params:
         kw["expected_gpus"] = v.integer(d["expected_gpus"], "expected_gpus", 0, 64)
     if "health_interval" in d:
         kw["health_interval"] = v.integer(d["health_interval"], "health_interval", 0, 86400)
+    if "metrics_listen" in d:
+        kw["metrics_listen"] = _metrics_listen(v, d["metrics_listen"])
     if "extra" in d:
         kw["extra"] = dict(v.plain(v.mapping(d["extra"] or {}, "extra"), "extra"))
     return Params(**kw)
+
+
+_LISTEN_RE = re.compile(
+    r"(?P<host>node|\*|[0-9.]{7,15}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>[1-9][0-9]{0,4})"
+)
+
+
+def _metrics_listen(v: _V, raw: Any) -> str:
+    """`off`, or HOST:PORT where HOST is `node`, `*`, an IPv4 address or a [bracketed] IPv6."""
+    what = "off, node:PORT, *:PORT, IPV4:PORT or [IPV6]:PORT (e.g. node:9100)"
+    s = v.string(raw, "metrics_listen", max_len=64)
+    if s == "off":
+        return s
+    m = _LISTEN_RE.fullmatch(s)
+    if m is None:
+        v.fail("metrics_listen", f"{s!r} is not {what}")
+    port = int(m["port"])
+    if port > 65535:
+        v.fail("metrics_listen", f"port {port} is out of range 1..65535")
+    host = m["host"].strip("[]")
+    if host not in ("node", "*"):
+        if not is_ip(host) or "%" in host:
+            v.fail("metrics_listen", f"{host!r} is not an IP address ({what})")
+        ip = ipaddress.ip_address(host)
+        if ip.is_unspecified or ip.is_multicast or str(ip) == "255.255.255.255":
+            v.fail(
+                "metrics_listen",
+                f"{host!r} is not an address of this node; use *:{port} for every interface",
+            )
+    return s
 
 
 def _ip(v: _V, raw: Any, path: str) -> str:

@@ -123,17 +123,8 @@ def _require_root_and_tools() -> None:
 
 
 def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     # A zombie is not alive; nspawn is our child only while `cluster up` runs.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+    return proc.pid_alive(pid)
 
 
 def leader_pid(node: Node) -> int:

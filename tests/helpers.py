@@ -70,10 +70,9 @@ def build_image(output: Path, mirror: Path, versions: Path, *extra: str) -> tupl
 
 def process_running(pid: int) -> bool:
     """Alive and not a zombie (an orphan's zombie may linger where PID 1 does not reap)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
+    from nodeforge.proc import pid_alive
+
+    return pid_alive(pid)
 
 
 def qemu_image_manifest(**phases: float) -> dict:

@@ -211,6 +211,32 @@ def test_verify_passes_on_the_local_cluster(cluster, tmp_path):
     assert names and all(named.fullmatch(n or "") for n in names), sorted(map(str, names))
 
 
+def test_every_node_serves_its_metrics_on_its_own_address(cluster):
+    """Issue 27: the cpu image served no metrics. node_exporter on each node answers on the
+    node's address (params' default `node:9100`) with the health report's metrics, and not
+    on loopback (it is bound where params say, nothing wider)."""
+    st = status()
+    fetch = (
+        "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=10).read().decode())"
+    )
+    for n in ("c001", "c002"):
+        url = f"http://{st[n]['address']}:9100/metrics"
+
+        def served(url=url):
+            out = cx("ctl", "python3", "-c", fetch, url, check=False)
+            return out if "nodeforge_health_ok" in out else None
+
+        body = wait_for(f"{n}'s node_exporter at {url}", served, timeout=60)
+        assert "node_load1" in body  # its own collectors too
+        local = subprocess.run(
+            [sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER, n, "--",
+             "python3", "-c", fetch, "http://127.0.0.1:9100/metrics"],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+        said = local.stdout + local.stderr  # `cluster exec` passes the node's stderr on stdout
+        assert local.returncode != 0 and "Connection refused" in said, said[-500:]
+
+
 def test_cluster_add_ready_means_a_pinned_job_starts(cluster):
     """The same promise for live joins: `cluster add 2` returns, the job goes at once."""
     before = set(status())

@@ -986,3 +986,27 @@ def test_cluster_hosts_refresh_writes_overlays_and_refuses_symlinked_etc(tmp_pat
     assert "10.213.0.2\tctl" in hosts and "10.213.0.4\tc002" in hosts
     assert not (tmp_path / "ctl/merged/etc/hosts").exists()  # the newcomer writes its own
     assert list(outside.iterdir()) == []
+
+
+def test_status_exit_says_ready_not_ready_failed_or_not_a_node(tmp_path, capsys):
+    """0 ready, 3 not ready yet, 1 failed or not a node (issue 27: a machine that is not a
+    node printed an empty 'new' status and exited 0)."""
+    from nodeforge.cli import EXIT_FAILURE, EXIT_NOT_READY, EXIT_OK, main
+
+    paths = Paths.under(tmp_path)
+    assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert "this machine is not a nodeforge node" in err and str(paths.image_json) in err
+    paths.image_json.parent.mkdir(parents=True)
+    paths.image_json.write_text("{}")  # a nodeforge image whose agent has not run yet
+    assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_NOT_READY
+    assert "status    new" in capsys.readouterr().out
+    st = State(status="running")
+    st.save(paths.state_file, durable=False)
+    assert main(["node", "status", "--json", "--root", str(tmp_path)]) == EXIT_NOT_READY
+    st.status = "failed"
+    st.save(paths.state_file, durable=False)
+    assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_FAILURE
+    st.status = "ready"
+    st.save(paths.state_file, durable=False)
+    assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_OK

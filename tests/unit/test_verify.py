@@ -201,3 +201,47 @@ def test_check_name_survives_host_labels_with_slashes(nodeid, want):
 @settings(max_examples=200, deadline=None)
 def test_check_name_ignores_any_host_label(label):
     assert verify.check_name(f"test_c.py::test_y[{label}]") == "test_c.py::test_y"
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("vm:///srv/out?role=compte", "role='compte': expected controller, compute or login"),
+        ("vm:///srv/out?rol=compute", "vm:// has no option 'rol'"),
+        ("vm:///srv/out?role=compute&role=login", "option 'role' given twice"),
+        ("vm:///srv/out?accel=fast", "accel='fast': expected auto, kvm or tcg"),
+        ("vm:///srv/out?name=a%20b", "name='a b': expected a label"),
+        ("vm:///srv/out?compat_net=maybe", "compat_net='maybe'"),
+        ("vm:///srv/out?role", "malformed query"),
+        ("ssh://h?keys=/k", "ssh:// has no option 'keys'"),
+        ("nspawn://c?name=x", "nspawn:// has no option 'name'"),
+        ("vm:///srv/out\n?role=compute", "control characters"),
+    ],
+)
+def test_bad_spec_options_fail_before_anything_boots(spec, says):
+    with pytest.raises(HostSpecError) as e:
+        parse_host_spec(spec)
+    assert says in str(e.value)
+
+
+@given(st.text(max_size=60))
+@settings(max_examples=300, deadline=None)
+def test_any_spec_text_parses_or_is_a_spec_error(text):
+    for raw in (text, f"vm:///o?{text}", f"ssh://{text}", f"nspawn://{text}"):
+        try:
+            parse_host_spec(raw)
+        except HostSpecError as exc:
+            assert "host spec" in str(exc)
+
+
+def test_vm_spec_without_a_built_image_fails_before_booting(tmp_path):
+    import subprocess
+    import sys
+
+    cp = subprocess.run(
+        [sys.executable, "-m", "nodeforge", "verify", "--hosts", f"vm://{tmp_path}?role=compute"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cp.returncode == 2, cp.stderr
+    assert f"{tmp_path} has no manifest.json or disk.qcow2" in cp.stderr
+    assert "Traceback" not in cp.stderr
