@@ -248,6 +248,8 @@ def test_light_parser_gives_the_same_node_and_params_commands_as_the_full_one():
 def test_node_command_does_not_import_the_other_packages_clis(tmp_path):
     """`nodeforge node status` (as `node init` and slurmd's `node health`) runs with bootstrap's
     parser alone: the gang/images/lab CLIs are never imported on the node's boot path."""
+    (tmp_path / "var/lib/nodeforge").mkdir(parents=True)  # a ready node's record
+    (tmp_path / "var/lib/nodeforge/state.json").write_text('{"status": "ready"}')
     code = (
         "import sys\nfrom nodeforge import cli\n"
         f"rc = cli.main(['node', 'status', '--root', {str(tmp_path)!r}])\n"
