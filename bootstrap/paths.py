@@ -27,6 +27,8 @@ class Paths:
     # Outputs
     state_file: Path = Path("/var/lib/nodeforge/state.json")
     params_json: Path = Path("/var/lib/nodeforge/params.json")
+    # Written once this disk has registered its node in slurmctld (readiness.Gate.hold)
+    slurm_registered: Path = Path("/var/lib/nodeforge/slurm-registered")
     hook_cache: Path = Path("/var/lib/nodeforge/hooks")
     log_dir: Path = Path("/var/log/nodeforge")
     secrets: Path = Path("/etc/nodeforge/secrets")

@@ -26,7 +26,7 @@ def version_tuple(version: str | tuple[int, ...]) -> tuple[int, ...]:
         return version
     out = []
     for part in version.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
+        digits = "".join(ch for ch in part if "0" <= ch <= "9")  # str.isdigit takes '²' too
         out.append(int(digits or 0))
     return tuple(out)
 
@@ -49,6 +49,32 @@ def thresholds() -> dict[str, tuple[int, int]]:
 def has(version: str | tuple[int, ...], feature: str) -> bool:
     """True when Slurm *version* has *feature* (a key of slurm_versions.json)."""
     return version_tuple(version) >= thresholds()[feature]
+
+
+# Slurm's major releases in order (two a year since 23.02). slurmctld talks to daemons and
+# clients of its own release and of the two before it, never to a newer one (Slurm's upgrade
+# guide); a release not listed here is refused rather than guessed.
+RELEASES = (
+    (20, 2), (20, 11), (21, 8), (22, 5), (23, 2), (23, 11), (24, 5), (24, 11), (25, 5), (25, 11),
+)  # fmt: skip
+
+
+def talks_to(controller: str, daemon: str) -> str | None:
+    """None when a slurmctld of release *controller* accepts a slurmd of release *daemon*;
+    else why not, naming both versions."""
+    c, d = version_tuple(controller)[:2], version_tuple(daemon)[:2]
+    for v, text in ((c, controller), (d, daemon)):
+        if v not in RELEASES:
+            return f"Slurm {text} is not a release nodeforge knows ({RELEASES[0][0]}.02 .. {RELEASES[-1][0]}.{RELEASES[-1][1]:02d})"
+    gap = RELEASES.index(c) - RELEASES.index(d)
+    if gap < 0:
+        return f"slurmd {daemon} is newer than slurmctld {controller}; upgrade the controller first"
+    if gap > 2:
+        return (
+            f"slurmd {daemon} is {gap} releases older than slurmctld {controller}; Slurm supports "
+            "the two previous releases only"
+        )
+    return None
 
 
 def controller_up(run: Callable[[list[str]], subprocess.CompletedProcess]) -> bool:

@@ -537,3 +537,56 @@ def test_node_health_drains_clears_its_own_and_leaves_an_operators_drain(cluster
         expect_gpus(None)
         if "DRAIN" in node().flags:
             cx("ctl", "scontrol", "update", "NodeName=c001", "State=RESUME", check=False)
+
+
+def test_replace_keeps_the_name_and_replaces_its_registration(cluster, tmp_path):
+    """Issue 28: a compute replaced by a fresh machine of the same name (new disk, new keys,
+    new address) rejoins: Slurm's old registration is replaced, not duplicated or reused, and
+    a requeueable job on the old machine is requeued and runs on the new one."""
+    st = status()
+    old_addr = st["c002"]["address"]
+    old_key = cx("c002", "ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+    old_id = cx("c002", "cat", "/etc/machine-id").strip()
+    # Refused before anything is touched: an unknown node, an image without a manifest.
+    bad = nodeforge("cluster", "replace", "c999", "--name", CLUSTER, check=False)
+    assert bad.returncode == 2 and "has no node 'c999'" in bad.stderr, bad.stderr
+    (tmp_path / "empty").mkdir()
+    bad = nodeforge(
+        "cluster", "replace", "c002", "--name", CLUSTER, "--image", str(tmp_path / "empty"),
+        check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "manifest.json: missing" in bad.stderr, bad.stderr
+    assert status()["c002"]["address"] == old_addr and status()["c002"]["running"]
+    job = cx(
+        "ctl", "sbatch", "--parsable", "--requeue", "-w", "c002", "--wrap", "sleep 600"
+    ).strip()
+    wait_for(
+        "the pinned job to run on c002",
+        lambda: "RUNNING" in cx("ctl", "squeue", "-h", "-j", job, "-o", "%T", check=False),
+        timeout=60,
+    )
+    try:
+        cp = nodeforge(
+            "cluster", "replace", "c002", "--name", CLUSTER, "--json", "--timeout", "300"
+        )
+        assert "c002: replaced; schedulable" in cp.stderr, cp.stderr
+        new = {n["name"]: n for n in json.loads(cp.stdout)["nodes"]}["c002"]
+        assert new["slurm_ready"] or new["slurm_state"].startswith(("mix", "alloc")), new
+        assert cx("c002", "ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub").split()[1] != (
+            old_key
+        )
+        assert cx("c002", "cat", "/etc/machine-id").strip() != old_id
+        # One registration, with the new machine's address.
+        rows = cx("ctl", "sinfo", "-h", "-N", "-n", "c002", "-o", "%N %o").split("\n")
+        rows = [r for r in rows if r.strip()]
+        assert rows == [f"c002 {new['address']}"], rows
+        # The job that ran on the lost machine was requeued, and runs on the new one.
+        show = cx("ctl", "scontrol", "show", "job", job)
+        assert "Restarts=0" not in show, show
+        wait_for(
+            "the requeued job to run on the new c002",
+            lambda: "RUNNING" in cx("ctl", "squeue", "-h", "-j", job, "-o", "%T", check=False),
+            timeout=240,
+        )
+    finally:
+        cx("ctl", "scancel", job, check=False)
