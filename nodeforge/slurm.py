@@ -51,22 +51,32 @@ def has(version: str | tuple[int, ...], feature: str) -> bool:
     return version_tuple(version) >= thresholds()[feature]
 
 
-# Slurm's major releases in order (two a year since 23.02). slurmctld talks to daemons and
-# clients of its own release and of the two before it, never to a newer one (Slurm's upgrade
-# guide); a release not listed here is refused rather than guessed.
-RELEASES = (
-    (20, 2), (20, 11), (21, 8), (22, 5), (23, 2), (23, 11), (24, 5), (24, 11), (25, 5), (25, 11),
-)  # fmt: skip
+@functools.cache
+def releases() -> tuple[tuple[int, int], ...]:
+    """Slurm's major releases in order (slurm_versions.json `_releases`)."""
+    raw = json.loads(THRESHOLDS_FILE.read_text()).get("_releases") or []
+    out = []
+    for value in raw:
+        m = _RELEASE.fullmatch(value) if isinstance(value, str) else None
+        if m is None:
+            raise NodeforgeError(f'{THRESHOLDS_FILE}: _releases: expected releases like "23.02"')
+        out.append((int(m.group(1)), int(m.group(2))))
+    return tuple(out)
 
 
 def talks_to(controller: str, daemon: str) -> str | None:
     """None when a slurmctld of release *controller* accepts a slurmd of release *daemon*;
     else why not, naming both versions."""
+    known = releases()
     c, d = version_tuple(controller)[:2], version_tuple(daemon)[:2]
     for v, text in ((c, controller), (d, daemon)):
-        if v not in RELEASES:
-            return f"Slurm {text} is not a release nodeforge knows ({RELEASES[0][0]}.02 .. {RELEASES[-1][0]}.{RELEASES[-1][1]:02d})"
-    gap = RELEASES.index(c) - RELEASES.index(d)
+        if v not in known:
+            first, last = known[0], known[-1]
+            return (
+                f"Slurm {text} is not a release nodeforge knows "
+                f"({first[0]}.{first[1]:02d} .. {last[0]}.{last[1]:02d})"
+            )
+    gap = known.index(c) - known.index(d)
     if gap < 0:
         return f"slurmd {daemon} is newer than slurmctld {controller}; upgrade the controller first"
     if gap > 2:
