@@ -11,7 +11,8 @@ import os
 import pytest
 
 from nodeforge import slurmconf
-from nodeforge.bootstrap import identity, strict_yaml
+from nodeforge import strict_yaml
+from nodeforge.bootstrap import identity
 from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.bootstrap.params_sources import (
