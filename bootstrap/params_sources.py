@@ -192,7 +192,7 @@ def kernel_args(text: str) -> list[tuple[str, str | None]]:
         i = j + 1 if j < n else j
 
 
-def parse_cmdline(text: str) -> dict[str, str]:
+def parse_cmdline(text: str, label: str = "kernel command line") -> dict[str, str]:
     """The nodeforge.* arguments of a kernel command line (aliases resolved).
 
     A key given twice is an error: which of two values the operator meant is not ours to guess.
@@ -204,7 +204,7 @@ def parse_cmdline(text: str) -> dict[str, str]:
         k = param[len("nodeforge.") :]
         k = _CMDLINE_ALIASES.get(k, k)
         if k in out:
-            raise ParamsError(f"kernel command line: {param}: given twice; keep one")
+            raise ParamsError(f"{label}: {param}: given twice; keep one")
         out[k] = val
     return out
 
@@ -220,7 +220,7 @@ def cmdline_params(
     url_reader: Callable[[str, str], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """The params mapping that a kernel command line gives, or None if it has no nodeforge.*."""
-    kv = parse_cmdline(text)
+    kv = parse_cmdline(text, label)
     if not kv:
         return None
     # /proc/cmdline is world-readable: a secret on it is public to every local user.
@@ -474,6 +474,10 @@ def _json(path: Path) -> tuple[Any, str | None]:
         ), exposed
     except json.JSONDecodeError as exc:
         raise ParamsError(f"{path}: not valid JSON: {exc}") from exc
+    except ParamsError as exc:  # from the hooks; _no_constant does not know the file
+        if str(exc).startswith(f"{path}: "):
+            raise
+        raise ParamsError(f"{path}: {exc}") from None
     except (strict_json.BoundsError, RecursionError) as exc:
         raise ParamsError(f"{path}: {exc}") from None
 
