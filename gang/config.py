@@ -73,7 +73,8 @@ class GangConfig:
     node_strike_max_drained: int = 10
 
 
-_DURATION = re.compile(r" *([0-9]{1,12}(?:\.[0-9]{1,9})?) *(ms|s|m|h)? *")
+# No leading zero: YAML 1.1 read `010` as 8, so a written 010 is ambiguous, not 10.
+_DURATION = re.compile(r" *((?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,9})?) *(ms|s|m|h)? *")
 _ENUMS = {
     "requeuing.timestamp": ("eviction", "creation"),
     "probe.mode": ("none", "command"),
@@ -112,7 +113,8 @@ def _duration(value: Any, where: str) -> float:
         v = float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}[m.group(2)]
     else:
         # `5:00` and `010` reach here as text (nodeforge/strict_yaml.py): say why.
-        why = f" ({scalars.why_not_int(value)})" if isinstance(value, str) else ""
+        note = scalars.yaml11_note(value) if isinstance(value, str) else None
+        why = f" ({note})" if note else ""
         raise ConfigError(f"{where}: {forms}, got {value!r:.60}{why}")
     if not math.isfinite(v) or not 0 <= v <= MAX_SECONDS:
         raise ConfigError(

@@ -43,9 +43,9 @@ def _tn(v: Any) -> str:
     return "null" if v is None else type(v).__name__
 
 
-def why_not_int(s: str) -> str:
-    """Why the string *s* is not a plain decimal integer, in the words of what YAML 1.1 would
-    have made of it."""
+def yaml11_note(s: str) -> str | None:
+    """What YAML 1.1 would have made of the string *s* if it is one of the number forms the
+    strict loader leaves as text (and so why it is refused), else None."""
     if _LEADING_ZERO.fullmatch(s):
         return "a leading zero is octal in YAML 1.1 (010 is 8); write the number without it"
     if _PREFIXED.fullmatch(s):
@@ -54,6 +54,14 @@ def why_not_int(s: str) -> str:
         return "a:b is base 60 in YAML 1.1 (1:30 is 90); write the decimal value"
     if "_" in s and _UNDERSCORE.fullmatch(s):
         return "'_' separators are not accepted; write the digits alone (1000)"
+    return None
+
+
+def why_not_int(s: str) -> str:
+    """Why the string *s* is not a plain decimal integer."""
+    note = yaml11_note(s)
+    if note is not None:
+        return note
     if _DECIMAL.fullmatch(s):
         return "it is quoted; write the number without quotes"
     if re.fullmatch(r"[0-9]{20,}", s):
@@ -86,9 +94,8 @@ def integer_text(s: str, lo: int, hi: int) -> int:
 def why_not_seconds(v: Any) -> str:
     """The reason a non-number is not seconds (for a caller's 'expected a number' message)."""
     if isinstance(v, str):
-        if re.fullmatch(r"[0-9]+(?::[0-9]{1,2})+(?:\.[0-9]*)?", v):
-            return f" {v[:40]!r}: a:b is base 60 in YAML 1.1 (1:30 is 90); write the seconds"
-        return f" {v[:40]!r}"
+        note = yaml11_note(v)
+        return f" {v[:40]!r}" + (f": {note}" if note else "")
     return ""
 
 

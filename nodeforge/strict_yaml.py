@@ -161,7 +161,22 @@ def _events(text: str | bytes, bounds: Bounds, *, strict: bool) -> Any:
     # One entry per open collection: [is a mapping, next node is a key (mapping) or the next
     # index (sequence), the label of the current child]; only read to name a field.
     stack: list[list[Any]] = []
-    for event in yaml.parse(text, Loader=_Loader):
+    events = yaml.parse(text, Loader=_Loader)
+    while True:
+        try:
+            event = next(events, None)
+        except yaml.MarkedYAMLError as exc:
+            # libyaml looks ahead over '[' / '{' and stops itself at 1000 levels: the same
+            # refusal as ours, named the same way (at the last field the events reached).
+            if "maximum nesting depth" not in str(exc.problem) or exc.problem_mark is None:
+                raise
+            line = f"line {exc.problem_mark.line + 1}"
+            raise StrictYAMLError(
+                f"{_where(line, stack)}: nested deeper than {bounds.max_depth} levels; "
+                "documents are limited to that"
+            ) from None
+        if event is None:
+            return
         if isinstance(event, CollectionEndEvent):
             stack.pop()
         elif isinstance(event, NodeEvent):
@@ -204,11 +219,13 @@ def _label(event: NodeEvent) -> str:
     return "?"
 
 
-def _where(event: NodeEvent, stack: list[list[Any]]) -> str:
-    line = f"line {event.start_mark.line + 1}"
+def _where(event: NodeEvent | str, stack: list[list[Any]]) -> str:
+    line = event if isinstance(event, str) else f"line {event.start_mark.line + 1}"
     path = ""
     for entry in stack:
         part = entry[2]
+        if not part:  # a collection whose first child has not shown yet
+            break
         path += part if part.startswith("[") or not path else "." + part
     if len(path) > 80:
         path = path[:60] + "..." + path[-17:]
