@@ -117,10 +117,8 @@ class _Constructor(SafeConstructor):
         return super().construct_mapping(node, deep=deep)
 
 
-_Constructor.add_constructor(BaseResolver.DEFAULT_MAPPING_TAG, _Constructor.construct_yaml_map)
-
 if getattr(yaml, "__with_libyaml__", False):
-    from yaml.cyaml import CParser
+    from yaml.cyaml import CParser  # type: ignore[attr-defined]
 
     class _Loader(CParser, _Constructor, _Resolver):  # type: ignore[misc]
         def __init__(self, stream: Any) -> None:
@@ -144,6 +142,9 @@ else:  # pure Python (slower, same rules and bounds)
             _Resolver.__init__(self)
 
 
+_LOADER: Any = _Loader  # (PyYAML's stubs list only its own loader classes)
+
+
 def _check_size(text: str | bytes, bounds: Bounds) -> None:
     # Characters are at most as many as bytes: a long str is refused before it is encoded.
     size = len(text)
@@ -161,7 +162,7 @@ def _events(text: str | bytes, bounds: Bounds, *, strict: bool) -> Any:
     # One entry per open collection: [is a mapping, next node is a key (mapping) or the next
     # index (sequence), the label of the current child]; only read to name a field.
     stack: list[list[Any]] = []
-    events = yaml.parse(text, Loader=_Loader)
+    events = yaml.parse(text, Loader=_LOADER)
     while True:
         try:
             event = next(events, None)
@@ -220,7 +221,8 @@ def _label(event: NodeEvent) -> str:
 
 
 def _where(event: NodeEvent | str, stack: list[list[Any]]) -> str:
-    line = event if isinstance(event, str) else f"line {event.start_mark.line + 1}"
+    mark = None if isinstance(event, str) else event.start_mark
+    line = event if isinstance(event, str) else f"line {mark.line + 1 if mark else '?'}"
     path = ""
     for entry in stack:
         part = entry[2]
@@ -256,7 +258,7 @@ def load(text: str | bytes, bounds: Bounds = DEFAULT) -> Any:
     for _ in _events(text, bounds, strict=True):
         pass
     try:
-        return yaml.load(text, Loader=_Loader)
+        return yaml.load(text, Loader=_LOADER)
     except RecursionError:  # unreachable within the bounds above; never a traceback anyway
         raise StrictYAMLError(f"nested deeper than {bounds.max_depth} levels") from None
 
