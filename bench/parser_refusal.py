@@ -43,8 +43,8 @@ TYPICAL_NODE_YAML = BASE + (
 )
 
 
-def _fill(head: str, unit: str, tail: str = "") -> str:
-    n = (CAP - len(head) - len(tail)) // len(unit)
+def _fill(head: str, unit: str, tail: str = "", cap: int = CAP) -> str:
+    n = (cap - len(head) - len(tail)) // len(unit)
     return head + unit * n + tail
 
 
@@ -91,6 +91,8 @@ def cases() -> dict[str, dict[str, tuple[str, str]]]:
             "typical": ("cmdline", "ro quiet nodeforge.role=compute nodeforge.cluster=demo nodeforge.controller=10.0.0.1 nodeforge.cpus=96"),
             "huge": ("cmdline", _fill("nodeforge.role=compute ", "nodeforge.features=a,b,c ")),
             "quotes": ("cmdline", _fill("nodeforge.role=", '"a ')),
+            # just under the 64 KiB command-line cap: the worst that gets parsed
+            "quotes 64K": ("cmdline", _fill("nodeforge.role=", '"a ', cap=65536 - 8)),
         },
         "hyperpod": {
             "typical": ("resource_config.json", json.dumps(rc)),

@@ -214,12 +214,19 @@ def read_cmdline(path: Path) -> str:
     return path.read_bytes().decode("latin-1")
 
 
+CMDLINE_MAX = 65536
+
+
 def cmdline_params(
     text: str,
     label: str = "kernel command line",
     url_reader: Callable[[str, str], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """The params mapping that a kernel command line gives, or None if it has no nodeforge.*."""
+    if len(text) > CMDLINE_MAX:  # the kernel's own limit is 2-4 KiB (COMMAND_LINE_SIZE)
+        raise ParamsError(
+            f"{label}: {len(text)} characters; a kernel command line is at most {CMDLINE_MAX}"
+        )
     kv = parse_cmdline(text, label)
     if not kv:
         return None

@@ -94,6 +94,13 @@ def test_nodeforge_params_document_is_bounded(tmp_path):
         check_cmdline(f"nodeforge.params=file://{doc} nodeforge.role=compute", "cmdline")
 
 
+def test_kernel_command_line_is_bounded():
+    with pytest.raises(
+        ParamsError, match=r"^c: 65537 characters; a kernel command line is at most 65536"
+    ):
+        check_cmdline("nodeforge.role=compute " + "x" * (65537 - 23), "c")
+
+
 def test_params_url_with_a_nul_is_a_params_error():
     with pytest.raises(ParamsError, match="not a file path"):
         check_cmdline("nodeforge.params=file:///etc/x\x00y nodeforge.role=compute", "cmdline")
