@@ -376,6 +376,7 @@ def t_slurm_records(work: Path) -> tuple[st.SearchStrategy, Callable[[Any], None
     fixtures = REPO / "tests" / "fixtures" / "slurm"
     jobs = (fixtures / "scontrol-show-job-24.11.json").read_text()
     nodes = (fixtures / "scontrol-show-node-24.11.json").read_text()
+    fixture = {"jobs": jobs, "nodes": nodes}
     cuts = st.lists(
         st.tuples(st.integers(0, 10**6), st.integers(0, 40), st.sampled_from(SPLICE)),
         min_size=1,
@@ -395,26 +396,13 @@ def t_slurm_records(work: Path) -> tuple[st.SearchStrategy, Callable[[Any], None
     def check(item: tuple[str, str]) -> None:
         kind, text = item
         err = (sr.SlurmDataError,)
-        if kind == "jobs":
+        if kind in ("jobs", "nodes"):
+            parse = sr.parse_jobs if kind == "jobs" else sr.parse_nodes
             cache = sr.BlockCache()
-            sr.parse_jobs(jobs.encode(), "jobs", cache)  # a valid pass first, so the cache is used
-            expect(
-                lambda: sr.parse_jobs(text.encode("utf-8", "surrogatepass"), "jobs", cache),
-                err,
-                "jobs",
-                RECORD,
-            )
-            expect(lambda: sr.parse_jobs(text, "jobs"), err, "jobs", RECORD)
-        elif kind == "nodes":
-            cache = sr.BlockCache()
-            sr.parse_nodes(nodes.encode(), "nodes", cache)
-            expect(
-                lambda: sr.parse_nodes(text.encode("utf-8", "surrogatepass"), "nodes", cache),
-                err,
-                "nodes",
-                RECORD,
-            )
-            expect(lambda: sr.parse_nodes(text, "nodes"), err, "nodes", RECORD)
+            parse(fixture[kind].encode(), kind, cache)  # a valid pass first: the cache is used
+            raw = text.encode("utf-8", "surrogatepass")
+            expect(lambda: parse(raw, kind, cache), err, kind, RECORD)
+            expect(lambda: parse(text, kind), err, kind, RECORD)
         elif kind == "line":
             expect(lambda: sr.node_from_line(text, "n1"), err, "scontrol show node n1")
         else:

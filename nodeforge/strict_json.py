@@ -10,7 +10,6 @@ refused while parsing (int() raises a plain ValueError past 4300 digits).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 32
@@ -23,42 +22,32 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
-@dataclass(frozen=True)
-class Bounds:
-    max_bytes: int = MAX_BYTES
-    max_depth: int = MAX_DEPTH
-    max_values: int = MAX_VALUES
-
-
-DEFAULT = Bounds()
-
-
 class BoundsError(ValueError):
     """The document is larger, deeper or has more values than its bounds; says which."""
 
 
-def check(text: str, bounds: Bounds = DEFAULT) -> None:
-    """Raise BoundsError if *text* is over *bounds*; a malformed document passes (the parser
-    reports it)."""
+def check(text: str) -> None:
+    """Raise BoundsError if *text* is over the bounds; a malformed document passes (the
+    parser reports it)."""
     size = len(text)
-    if size <= bounds.max_bytes:
+    if size <= MAX_BYTES:
         size = len(text.encode("utf-8", "surrogatepass"))
-    if size > bounds.max_bytes:
-        raise BoundsError(f"{size} bytes; documents are limited to {bounds.max_bytes}")
+    if size > MAX_BYTES:
+        raise BoundsError(f"{size} bytes; documents are limited to {MAX_BYTES}")
     bare = _STRING.sub('""', text)
     # Each ',' separates two values, so values >= commas: never more than the document holds.
-    if bare.count(",") > bounds.max_values:
-        raise BoundsError(f"more than {bounds.max_values} values; documents are limited to that")
+    if bare.count(",") > MAX_VALUES:
+        raise BoundsError(f"more than {MAX_VALUES} values; documents are limited to that")
     brackets = _NOT_BRACKET.sub("", bare)
-    if len(brackets) > 2 * bounds.max_values:
-        raise BoundsError(f"more than {bounds.max_values} values; documents are limited to that")
+    if len(brackets) > 2 * MAX_VALUES:
+        raise BoundsError(f"more than {MAX_VALUES} values; documents are limited to that")
     depth = 0
     for ch in brackets:
         if ch in "[{":
             depth += 1
-            if depth > bounds.max_depth:
+            if depth > MAX_DEPTH:
                 raise BoundsError(
-                    f"nested deeper than {bounds.max_depth} levels; documents are limited to that"
+                    f"nested deeper than {MAX_DEPTH} levels; documents are limited to that"
                 )
         else:
             depth -= 1
