@@ -372,6 +372,7 @@ RECORD = "Slurm JSON: "  # a record's own error: "Slurm JSON: node c1: field 'st
 
 def t_slurm_records(work: Path) -> tuple[st.SearchStrategy, Callable[[Any], None]]:
     from nodeforge import slurm_records as sr
+    from nodeforge.gang import slurm as gang_slurm
 
     fixtures = REPO / "tests" / "fixtures" / "slurm"
     jobs = (fixtures / "scontrol-show-job-24.11.json").read_text()
@@ -403,6 +404,10 @@ def t_slurm_records(work: Path) -> tuple[st.SearchStrategy, Callable[[Any], None
             raw = text.encode("utf-8", "surrogatepass")
             expect(lambda: parse(raw, kind, cache), err, kind, RECORD)
             expect(lambda: parse(text, kind), err, kind, RECORD)
+            if kind == "jobs":  # the governor's reader on top (JobObs, its own cache)
+                gcache = gang_slurm.JobCache()
+                gang_slurm.parse_jobs(fixture["jobs"].encode(), "jobs", gcache)
+                expect(lambda: gang_slurm.parse_jobs(raw, "jobs", gcache), err, kind, RECORD)
         elif kind == "line":
             expect(lambda: sr.node_from_line(text, "n1"), err, "scontrol show node n1")
         else:
