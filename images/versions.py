@@ -125,7 +125,7 @@ def load(path: Path | None = None) -> Versions:
         raise NodeforgeError(f"versions file {path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise NodeforgeError(f"{path}: expected a mapping at the top level")
-    if raw.get("schema") != 1:
+    if type(raw.get("schema")) is not int or raw["schema"] != 1:  # true and 1.0 equal 1 too
         raise NodeforgeError(f"{path}: schema must be 1, got {raw.get('schema')!r}")
     bases = {}
     for name, b in (_req(raw, "bases", "", path, dict)).items():

@@ -226,6 +226,7 @@ def test_versions_file_refuses_a_version_that_yaml_reads_as_a_number(tmp_path):
         NodeforgeError, match=r"bases\.debian13\.slurm must be a string, got the number 24\.1"
     ):
         versions.load(p)
-    p.write_text(text.replace("schema: 1", "schema: 01", 1))
-    with pytest.raises(NodeforgeError, match="schema must be 1, got '01'"):
-        versions.load(p)
+    for schema, shown in (("01", "'01'"), ("true", "True"), ("1.0", "1.0")):
+        p.write_text(text.replace("schema: 1", f"schema: {schema}", 1))
+        with pytest.raises(NodeforgeError, match=f"schema must be 1, got {shown}"):
+            versions.load(p)
