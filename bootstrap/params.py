@@ -15,6 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
+from nodeforge import scalars
 from nodeforge.errors import NodeforgeError
 
 ROLES = ("controller", "compute", "login")
@@ -37,9 +38,6 @@ _PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _FEATURE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _GRES_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}(?::[A-Za-z0-9_.-]{1,64})?(?::[0-9]{1,6})?")
-_MAX_TIME_RE = re.compile(
-    r"INFINITE|UNLIMITED|[0-9]{1,7}(?::[0-9]{1,2}){0,2}|[0-9]{1,5}-[0-9]{1,2}(?::[0-9]{1,2}){0,2}"
-)
 _B64_RE = re.compile(r"[A-Za-z0-9+/]{4,}={0,2}")
 _ABS_PATH_RE = re.compile(r"/(?:[A-Za-z0-9_.+@-]+/?)*")
 _HOOK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -231,16 +229,17 @@ class _V:
         return v
 
     def integer(self, v: Any, path: str, lo: int, hi: int) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            self.fail(path, f"expected an integer, got {_tn(v)}")
-        if v < lo or v > hi:
-            self.fail(path, f"{v} out of range [{lo}, {hi}]")
-        return v
+        try:
+            return scalars.integer(v, lo, hi)
+        except scalars.ScalarError as exc:
+            self.fail(path, str(exc))
 
     def number(self, v: Any, path: str, hi: float = SECONDS_MAX) -> float:
         """Seconds: a finite number in (0, hi]. NaN/inf would unbound every wait."""
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            self.fail(path, f"expected a number (seconds), got {_tn(v)}")
+            self.fail(
+                path, f"expected a number (seconds), got {_tn(v)}{scalars.why_not_seconds(v)}"
+            )
         if isinstance(v, int) and abs(v) > 1 << 53:
             self.fail(path, f"{v} out of range (0, {hi:g}] seconds")
         f = float(v)
@@ -538,16 +537,10 @@ def _partitions(v: _V, raw: Any) -> tuple[Partition, ...]:
             v.fail(f"{path}.name", f"duplicate partition {name!r}")
         names.add(name)
         default = v.boolean(p["default"], f"{path}.default") if "default" in p else False
-        max_time = p.get("max_time", "INFINITE")
-        if isinstance(max_time, int) and not isinstance(max_time, bool):
-            max_time = str(max_time)
-        max_time = v.string(
-            max_time,
-            f"{path}.max_time",
-            _MAX_TIME_RE,
-            "a Slurm time (INFINITE, minutes, D-HH:MM:SS)",
-            max_len=20,
-        )
+        try:
+            max_time = scalars.slurm_time(p.get("max_time", "INFINITE"))
+        except scalars.ScalarError as exc:
+            v.fail(f"{path}.max_time", str(exc))
         out.append(Partition(name, default, max_time))
     if not any(p.default for p in out):
         out[0] = Partition(out[0].name, True, out[0].max_time)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from nodeforge import download
+from nodeforge import download, strict_yaml
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
 
@@ -95,8 +95,14 @@ def _req(d: dict, key: str, where: str, path: Path, typ: type = str):
     if not isinstance(d, dict) or key not in d:
         raise NodeforgeError(f"{path}: {where}.{key} is missing")
     val = d[key]
-    if typ is str and isinstance(val, (int, float)):
-        val = str(val)
+    if typ is str and isinstance(val, float):
+        # YAML reads an unquoted 1.10 as the number 1.1: a version must say what it says.
+        raise NodeforgeError(
+            f"{path}: {where}.{key} must be a string, got the number {val!r}; quote it "
+            f'(e.g. "1.10")'
+        )
+    if typ is str and isinstance(val, int) and not isinstance(val, bool):
+        val = str(val)  # a decimal without a leading zero (strict_yaml) reads back the same
     if not isinstance(val, typ):
         raise NodeforgeError(f"{path}: {where}.{key} must be a {typ.__name__}, got {val!r}")
     return val
@@ -105,14 +111,21 @@ def _req(d: dict, key: str, where: str, path: Path, typ: type = str):
 def load(path: Path | None = None) -> Versions:
     path = Path(path or VERSIONS_FILE)
     try:
-        raw = yaml.safe_load(path.read_text())
+        with path.open("rb") as fh:  # one byte past the cap is enough to refuse it
+            raw = strict_yaml.load(fh.read(strict_yaml.MAX_BYTES + 1).decode())
     except OSError as exc:
         raise NodeforgeError(f"cannot read versions file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise NodeforgeError(
+            f"versions file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    except strict_yaml.StrictYAMLError as exc:
+        raise NodeforgeError(f"versions file {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise NodeforgeError(f"versions file {path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise NodeforgeError(f"{path}: expected a mapping at the top level")
-    if raw.get("schema") != 1:
+    if type(raw.get("schema")) is not int or raw["schema"] != 1:  # true and 1.0 equal 1 too
         raise NodeforgeError(f"{path}: schema must be 1, got {raw.get('schema')!r}")
     bases = {}
     for name, b in (_req(raw, "bases", "", path, dict)).items():
