@@ -127,8 +127,21 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     def __init__(self, label: str):
         self.label = label
 
+    def http_error_302(self, req, fp, code, msg, headers):
+        # Checked here, before urllib's own handling (which would name ftp:// acceptable and
+        # refuse file:// with a message about "redirection"), on the raw Location.
+        location = headers.get("location") or headers.get("uri")
+        if location is not None:
+            self._check(req, urllib.parse.urljoin(req.full_url, location))
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        target = urllib.parse.urljoin(req.full_url, newurl)
+        self._check(req, urllib.parse.urljoin(req.full_url, newurl))
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    def _check(self, req, target: str) -> None:
         why = _bad_redirect(req.full_url, target)
         if why:
             raise DownloadError(
@@ -137,7 +150,6 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
                 f"redirect to {display_url(target)} refused: {why}",
                 retryable=False,
             )
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def _bad_redirect(old_url: str, new_url: str) -> str:
@@ -223,6 +235,7 @@ class _Deadline:
         t.start()
         t.join(self.left())
         if t.is_alive():
+            self._expire()
             raise TimeoutError("deadline")
         if "e" in box:
             raise box["e"]  # type: ignore[misc]
@@ -236,6 +249,7 @@ class _Deadline:
         err: OSError | None = None
         for family, type_, proto, _, sa in self.resolve(host, port):
             if self.left() <= 0:
+                self._expire()
                 raise TimeoutError("deadline")
             sock = socket.socket(family, type_, proto)
             try:
