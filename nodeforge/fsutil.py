@@ -112,8 +112,11 @@ def confined(base: Path, name: str, *, what: str, nested: bool = False) -> Path:
     field for the error (`artifacts.x.arch.amd64.file`).
     """
     joined = Path(base).joinpath(*safe_name(name, what=what, nested=nested))
-    root = Path(base).resolve()
-    real = joined.resolve()
+    try:
+        root = Path(base).resolve()
+        real = joined.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise UnsafeName(f"{what}: {name!r} cannot be resolved under {base}: {exc}") from None
     if real == root or not real.is_relative_to(root):
         raise UnsafeName(f"{what}: {name!r} leads out of {base} (to {real}); refused")
     return joined
