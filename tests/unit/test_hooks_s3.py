@@ -162,6 +162,29 @@ def test_prefix_without_the_script_or_with_unsafe_keys(s3, paths):
     assert not (paths.hook_cache.parent / "escape.sh").exists()
 
 
+@pytest.mark.parametrize("order", [("a", "a/b"), ("a/b", "a")])
+def test_prefix_with_a_key_that_is_also_a_folder_is_a_clear_error(s3, paths, order):
+    """`lc/a` and `lc/a/b` cannot both be files on the node: this crashed the runner with an
+    OSError traceback half-way through the sync. Now refused from the listing, before any
+    object is fetched, naming both keys; the previous copy stays as it was."""
+    client, bucket, endpoint = s3
+    client.put_object(Bucket=bucket, Key="lc/on_create.sh", Body=b"#!/bin/sh\ntrue\n")
+    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lc/", "script": "on_create.sh"}])
+    assert runner(paths).run_all(discover(paths, p)).ok
+    for key in order:
+        client.put_object(Bucket=bucket, Key=f"lc/{key}", Body=b"x\n")
+    res = runner(paths).run_all(discover(paths, p)).failure
+    assert res is not None and res.status == "fetch-failed"
+    assert res.reason == (
+        f"hook on_create.sh could not be fetched: s3://{bucket}/lc/a is both an object and the "
+        f"folder of s3://{bucket}/lc/a/b; a file and a directory cannot share a name on the "
+        "node: rename or delete one of them"
+    )
+    synced = paths.hook_cache / "on_create.sh.d"
+    assert sorted(x.name for x in synced.iterdir()) == ["on_create.sh"]  # the old copy, whole
+    assert [x.name for x in paths.hook_cache.iterdir() if x.name.startswith(".")] == []
+
+
 def test_missing_object_is_a_retried_fetch_failure(s3, paths):
     _, bucket, endpoint = s3
     sleeps: list[float] = []
