@@ -6,13 +6,15 @@ the boot forever) is a failed fetch, at once. A refusal drains the node with the
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 import pytest
 from test_bootstrap import COMPUTE, make  # the agent harness (fake Slurm records the drain)
 from test_hooks import params, runner, script
 
-from nodeforge.bootstrap.agent import StepFailed
+from nodeforge.bootstrap.agent import StepFailed, stop_on_sigterm
 from nodeforge.bootstrap.hooks import HookError, discover
 from nodeforge.bootstrap.paths import Paths
 
@@ -122,3 +124,36 @@ def test_fifo_file_hook_is_a_failed_fetch_not_a_hang(paths, tmp_path):
 def test_device_file_hook_is_refused(paths):
     res = runner(paths).run_all(discover(paths, params(hooks=["file:///dev/zero"]))).failure
     assert res is not None and "not a regular file (a character device)" in res.reason
+
+
+# -- the first-boot unit's start bound ---------------------------------------------------------
+def test_sigterm_at_the_unit_bound_drains_with_the_reason_and_stops_the_hook(tmp_path):
+    """systemd sends SIGTERM when nodeforge-init.service reaches TimeoutStartSec. The agent
+    fails the running step with that reason, the node stays drained with it (sinfo -R), and
+    the hook it was running is stopped with its children."""
+    agent, fm, paths, _ = make(tmp_path, {**COMPUTE, "hook_retries": 0, "hook_timeout": 120})
+    pidfile = tmp_path / "hook.pid"
+    script(paths.on_init_d / "10-hangs", f"echo $$ > {pidfile}\nsleep 60\n")
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    t = time.monotonic()
+    timer.start()
+    try:
+        with stop_on_sigterm(), pytest.raises(StepFailed, match="stopped by SIGTERM"):
+            agent.init()
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t < 20
+    reason = fm.nodes["c1"]["Reason"]
+    assert reason.startswith("nodeforge: hooks step failed: stopped by SIGTERM (nodeforge-init")
+    assert "DRAIN" in fm.nodes["c1"]["State"]
+    assert agent.state.status == "failed" and agent.state.steps["hooks"].status == "failed"
+    assert not _alive(int(pidfile.read_text()))
+    assert signal.getsignal(signal.SIGTERM) is not None  # restored, not left ignoring
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
