@@ -389,25 +389,36 @@ def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
 def _s3_get(hook: Hook, client, bucket: str, key: str, dest: Path, sha256: str | None) -> Path:
     download = _dl()
     uri = f"s3://{bucket}/{key}"
+    # botocore bounds each read (read_timeout), not their sum: the body's connection is watched
+    # by the same whole-attempt deadline as an https fetch, so a dripping body ends at it.
+    guard = download.Deadline(FETCH_DEADLINE)
     try:
-        obj = client.get_object(Bucket=bucket, Key=key)
-        body = obj["Body"]
-        length = obj.get("ContentLength")
-        chunks = iter(lambda: body.read(download.CHUNK), b"")
-        return download.save(
-            chunks,
-            dest,
-            label=f"hook {hook.name}",
-            url=uri,
-            expected_length=length,
-            sha256=sha256,
-            mode=0o700,
-            max_bytes=MAX_SCRIPT_BYTES,
-            deadline=time.monotonic() + FETCH_DEADLINE,
-        ).path
-    except download.DownloadError:
-        raise
+        with guard:
+            obj = client.get_object(Bucket=bucket, Key=key)
+            body = obj["Body"]
+            sock = download.stream_socket(body)
+            if sock is not None:
+                guard.watch(sock)
+            length = obj.get("ContentLength")
+            chunks = iter(lambda: body.read(download.CHUNK), b"")
+            return download.save(
+                chunks,
+                dest,
+                label=f"hook {hook.name}",
+                url=uri,
+                expected_length=length,
+                sha256=sha256,
+                mode=0o700,
+                max_bytes=MAX_SCRIPT_BYTES,
+                deadline=guard.at,
+            ).path
     except Exception as exc:  # botocore's errors are many; each is a failed attempt
+        if guard.expired:
+            raise HookError(
+                f"hook {hook.name}: cannot fetch {uri}: not finished within {FETCH_DEADLINE:g}s"
+            ) from exc
+        if isinstance(exc, download.DownloadError):
+            raise
         raise _s3_error(hook, uri, exc) from exc
 
 

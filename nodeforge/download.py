@@ -174,7 +174,7 @@ def _bad_redirect(old_url: str, new_url: str) -> str:
     return ""
 
 
-class _Deadline:
+class Deadline:
     """One attempt's bound in time over everything it does.
 
     Socket timeouts bound each read, not their sum, and not the name lookup: a server sending a
@@ -193,7 +193,7 @@ class _Deadline:
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
 
-    def __enter__(self) -> _Deadline:
+    def __enter__(self) -> Deadline:
         self._timer.start()
         return self
 
@@ -267,6 +267,17 @@ class _Deadline:
         raise err or OSError(f"no address for {host}")
 
 
+def stream_socket(resp: object) -> socket.socket | None:
+    """The socket an http.client response (or botocore's StreamingBody around urllib3's around
+    http.client's) reads from, or None: http.client keeps it only through its file object once
+    the connection object has let go of it (`Connection: close`)."""
+    for name in ("_raw_stream", "_fp"):  # botocore StreamingBody, urllib3 HTTPResponse
+        resp = getattr(resp, name, resp)
+    raw = getattr(getattr(resp, "fp", None), "raw", None)  # socket.SocketIO
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
 def _shutdown(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -274,7 +285,7 @@ def _shutdown(sock: socket.socket) -> None:
         pass  # already closed by the other side
 
 
-def _connection(base: type[http.client.HTTPConnection], guard: _Deadline):
+def _connection(base: type[http.client.HTTPConnection], guard: Deadline):
     class Connection(base):  # type: ignore[valid-type,misc]
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
@@ -284,7 +295,7 @@ def _connection(base: type[http.client.HTTPConnection], guard: _Deadline):
 
 
 class _HTTP(urllib.request.HTTPHandler):
-    def __init__(self, guard: _Deadline):
+    def __init__(self, guard: Deadline):
         super().__init__()
         self.guard = guard
 
@@ -293,7 +304,7 @@ class _HTTP(urllib.request.HTTPHandler):
 
 
 class _HTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, guard: _Deadline, context: ssl.SSLContext | None):
+    def __init__(self, guard: Deadline, context: ssl.SSLContext | None):
         super().__init__(context=context)
         self.guard, self.context = guard, context
 
@@ -306,7 +317,7 @@ class _HTTPS(urllib.request.HTTPSHandler):
 
 
 def _opener(
-    label: str, context: ssl.SSLContext | None, guard: _Deadline
+    label: str, context: ssl.SSLContext | None, guard: Deadline
 ) -> urllib.request.OpenerDirector:
     """Only what an HTTP(S) download needs. build_opener would add urllib's FTP, file and data
     handlers, and a redirect to ftp:// was followed through them; here UnknownHandler refuses
@@ -426,7 +437,7 @@ def save(
     return Result(dest, got, n, url)
 
 
-def _read_chunks(resp, deadline: float, guard: _Deadline | None = None) -> Iterable[bytes]:
+def _read_chunks(resp, deadline: float, guard: Deadline | None = None) -> Iterable[bytes]:
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError("deadline")
@@ -438,7 +449,7 @@ def _read_chunks(resp, deadline: float, guard: _Deadline | None = None) -> Itera
         yield chunk
 
 
-def _read_exact(resp, length: int, guard: _Deadline) -> Iterable[bytes]:
+def _read_exact(resp, length: int, guard: Deadline) -> Iterable[bytes]:
     """A body of a declared *length*, then a look for more.
 
     http.client stops at Content-Length and closes, so a longer body would be cut silently and
@@ -455,7 +466,7 @@ def _read_exact(resp, length: int, guard: _Deadline) -> Iterable[bytes]:
             return  # short: save() reports the truncation
         left -= len(chunk)
         yield chunk
-    sock = getattr(getattr(fp, "raw", None), "_sock", None)  # socket.SocketIO's socket
+    sock = stream_socket(resp)
     if sock is None:
         return
     try:
@@ -522,7 +533,7 @@ def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Resul
             label, url, "only file://, http:// and https:// can be downloaded", retryable=False
         )
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
-    guard = _Deadline(policy.deadline)
+    guard = Deadline(policy.deadline)
     try:
         with guard, _opener(label, policy.context, guard).open(req, timeout=policy.timeout) as resp:
             cl = resp.headers.get("Content-Length")

@@ -98,7 +98,7 @@ def test_redirect_within_http_still_followed(tmp_path):
 
 
 def test_opener_has_no_ftp_file_or_data_handler():
-    with download._Deadline(1) as guard:
+    with download.Deadline(1) as guard:
         opener = download._opener("x", None, guard)
     schemes = {
         m.removesuffix("_open")
@@ -111,7 +111,7 @@ def test_opener_has_no_ftp_file_or_data_handler():
 
 def test_ftp_proxy_from_the_environment_adds_no_ftp_opener(monkeypatch):
     monkeypatch.setenv("ftp_proxy", "http://127.0.0.1:9/")
-    with download._Deadline(1) as guard:
+    with download.Deadline(1) as guard:
         opener = download._opener("x", None, guard)
     assert not any(hasattr(h, "ftp_open") for h in opener.handlers)
 
