@@ -496,7 +496,7 @@ def _sync_s3_prefix(hook: Hook, cache: Path, final: Path) -> Path:
             raise HookError(
                 f"hook {hook.name}: {hook.origin} has no {hook.script!r} (found {count} objects)"
             )
-        old = cache / f".{hook.name}.d.old"
+        old = confined(cache, f".{hook.name}.d.old", what=f"hook {hook.name}")
         if old.exists():
             shutil.rmtree(old)
         if final.exists():
