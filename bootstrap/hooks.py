@@ -156,8 +156,8 @@ def _check_dir_chain(paths: Paths, d: Path) -> bool:
     d = Path(os.path.abspath(d))
     root = Path(os.path.abspath(paths.root))
     top = root if d.is_relative_to(root) else Path(d.anchor)
-    chain = [top, *(top / Path(*d.relative_to(top).parts[:i + 1])
-                    for i in range(len(d.relative_to(top).parts)))]  # fmt: skip
+    rel = d.relative_to(top).parts
+    chain = [top.joinpath(*rel[:i]) for i in range(len(rel) + 1)]
     for p in chain:
         try:
             st = os.lstat(p)
@@ -260,15 +260,17 @@ def cache_name(hook: Hook) -> str:
 
 
 def _check_cache_names(ext: list[Hook]) -> None:
+    """Names are unique, so two entries can only meet as a hook named `<x>.d` beside the S3
+    prefix hook `<x>`, whose synced copy is `<x>.d/`."""
     owner: dict[str, Hook] = {}
     for h in ext:
         other = owner.setdefault(cache_name(h), h)
         if other is not h:
-            dl = _dl()
+            prefix, plain = (h, other) if h.script is not None else (other, h)
             raise HookError(
-                f"hook {h.name} refused: its cache entry {cache_name(h)!r} is the one hook "
-                f"{other.name} ({dl.display_url(other.origin)}) uses for its S3 prefix; give "
-                f"one of them another `name` in params"
+                f"hook {plain.name} refused: its cache entry {cache_name(plain)!r} is the one "
+                f"hook {prefix.name} ({_dl().display_url(prefix.origin)}) uses for its S3 "
+                "prefix; give one of them another `name` in params"
             )
 
 

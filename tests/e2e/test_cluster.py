@@ -313,9 +313,13 @@ def test_hook_setsid_daemon_is_stopped_with_its_scope(cluster, tmp_path):
     assert "processes it left running were stopped (scope)" in log, log
 
 
-@pytest.mark.parametrize("case", ["fails", "hangs", "bad-sha256"])
+@pytest.mark.parametrize("case", ["fails", "hangs", "bad-sha256", "not-a-file"])
 def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
-    if case == "fails":
+    if case == "not-a-file":  # a device (a FIFO blocked the boot forever): refused, not read
+        scripts = {}
+        hook = {"uri": "file:///dev/zero", "name": "50-dev"}
+        expect = "hook 50-dev could not be fetched: cannot read /dev/zero: not a regular file"
+    elif case == "fails":
         scripts = {"20-fail.sh": "#!/bin/sh\necho failing on purpose >&2\nexit 3\n"}
         hook = {"uri": "file:///opt/e2e-hooks/20-fail.sh"}
         expect = "hook 20-fail.sh failed (exit 3)"

@@ -75,15 +75,15 @@ def test_refused_ancestor_drains_the_node_and_runs_nothing(tmp_path):
 
 
 # -- hook names against the runner's cache -----------------------------------------------------
-def test_name_that_is_another_hooks_prefix_directory_is_refused(paths):
+@pytest.mark.parametrize("reverse", [False, True])
+def test_name_that_is_another_hooks_prefix_directory_is_refused(paths, reverse):
     """An S3 prefix hook `setup` owns the cache entry `setup.d`; a hook named `setup.d` would
-    fetch over (or into) it. Refused before anything runs, both hooks named."""
-    spec = params(
-        hooks=[
-            {"uri": "s3://bucket/lifecycle/", "script": "on_create.sh", "name": "setup"},
-            {"uri": "https://h.example/setup.d", "name": "setup.d"},
-        ]
-    )
+    fetch over (or into) it. Refused before anything runs, both hooks named, either order."""
+    hooks = [
+        {"uri": "s3://bucket/lifecycle/", "script": "on_create.sh", "name": "setup"},
+        {"uri": "https://h.example/setup.d", "name": "setup.d"},
+    ]
+    spec = params(hooks=hooks[::-1] if reverse else hooks)
     with pytest.raises(
         HookError,
         match=r"hook setup\.d refused: its cache entry 'setup\.d' is the one hook setup "
