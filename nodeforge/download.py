@@ -484,12 +484,12 @@ def _open_regular(src: Path) -> int:
     was opened is still a regular file (it may have been swapped in between)."""
     st = os.stat(src)
     if not stat.S_ISREG(st.st_mode):
-        raise IsADirectoryError(0, f"not a regular file ({_kind(st.st_mode)})")
+        raise OSError(0, f"not a regular file ({_kind(st.st_mode)})")
     fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise IsADirectoryError(0, f"not a regular file ({_kind(st.st_mode)})")
+        raise OSError(0, f"not a regular file ({_kind(st.st_mode)})")
     return fd
 
 

@@ -182,11 +182,17 @@ class SlowHeaders(QuietHandler):
             pass
 
 
-def test_headers_dripping_forever_hit_the_attempt_deadline(tmp_path):
-    with http_server(SlowHeaders) as base:
+@pytest.mark.parametrize("tls", [False, True])
+def test_headers_dripping_forever_hit_the_attempt_deadline(tmp_path, tls):
+    server_ctx, client_ctx = loopback_tls(tmp_path) if tls else (None, None)
+    with http_server(SlowHeaders, server_ctx) as base:
         t = time.monotonic()
         with pytest.raises(DownloadError, match=r"not finished within 0\.5s") as ei:
-            _dl(base + "/x", tmp_path, Policy(timeout=2, deadline=0.5, attempts=1))
+            _dl(
+                base + "/x",
+                tmp_path,
+                Policy(timeout=2, deadline=0.5, attempts=1, context=client_ctx),
+            )
         took = time.monotonic() - t
     assert took < 1.5 and ei.value.retryable
     assert _landed(tmp_path) == []
