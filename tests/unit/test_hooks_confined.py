@@ -17,6 +17,7 @@ from test_hooks import params, runner, script
 from nodeforge.bootstrap.agent import StepFailed, stop_on_sigterm
 from nodeforge.bootstrap.hooks import HookError, discover
 from nodeforge.bootstrap.paths import Paths
+from tests.helpers import process_running
 
 pytestmark = pytest.mark.unit
 
@@ -147,13 +148,5 @@ def test_sigterm_at_the_unit_bound_drains_with_the_reason_and_stops_the_hook(tmp
     assert reason.startswith("nodeforge: hooks step failed: stopped by SIGTERM (nodeforge-init")
     assert "DRAIN" in fm.nodes["c1"]["State"]
     assert agent.state.status == "failed" and agent.state.steps["hooks"].status == "failed"
-    assert not _alive(int(pidfile.read_text()))
+    assert not process_running(int(pidfile.read_text()))
     assert signal.getsignal(signal.SIGTERM) is not None  # restored, not left ignoring
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
