@@ -347,6 +347,34 @@ def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
     assert status()[name]["agent"] == "failed"
 
 
+def _sh(node: str, script: str) -> str:
+    return cx(node, "sh", "-c", script + " || true").strip()
+
+
+def test_unit_stopped_at_its_bound_leaves_node_drained_with_the_reason(cluster, tmp_path):
+    """What TimeoutStartSec does at its bound, done at once with `systemctl stop` (the same
+    SIGTERM): the hook is stopped, the node stays drained with the reason, the agent failed."""
+    scripts = {"70-hang.sh": "#!/bin/sh\necho $$ > /run/e2e-hang.pid\nsleep 600\n"}
+    hook = {"uri": "file:///opt/e2e-hooks/70-hang.sh", "timeout": 300}
+    name = add_node(tmp_path, [hook], scripts, wait=False)
+    wait_for(
+        f"{name} running its hook",
+        lambda: (
+            _sh(name, "test -s /run/e2e-hang.pid && echo yes") == "yes"
+            and "running hooks" in node_state(name)[1]
+        ),
+        timeout=240,
+        every=0.5,
+    )
+    cx(name, "systemctl", "stop", "nodeforge-init.service", timeout=150)
+    st, reason = node_state(name)
+    assert "drain" in st, (st, reason)
+    assert reason.startswith("nodeforge: hooks step failed: stopped by SIGTERM"), reason
+    pid = cx(name, "cat", "/run/e2e-hang.pid").strip()
+    assert _sh(name, f"test -e /proc/{pid} && echo alive") == "", "the hook outlived the stop"
+    assert status()[name]["agent"] == "failed"
+
+
 def test_malformed_params_name_the_field_and_keep_node_out(cluster, tmp_path):
     params = tmp_path / "bad.yaml"
     params.write_text(yaml.safe_dump({"features": ["ok", "not ok!"]}))
