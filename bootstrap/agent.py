@@ -9,11 +9,13 @@ enabled), so the readiness gate is applied again before slurmd comes back after 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
+import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -45,6 +47,35 @@ def role_module(role: str) -> ModuleType:
 
 class StepFailed(NodeforgeError):
     exit_code = 1
+
+
+class Stopped(NodeforgeError):
+    """SIGTERM while `node init` ran: systemd's start bound of nodeforge-init.service
+    (TimeoutStartSec, roles/node_agent) was reached, or someone stopped the unit."""
+
+    def __init__(self, signum: int):
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} (nodeforge-init.service start bound "
+            "TimeoutStartSec reached, or the unit was stopped)"
+        )
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While `node init` runs, SIGTERM fails the current step (Stopped) instead of killing the
+    process outright: the step records the reason, a compute/login node is left drained with
+    it, the hook being run is stopped with everything it started (proc.run_group), and the unit
+    ends failed. Only the first SIGTERM: the drain that follows must not be cut short."""
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signum, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @dataclass

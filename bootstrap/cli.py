@@ -90,7 +90,7 @@ def _paths(root: Path):
 
 
 def _init(args: argparse.Namespace) -> int:
-    from .agent import Agent, StepFailed
+    from .agent import Agent, StepFailed, Stopped, stop_on_sigterm
     from .params_sources import IMDS_URL, SourceConfig
 
     paths = _paths(args.root)
@@ -108,8 +108,9 @@ def _init(args: argparse.Namespace) -> int:
     imds = None if args.no_imds else (args.imds_url or IMDS_URL)
     agent = Agent(paths=paths, sources=SourceConfig(paths, imds_url=imds))
     try:
-        state = agent.init()
-    except StepFailed as exc:
+        with stop_on_sigterm():
+            state = agent.init()
+    except (StepFailed, Stopped) as exc:
         print(f"nodeforge: node init failed: {exc}", file=sys.stderr)
         print(
             "nodeforge: `nodeforge node status` shows the steps; fix and rerun `nodeforge node init`",

@@ -373,9 +373,13 @@ def test_hook_setsid_daemon_is_stopped_with_its_scope(cluster, tmp_path):
     assert "processes it left running were stopped (scope)" in log, log
 
 
-@pytest.mark.parametrize("case", ["fails", "hangs", "bad-sha256"])
+@pytest.mark.parametrize("case", ["fails", "hangs", "bad-sha256", "not-a-file"])
 def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
-    if case == "fails":
+    if case == "not-a-file":  # a device (a FIFO blocked the boot forever): refused, not read
+        scripts = {}
+        hook = {"uri": "file:///dev/zero", "name": "50-dev"}
+        expect = "hook 50-dev could not be fetched: cannot read /dev/zero: not a regular file"
+    elif case == "fails":
         scripts = {"20-fail.sh": "#!/bin/sh\necho failing on purpose >&2\nexit 3\n"}
         hook = {"uri": "file:///opt/e2e-hooks/20-fail.sh"}
         expect = "hook 20-fail.sh failed (exit 3)"
@@ -400,6 +404,34 @@ def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
     assert expect in st[1], st
     reasons = cx("ctl", "sinfo", "-R", "-h", "-o", "%n|%E")
     assert any(line.startswith(name + "|") and expect in line for line in reasons.splitlines())
+    assert status()[name]["agent"] == "failed"
+
+
+def _sh(node: str, script: str) -> str:
+    return cx(node, "sh", "-c", script + " || true").strip()
+
+
+def test_unit_stopped_at_its_bound_leaves_node_drained_with_the_reason(cluster, tmp_path):
+    """What TimeoutStartSec does at its bound, done at once with `systemctl stop` (the same
+    SIGTERM): the hook is stopped, the node stays drained with the reason, the agent failed."""
+    scripts = {"70-hang.sh": "#!/bin/sh\necho $$ > /run/e2e-hang.pid\nsleep 600\n"}
+    hook = {"uri": "file:///opt/e2e-hooks/70-hang.sh", "timeout": 300}
+    name = add_node(tmp_path, [hook], scripts, wait=False)
+    wait_for(
+        f"{name} running its hook",
+        lambda: (
+            _sh(name, "test -s /run/e2e-hang.pid && echo yes") == "yes"
+            and "running hooks" in node_state(name)[1]
+        ),
+        timeout=240,
+        every=0.5,
+    )
+    cx(name, "systemctl", "stop", "nodeforge-init.service", timeout=150)
+    st, reason = node_state(name)
+    assert "drain" in st, (st, reason)
+    assert reason.startswith("nodeforge: hooks step failed: stopped by SIGTERM"), reason
+    pid = cx(name, "cat", "/run/e2e-hang.pid").strip()
+    assert _sh(name, f"test -e /proc/{pid} && echo alive") == "", "the hook outlived the stop"
     assert status()[name]["agent"] == "failed"
 
 
