@@ -67,7 +67,7 @@ def test_box_vagrantfile_boots_the_kernel_it_carries():
     text = remote.BOX_VAGRANTFILE.read_text()
     assert re.search(r'lv\.kernel = File\.join\(File\.dirname\(__FILE__\), "vmlinuz"\)', text)
     assert re.search(r'lv\.initrd = File\.join\(File\.dirname\(__FILE__\), "initrd\.img"\)', text)
-    assert "root=/dev/vda" in text
+    assert "root=LABEL=nodeforge-root" in text and "/dev/vda" not in text
     # Packer renders the file as a Go template: a stray '{{' would break the box.
     assert "{{" not in text
 
