@@ -208,9 +208,9 @@ def make_root(dev: str, layout: Layout, tree: Path, fs_uuid: str) -> None:
 
 
 @contextmanager
-def mounted(device: str, mountpoint: Path) -> Iterator[Path]:
+def mounted(device: str | Path, mountpoint: Path, options: str = "") -> Iterator[Path]:
     mountpoint.mkdir(parents=True, exist_ok=True)
-    proc.run(["mount", device, mountpoint], timeout=120)
+    proc.run(["mount", *(["-o", options] if options else []), device, mountpoint], timeout=120)
     try:
         yield mountpoint
     finally:

@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -54,20 +53,13 @@ def root_partition(raw: Path) -> tuple[int, int] | None:
     return int(best["start"]) * sector, int(best["size"]) * sector
 
 
-@contextmanager
 def loop_mounted(raw: Path, mountpoint: Path):
-    mountpoint.mkdir(parents=True, exist_ok=True)
+    """The root filesystem of *raw* (the disk, or its largest partition) loop-mounted."""
     opts = "loop"
     part = root_partition(raw)
     if part is not None:
         opts += f",offset={part[0]},sizelimit={part[1]}"
-    proc.run(["mount", "-o", opts, raw, mountpoint], timeout=120)
-    try:
-        yield mountpoint
-    finally:
-        cp = proc.run(["umount", mountpoint], check=False, timeout=120)
-        if cp.returncode != 0:  # something still holds it: do not leave the mount behind
-            proc.run(["umount", "--lazy", mountpoint], check=False, timeout=120)
+    return bootdisk.mounted(raw, mountpoint, opts)
 
 
 def seal_tree(tree: Path, stub: dict, boot_out: Path, logfile: IO[str], started: float) -> dict:
