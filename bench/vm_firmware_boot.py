@@ -69,7 +69,7 @@ def analyze(text: str) -> dict[str, float]:
 
 def wait_schedulable(ctl: VM, name: str, t0: float, limit: float) -> float:
     while time.monotonic() - t0 < limit:
-        cp = ctl.ssh(f"scontrol show node {name} 2>&1 | head -5", timeout=60, check=False)
+        cp = ctl.ssh(f"scontrol show node {name} 2>&1", timeout=60, check=False)
         state = re.search(r"State=(\S+)", cp.stdout or "")
         if (
             state
