@@ -85,14 +85,7 @@ def seal_disk(disk: Path, stub: dict, boot_out: Path, logfile: IO[str]) -> dict:
         else:
             with loop_mounted(raw, work / "mnt") as tree:
                 image = seal_tree(tree, stub, boot_out, logfile, started)
-                # ext4 frees deleted blocks only when the journal commits: commit first, or
-                # fstrim sees them still in use and the deleted data stays on the disk.
-                proc.run(["sync", "--file-system", tree], timeout=600)
-                trimmed = proc.run([proc.require_tool("fstrim"), "-v", tree], timeout=600).stdout
-                logfile.write(
-                    f"seal: discard free blocks — deleted files must not be recoverable: "
-                    f"{trimmed.strip()}\n"
-                )
+                export.discard_free_blocks(tree, logfile)
         tmp = disk.with_name(disk.name + ".sealed")
         proc.run([proc.require_tool("qemu-img"), "convert", "-O", "qcow2", raw, tmp], timeout=1800)
         os.replace(tmp, disk)

@@ -252,14 +252,18 @@ def finish_disk(
                 + " — nothing was exported; see images/sealed.yaml"
             )
         logfile.write(f"disk: scanned partitions {', '.join(found)}: no finding\n")
-        # ext4 frees deleted blocks only when the journal commits: commit first, or
-        # fstrim sees them still in use and the deleted data stays on the disk.
-        proc.run(["sync", "--file-system", root], timeout=600)
-        trimmed = proc.run([proc.require_tool("fstrim"), "-v", root], timeout=600).stdout
-        logfile.write(
-            f"seal: discard free blocks — deleted files must not be recoverable: "
-            f"{trimmed.strip()}\n"
-        )
+        discard_free_blocks(root, logfile)
+
+
+def discard_free_blocks(root: Path, logfile: IO[str]) -> None:
+    """fstrim the mounted filesystem, so nothing deleted can be read back from the disk."""
+    # ext4 frees deleted blocks only when the journal commits: commit first, or
+    # fstrim sees them still in use and the deleted data stays on the disk.
+    proc.run(["sync", "--file-system", root], timeout=600)
+    trimmed = proc.run([proc.require_tool("fstrim"), "-v", root], timeout=600).stdout
+    logfile.write(
+        f"seal: discard free blocks — deleted files must not be recoverable: {trimmed.strip()}\n"
+    )
 
 
 def copy_boot_files(tree: Path, dest_dir: Path) -> list[Path]:
