@@ -91,15 +91,20 @@ def qemu_image_manifest(**phases: float) -> dict:
 
 
 def debugfs_read(disk: Path, work: Path, request: str) -> str:
-    """Run one debugfs request (`cat /etc/x`, `ls /root/.ssh`) on a qcow2 disk, no mount.
+    """Run one debugfs request (`cat /etc/x`, `ls /root/.ssh`) on a qcow2 disk's root
+    filesystem (the disk itself, or its largest partition), no mount.
     debugfs reports a missing path on stderr and exits 0: callers check the text."""
+    from nodeforge.images.disk_seal import root_partition
+
     raw = work / "inspect.raw"
     subprocess.run(
         ["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True, timeout=600
     )
     try:
+        part = root_partition(raw)  # a partitioned disk: its root filesystem (the largest)
+        where = str(raw) if part is None else f"{raw}?offset={part[0]}"
         return subprocess.run(
-            ["debugfs", "-R", request, str(raw)],
+            ["debugfs", "-R", request, where],
             capture_output=True,
             text=True,
             timeout=120,
