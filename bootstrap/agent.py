@@ -12,14 +12,16 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from nodeforge import redact
 from nodeforge.errors import NodeforgeError
-from nodeforge.fsutil import write_atomic
+from nodeforge.fsutil import restrict_mode, write_atomic
 
 from . import identity, munge
 from .host import Host
@@ -41,6 +43,26 @@ def role_module(role: str) -> ModuleType:
     if role not in ROLE_MODULES:
         raise NodeforgeError(f"role: {role!r} is not one of {', '.join(ROLE_MODULES)}")
     return importlib.import_module(f"{__package__}.node_roles.{role}")
+
+
+def restrict_outputs(paths: Paths) -> None:
+    """Narrow what holds params or errors to root-only: state.json, the params copy and the
+    logs under the log directory (an older agent, or a tool, may have left them wider)."""
+    for d in (paths.state_file.parent, paths.log_dir, paths.hooks_log_dir):
+        restrict_mode(d, 0o700)
+    for f in (paths.state_file, paths.params_json):
+        restrict_mode(f, 0o600)
+    for d in (paths.log_dir, paths.hooks_log_dir):
+        try:
+            names = sorted(os.listdir(d))[:LOGS_MAX]
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".log"):
+                restrict_mode(d / name, 0o600)
+
+
+LOGS_MAX = 4096  # log files narrowed per directory (bounded: a directory may be huge)
 
 
 class StepFailed(NodeforgeError):
@@ -71,6 +93,7 @@ class Agent:
 
     # -- main ---------------------------------------------------------------------------------
     def init(self) -> State:
+        restrict_outputs(self.paths)
         self.state = State.load(self.paths.state_file)
         st = self.state
         t0 = now()
@@ -148,7 +171,7 @@ class Agent:
         except Exception as exc:
             import traceback  # only on a crash
 
-            log.error("step %s crashed:\n%s", name, traceback.format_exc())
+            log.error("step %s crashed:\n%s", name, redact.text(traceback.format_exc()))
             self._fail(name, f"{type(exc).__name__}: {exc}")
             raise
         rec.detail = detail
@@ -204,7 +227,7 @@ class Agent:
         if p.users_keypair is not None:
             # hooks get the PATH of the root-only private key, never the key itself
             public["users_keypair_file"] = str(identity.users_keypair_paths(self.paths)[0])
-        write_atomic(self.paths.params_json, json.dumps(public, indent=2) + "\n", 0o640)
+        write_atomic(self.paths.params_json, json.dumps(public, indent=2) + "\n", 0o600)
         return {
             "source": self.loaded.source,
             "role": p.role,

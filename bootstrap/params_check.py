@@ -48,8 +48,9 @@ def check_user_data(path: Path, imds_guarded: bool) -> Checked:
     return Checked(parse_params(section, f"{path} nodeforge"), "user-data")
 
 
-def check_cmdline(text: str, label: str) -> Checked:
-    data = cmdline_params(text, label, url_reader=_offline_url)
+def check_cmdline(raw: bytes | str, label: str) -> Checked:
+    """*raw*: /proc/cmdline's bytes, or a string (made bytes the one way: cmdline_bytes)."""
+    data = cmdline_params(raw, label, url_reader=_offline_url)
     if data is None:
         raise ParamsError(f"{label}: no nodeforge.* arguments (e.g. nodeforge.role=compute)")
     return Checked(parse_params(data, label), "cmdline")

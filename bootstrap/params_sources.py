@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -22,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from nodeforge import redact
 from nodeforge.errors import NodeforgeError
 
 from . import strict_yaml
-from .params import SECRET_KEYS, Params, ParamsError, parse_params
+from .params import SECRET_KEYS, Params, ParamsError, is_ip, parse_params, unusable_address
 from .paths import Paths
 from .private_read import UnsafeFileError, read_private
 
@@ -193,35 +195,61 @@ def kernel_args(text: str) -> list[tuple[str, str | None]]:
         i = j + 1 if j < n else j
 
 
-def parse_cmdline(text: str) -> dict[str, str]:
+def cmdline_bytes(text: str) -> bytes:
+    """A command line given as a string (`params check --cmdline`) as the bytes a kernel would
+    get: UTF-8, with the bytes that argv could not decode given back (surrogateescape)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no byte stands for: keep it non-ASCII
+        return text.encode("utf-8", "surrogatepass")
+
+
+def parse_cmdline(raw: bytes | str, label: str = "kernel command line") -> dict[str, str]:
     """The nodeforge.* arguments of a kernel command line (aliases resolved).
 
+    The one parser for /proc/cmdline (bytes) and `params check --cmdline` (a string, made
+    bytes by `cmdline_bytes`): words are split on the bytes exactly as the kernel splits them,
+    and a nodeforge.* word must be ASCII (any other byte, and so any invalid UTF-8, is refused
+    with the word named), so both readers always agree.
     A key given twice is an error: which of two values the operator meant is not ours to guess.
     """
+    if isinstance(raw, str):
+        raw = cmdline_bytes(raw)
     out: dict[str, str] = {}
-    for param, val in kernel_args(text):
-        if not param.startswith("nodeforge.") or val is None:
+    # latin-1 maps each byte to one character: the kernel's own view, byte for byte.
+    for param, val in kernel_args(raw.decode("latin-1")):
+        if not param.startswith("nodeforge."):
+            continue
+        word = param if val is None else f"{param}={val}"
+        if not word.isascii():
+            pos = next(i for i, ch in enumerate(word) if ord(ch) > 0x7F)
+            name = param if param.isascii() else ascii(param.encode("latin-1"))[2:-1]
+            raise ParamsError(
+                f"{label}: {name}: byte 0x{ord(word[pos]):02X} at offset {pos} of the word is "
+                "not ASCII; nodeforge.* arguments take ASCII only (percent-encode a URL)"
+            )
+        if val is None:
             continue
         k = param[len("nodeforge.") :]
         k = _CMDLINE_ALIASES.get(k, k)
         if k in out:
-            raise ParamsError(f"kernel command line: {param}: given twice; keep one")
+            raise ParamsError(f"{label}: {param}: given twice; keep one")
         out[k] = val
     return out
 
 
-def read_cmdline(path: Path) -> str:
-    # Bytes as the kernel sees them; latin-1 maps each byte to one character.
-    return path.read_bytes().decode("latin-1")
+def read_cmdline(path: Path) -> bytes:
+    """The kernel command line as bytes (parse_cmdline decodes them the kernel's way)."""
+    return path.read_bytes()
 
 
 def cmdline_params(
-    text: str,
+    raw: bytes | str,
     label: str = "kernel command line",
     url_reader: Callable[[str, str], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """The params mapping that a kernel command line gives, or None if it has no nodeforge.*."""
-    kv = parse_cmdline(text)
+    kv = parse_cmdline(raw, label)
     if not kv:
         return None
     # /proc/cmdline is world-readable: a secret on it is public to every local user.
@@ -272,11 +300,11 @@ def _params_url(url: str, label: str) -> dict[str, Any]:
 
 def _from_cmdline(cfg: SourceConfig) -> Loaded | None:
     try:
-        text = read_cmdline(cfg.paths.cmdline)
+        raw = read_cmdline(cfg.paths.cmdline)
     except OSError:
         return None
     label = "kernel command line"
-    data = cmdline_params(text, label)
+    data = cmdline_params(raw, label)
     if data is None:
         return None
     return Loaded(parse_params(data, label), "cmdline")
@@ -447,15 +475,52 @@ def load_hyperpod(rc_path: Path, pp_path: Path, addrs: set[str], hostname: str) 
 def _json(path: Path) -> tuple[Any, str | None]:
     text, exposed = _read_params_file(path, str(path))
     try:
-        return json.loads(
-            text, parse_constant=_no_constant, object_pairs_hook=_no_dup(path)
-        ), exposed
+        doc = json.loads(
+            text,
+            parse_constant=_NonFinite,
+            parse_float=_json_float,
+            object_pairs_hook=_no_dup(path),
+        )
     except json.JSONDecodeError as exc:
         raise ParamsError(f"{path}: not valid JSON: {exc}") from exc
+    _refuse_non_finite(doc, str(path))
+    return doc, exposed
 
 
-def _no_constant(name: str) -> Any:
-    raise ParamsError(f"{name} is not a JSON number; give a finite value")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class _NonFinite:
+    """Stands in for NaN, Infinity or a number that overflows to inf while the document is
+    parsed, so the refusal can name the field (the parser's hook does not know where it is)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _json_float(text: str) -> float | _NonFinite:
+    f = float(text)
+    return f if math.isfinite(f) else _NonFinite(text)
+
+
+def _refuse_non_finite(doc: Any, label: str) -> None:
+    """Raise, naming the file and the field, at the first NaN/Infinity in *doc* (iterative:
+    no recursion limit to hit)."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, _NonFinite):
+            shown = v.text if len(v.text) <= 24 else v.text[:24] + "…"
+            raise ParamsError(
+                f"{label}: {where or '(top level)'}: {shown} is not a finite JSON number; "
+                "give a finite value"
+            )
+        if isinstance(v, dict):
+            for k, x in reversed(v.items()):
+                k = k if _PLAIN_KEY.fullmatch(k) else redact.value(k, 40)
+                stack.append((f"{where}.{k}" if where else k, x))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
 
 
 def _no_dup(path: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
@@ -476,6 +541,15 @@ def _hp_str(v: Any, label: str, field: str, required: bool = True) -> str | None
     if not isinstance(v, str) or not v:
         raise ParamsError(f"{label}: {field}: expected a non-empty string, got {_tn(v)}")
     return v
+
+
+# The params that HyperPod's own fields give: a `nodeforge:` section may add other params, never
+# these (docs/agent.md "HyperPod").
+HYPERPOD_DECIDES = {
+    "role": "the instance group of this node in resource_config.json",
+    "controller": "the controller_group's instance address in resource_config.json",
+    "cluster_name": "cluster_name in provisioning_parameters.json, default 'hyperpod'",
+}
 
 
 def hyperpod_params(
@@ -550,6 +624,12 @@ def hyperpod_params(
             )
             iname = _hp_str(inst.get("InstanceName"), rc_label, f"{ipath}.InstanceName", False)
             if addr is not None:
+                why = None if is_ip(addr) else "not an IP address"
+                why = why or unusable_address(addr)
+                if why is not None:
+                    raise ParamsError(
+                        f"{rc_label}: {ipath}.CustomerIpAddress: {redact.value(addr)} is {why}"
+                    )
                 if addr in group_of_addr and group_of_addr[addr] != name:
                     raise ParamsError(
                         f"{rc_label}: {ipath}.CustomerIpAddress: {addr} is in two groups, "
@@ -610,10 +690,21 @@ def hyperpod_params(
         names = list(dict.fromkeys(partition_of.values()))
         data["partitions"] = [{"name": n, "default": i == 0} for i, n in enumerate(names)]
     for k, val in extra_section.items():
+        if k in HYPERPOD_DECIDES:
+            raise ParamsError(
+                f"{pp_label}: nodeforge.{k}: refused; HyperPod's own fields decide it "
+                f"({HYPERPOD_DECIDES[k]}), so a compute can never be turned into a controller "
+                "or sent to another controller; remove the key"
+            )
         if k == "extra":
             if not isinstance(val, dict):
                 raise ParamsError(
                     f"{pp_label}: nodeforge.extra: expected a mapping, got {_tn(val)}"
+                )
+            if "hyperpod" in val:
+                raise ParamsError(
+                    f"{pp_label}: nodeforge.extra.hyperpod: refused; the agent fills it from "
+                    "HyperPod's files (instance group, name, address); use another key"
                 )
             data["extra"].update(val)
         elif k == "features" and role == "compute":

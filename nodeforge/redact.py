@@ -16,6 +16,7 @@ Standard library only (it ships to nodes).
 
 from __future__ import annotations
 
+import logging
 import re
 import urllib.parse
 from typing import Any
@@ -74,7 +75,17 @@ def _query_item(item: str) -> str:
 def _url_match(m: re.Match[str]) -> str:
     s = m.group()
     cut = len(s.rstrip(_URL_TAIL))
-    return url(s[:cut]) + s[cut:]
+    u = s[:cut]
+    if not any(c in u for c in "@?#"):
+        return s  # nothing to hide: leave it exactly as written ("SCHEME://HOST" in a hint)
+    shown = url(u)
+    if shown == "<unparseable URL>":
+        # Not a URL urllib reads ("https://[x"): drop whatever could be userinfo or query.
+        scheme, _, rest = u.partition("://")
+        rest = rest.rsplit("@", 1)[-1]
+        shown = f"{scheme}://{re.split(r'[?#]', rest, maxsplit=1)[0]}"
+        shown += "?…" if any(c in rest for c in "?#") else ""
+    return shown + s[cut:]
 
 
 def _blob_match(m: re.Match[str]) -> str:
@@ -119,6 +130,14 @@ def value(v: Any, limit: int = 80) -> str:
     if len(v) > limit:
         v = v[:limit] + "…"
     return repr(v)
+
+
+class Formatter(logging.Formatter):
+    """A log formatter whose every line (message, arguments and traceback) goes through
+    `text`: the net under every log call, including a crash's traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return text(super().format(record))
 
 
 def obj(x: Any) -> Any:
