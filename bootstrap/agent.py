@@ -180,6 +180,10 @@ class Agent:
         log.info("step %s: done in %.2fs", name, rec.duration or 0.0)
 
     def _fail(self, name: str, error: str, reason: str | None = None) -> None:
+        # A crash's message is not a NodeforgeError's (redacted when made): redact it here, as
+        # it goes to state.json, the log and the drain reason.
+        error = redact.text(error)
+        reason = redact.text(reason) if reason is not None else None
         self.state.end(name, now(), "failed", error)
         self._save(durable=True)
         log.error("step %s failed: %s", name, error)

@@ -93,15 +93,20 @@ def _blob_match(m: re.Match[str]) -> str:
 
 
 def _looks_secret(s: str) -> bool:
-    """A run of base64-ish characters that mixes upper case, lower case and digits (a key),
-    not an absolute path (/var/lib/...)."""
+    """A run of base64-ish characters that mixes upper case, lower case and digits (a key).
+    One that starts with '/' may be a path (/var/lib/...): it counts when it has base64's
+    '+' or '=' padding, or a 16+ character segment that mixes all three."""
     core = s.rstrip("=")
+    if len(core) < 32:
+        return False
+    if core.startswith("/") and "+" not in core and core == s:
+        return any(len(seg) >= 16 and _mixed(seg) for seg in core.split("/"))
+    return _mixed(core)
+
+
+def _mixed(s: str) -> bool:
     return (
-        len(core) >= 32
-        and not core.startswith("/")
-        and any(c.isupper() for c in core)
-        and any(c.islower() for c in core)
-        and any(c.isdigit() for c in core)
+        any(c.isupper() for c in s) and any(c.islower() for c in s) and any(c.isdigit() for c in s)
     )
 
 
