@@ -26,7 +26,7 @@ from nodeforge.fsutil import restrict_mode, write_atomic
 from . import identity, munge
 from .host import Host
 from .node_roles import Early, RoleContext
-from .params import Params
+from .params import Params, ParamsError, is_ip, unusable_address
 from .params_sources import Loaded, SourceConfig, load_params
 from .paths import Paths
 from .readiness import Gate
@@ -214,6 +214,7 @@ class Agent:
         self.features = read_features(self.paths)
         current = self.hostname()
         self.node = identity.node_name(p, current)
+        self._refuse_local_broadcast()
         self.address = self._address()
         st.role, st.node, st.cluster, st.source = (
             p.role,
@@ -238,6 +239,20 @@ class Agent:
             "node": self.node,
             "address": self.address,
         }
+
+    def _refuse_local_broadcast(self) -> None:
+        """A controller address that is the broadcast address of one of this node's subnets
+        (the prefix params cannot know). The kernel refuses a UDP connect to it
+        (EACCES), so the route probe comes back empty; only then are the subnets read (no
+        cost on the path to ready)."""
+        p = self.params
+        addr = p.controller.address if p.role != "controller" else ""
+        if not addr or not is_ip(addr) or ":" in addr or self.host.source_address(addr):
+            return  # no IPv4 controller address, or one the kernel routes to one host
+        why = unusable_address(addr, identity.local_networks(self.host))
+        if why is not None:
+            source = self.loaded.source if self.loaded else "params"
+            raise ParamsError(f"{source}: controller.address: {addr} is {why}")
 
     def _address(self) -> str:
         p = self.params

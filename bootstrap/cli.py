@@ -156,7 +156,9 @@ def _params_check(args: argparse.Namespace) -> int:
     elif args.cmdline is not None:
         from .params_sources import cmdline_bytes
 
-        checked = pc.check_cmdline(cmdline_bytes(args.cmdline), "kernel command line (--cmdline)")
+        # argparse turns `--cmdline=--` into [] (it drops a "--" value): give it back.
+        text = args.cmdline if isinstance(args.cmdline, str) else "--"
+        checked = pc.check_cmdline(cmdline_bytes(text), "kernel command line (--cmdline)")
     else:
         from .params_sources import read_cmdline
 
