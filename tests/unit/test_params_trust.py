@@ -34,7 +34,7 @@ pytestmark = pytest.mark.unit
 
 PROPS = settings(
     max_examples=300,
-    deadline=2000,
+    deadline=None,  # bounded by max_examples; a per-example deadline flakes on a busy CI
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
