@@ -223,6 +223,9 @@ class Params:
                 d[k] = "<redacted>"
         if self.users_keypair is not None:
             d["users_keypair"] = {"public": self.users_keypair.public, "private": "<redacted>"}
+        # The agent fetches the hooks; nothing downstream needs a URI's credentials or token.
+        for h in d["hooks"]:
+            h["uri"] = redact.url(h["uri"]) if "@" in h["uri"] or "?" in h["uri"] else h["uri"]
         return d
 
 

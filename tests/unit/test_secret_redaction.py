@@ -55,7 +55,8 @@ USERINFO = string.ascii_letters + string.digits + "-._~!$&'()*+,;="
 QUERY = string.ascii_letters + string.digits + "-._~!$'()*+,;=:@/?"
 user_s = st.text(USERINFO.replace(":", ""), min_size=8, max_size=24)
 password_s = st.text(USERINFO + ":", min_size=8, max_size=40)
-query_s = st.text(QUERY, min_size=8, max_size=64)
+# Not ending in '/': params read such a URI as a prefix (a separate rule, not redaction's).
+query_s = st.text(QUERY, min_size=8, max_size=64).filter(lambda s: not s.endswith("/"))
 QUERY_KEYS = ("X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Token", "Signature", "sig",
               "token", "access_token", "t")  # fmt: skip
 munge_keys = st.binary(min_size=32, max_size=192).map(lambda b: base64.b64encode(b).decode())
@@ -89,6 +90,8 @@ def outputs(paths, fm, exc: BaseException | None, stderr: str) -> dict[str, str]
         "agent.log": (paths.log_dir / "agent.log").read_text(),
         "drain reason": "\n".join(" ".join(c) for c in fm.calls if c and "scontrol" in c[0]),
     }
+    if paths.params_json.exists():  # the params copy hooks read (NODEFORGE_PARAMS)
+        out["params.json"] = paths.params_json.read_text()
     if paths.hooks_log_dir.is_dir():
         out["hook logs"] = "".join(p.read_text() for p in sorted(paths.hooks_log_dir.iterdir()))
     for flag in ([], ["--json"]):
@@ -116,7 +119,20 @@ def run_agent(node_yaml: dict, prepare=None) -> tuple[dict[str, str], object]:
         return outputs(paths, fm, exc, err.getvalue()), exc
 
 
-def assert_absent(secret: str, outs: dict[str, str]) -> None:
+# What the outputs say anyway: a generated "secret" that is a piece of it ("partitio") proves
+# nothing. Filled per scenario from a run with placeholder secrets.
+NATURAL: dict[str, str] = {}
+
+
+def natural(kind: str, make_outputs) -> str:
+    if kind not in NATURAL:
+        NATURAL[kind] = "\n".join(make_outputs().values())
+    return NATURAL[kind]
+
+
+def assert_absent(secret: str, outs: dict[str, str], natural_text: str = "") -> None:
+    if secret in natural_text:
+        return  # not a secret-shaped string here: the run without it says the same words
     for where, text in outs.items():
         assert secret not in text, f"the secret leaked into {where}"
 
@@ -171,15 +187,19 @@ def test_accepted_munge_key_in_no_output(key, failure):
     kind=st.sampled_from(["fetch fails", "space in uri", "control char", "bad scheme"]),
 )
 def test_uri_credentials_in_no_output(user, password, qkey, qval, kind):
-    uri = f"http://{user}:{password}@127.0.0.1:1/x.sh?{qkey}={qval}"
-    if kind == "space in uri":
-        uri += " x"
-    elif kind == "control char":
-        uri += "\x01"
-    elif kind == "bad scheme":
-        uri = "ftp" + uri[4:]
-    hook = {"uri": uri, "sha256": "a" * 64}
-    outs, exc = run_agent({**COMPUTE, "hooks": [hook], "hook_retries": 0})
+    def run(user, password, qval):
+        uri = f"http://{user}:{password}@127.0.0.1:1/x.sh?{qkey}={qval}"
+        if kind == "space in uri":
+            uri += " x"
+        elif kind == "control char":
+            uri += "\x01"
+        elif kind == "bad scheme":
+            uri = "ftp" + uri[4:]
+        hook = {"uri": uri, "sha256": "a" * 64}
+        return run_agent({**COMPUTE, "hooks": [hook], "hook_retries": 0})
+
+    outs, exc = run(user, password, qval)
+    said = natural(f"uri {kind} {qkey}", lambda: run("uuuuuuuu", "pppppppp", "qqqqqqqq")[0])
     assert isinstance(exc, StepFailed)
     if kind == "fetch fails":  # refused by 127.0.0.1:1: the hook step fails and drains
         assert "could not be fetched" in outs["drain reason"]
@@ -187,7 +207,33 @@ def test_uri_credentials_in_no_output(user, password, qkey, qval, kind):
     else:
         assert "hooks[0].uri" in str(exc)
     for secret in (password, qval, f"{user}:{password}"):
-        assert_absent(secret, outs)
+        assert_absent(secret, outs, said)
+
+
+@AGENT_PROPS
+@given(user=user_s, password=password_s, qkey=st.sampled_from(QUERY_KEYS), qval=query_s)
+def test_params_check_output_hides_uri_credentials(user, password, qkey, qval):
+    """`params check` prints the resolved params: the hook URI without its secrets."""
+
+    def check(user, password, qval) -> dict[str, str]:
+        outs = {}
+        with tempfile.TemporaryDirectory() as d:
+            f = Path(d) / "node.yaml"
+            uri = f"https://{user}:{password}@h.example/x.sh?{qkey}={qval}"
+            f.write_text(json.dumps({**COMPUTE, "hooks": [uri]}))
+            f.chmod(0o600)
+            for flag in ("", "--json"):
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    assert main(["params", "check", "--node-yaml", str(f), *flag.split()]) == 0
+                outs[f"params check {flag}"] = out.getvalue()
+        return outs
+
+    outs = check(user, password, qval)
+    said = natural(f"params check {qkey}", lambda: check("uuuuuuuu", "pppppppp", "qqqqqqqq"))
+    assert all(f"https://h.example/x.sh?{qkey}=" in text for text in outs.values())
+    for secret in (password, qval):
+        assert_absent(secret, outs, said)
 
 
 @FAST_PROPS
