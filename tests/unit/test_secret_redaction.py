@@ -426,3 +426,19 @@ def test_a_crash_message_is_redacted_everywhere(tmp_path):
     assert "Traceback" in outs["agent.log"]
     for secret in ("Hunter2", "5f2b9c0d11e4a7"):
         assert_absent(secret, outs)
+
+
+def test_yaml_syntax_error_on_the_key_line_quotes_no_part_of_it(tmp_path):
+    """PyYAML's message carries a snippet of the line: a key cut short of what redaction
+    recognises (here lower case and digits only, still valid base64) must not show at all."""
+    from nodeforge.bootstrap.params_sources import load_node_yaml
+
+    key = "abcdefghijklmnopqrstuvwxyz0123456789abcdefgh"
+    f = tmp_path / "node.yaml"
+    f.write_text(f"role: compute\nmunge_key: {key}: x\n")
+    f.chmod(0o600)
+    with pytest.raises(ParamsError) as ei:
+        load_node_yaml(f)
+    text = "".join(traceback.format_exception(ei.value))
+    assert "not valid YAML: mapping values are not allowed here (line 2, column" in text
+    assert not any(key[i : i + 8] in text for i in range(len(key) - 8))
