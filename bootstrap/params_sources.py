@@ -127,7 +127,21 @@ def _yaml(text: str, label: str) -> Any:
     except strict_yaml.StrictYAMLError as exc:
         raise ParamsError(f"{label}: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise ParamsError(f"{label}: not valid YAML: {exc}") from exc
+        # from None: the parser's own text quotes the document (see _yaml_problem)
+        raise ParamsError(f"{label}: not valid YAML: {_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's reason and position, without the snippet of the document it prints: the line
+    may hold a secret (a munge key), and a snippet can cut it short of what redaction sees."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return type(exc).__name__
+    parts = []
+    for what, mark in ((exc.context, exc.context_mark), (exc.problem, exc.problem_mark)):
+        if what:
+            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            parts.append(f"{what}{at}")
+    return "; ".join(parts) or type(exc).__name__
 
 
 # -- 2. kernel command line ----------------------------------------------------------------------
@@ -289,7 +303,7 @@ def _params_url(url: str, label: str) -> dict[str, Any]:
         text = _fetch_text(url, label)
         why = "a params URL can be fetched by every user who can reach it"
     else:
-        raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
+        raise ParamsError(f"{label}: {redact.value(url)}: use a file:// or http(s):// URL")
     data = _yaml(text, label) or {}
     if not isinstance(data, dict):
         raise ParamsError(f"{label}: expected a YAML mapping")
@@ -326,7 +340,7 @@ def _params_url_policy() -> download.Policy:
 def _fetch_text(url: str, label: str) -> str:
     # file:// never gets here: it is read with the root-only checks (_read_params_file).
     if not url.startswith(("http://", "https://")):
-        raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
+        raise ParamsError(f"{label}: {redact.value(url)}: use a file:// or http(s):// URL")
     from nodeforge import download  # http/ssl/email: only when params come from a URL
 
     try:
