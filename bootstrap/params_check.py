@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from nodeforge import redact
+
 from .params import Params, ParamsError, parse_params
 from .params_sources import (
     _params_url,
@@ -30,7 +32,8 @@ class Checked:
     source: str
 
     def public(self) -> dict[str, Any]:
-        return {"source": self.source, "params": self.params.public_dict()}
+        # A display: also a secret pasted into a free-form field (extra) is hidden here.
+        return redact.obj({"source": self.source, "params": self.params.public_dict()})
 
 
 def check_node_yaml(path: Path) -> Checked:
@@ -78,4 +81,4 @@ def render(checked: Checked, as_json: bool) -> str:
     if as_json:
         return json.dumps(checked.public(), indent=2) + "\n"
     head = f"valid node params ({checked.source}); secrets redacted\n"
-    return head + yaml.safe_dump(checked.params.public_dict(), sort_keys=False)
+    return head + yaml.safe_dump(checked.public()["params"], sort_keys=False)

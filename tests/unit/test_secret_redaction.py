@@ -463,3 +463,17 @@ def test_redaction_cost_stays_linear_on_a_megabyte(hostile):
     # ~0.04-0.3 s measured on the 2-core CI host; a quadratic rule would take minutes.
     assert time.perf_counter() - t0 < 5
     assert "abcdef" not in out and "Ab1Ab1" not in out and "u:p@" not in out
+
+
+def test_params_check_hides_a_secret_pasted_into_extra(tmp_path):
+    f = tmp_path / "node.yaml"
+    f.write_text(json.dumps({**COMPUTE, "extra": {"note": SECRETISH["aws secret key"],
+                                                  "url": URI}}))  # fmt: skip
+    f.chmod(0o600)
+    for flag in ([], ["--json"]):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["params", "check", "--node-yaml", str(f), *flag]) == 0
+        assert SECRETISH["aws secret key"] not in out.getvalue()
+        assert "Hunter2" not in out.getvalue() and "5f2b9c0d11e4a7" not in out.getvalue()
+        assert "<redacted" in out.getvalue()
