@@ -121,9 +121,15 @@ def agent_logging(paths) -> list[logging.Handler]:
     paths.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     fsutil.restrict_mode(paths.log_dir, 0o700)
     log_file = paths.log_dir / "agent.log"
-    fsutil.open_private_append(
-        log_file
-    ).close()  # created 0600 (or narrowed) before logging opens it
+    try:  # created 0600 (or narrowed) before logging opens it; never through a symlink
+        fsutil.open_private_append(log_file).close()
+    except OSError as exc:
+        from nodeforge.errors import NodeforgeError
+
+        raise NodeforgeError(
+            f"{log_file}: cannot open the agent's log ({exc.strerror}); it must be a regular "
+            "file or absent (a symlink is refused)"
+        ) from None
     handler = logging.FileHandler(log_file)
     handler.setFormatter(redact.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root_log = logging.getLogger("nodeforge")

@@ -477,3 +477,19 @@ def test_params_check_hides_a_secret_pasted_into_extra(tmp_path):
         assert SECRETISH["aws secret key"] not in out.getvalue()
         assert "Hunter2" not in out.getvalue() and "5f2b9c0d11e4a7" not in out.getvalue()
         assert "<redacted" in out.getvalue()
+
+
+def test_a_symlinked_agent_log_is_refused_not_followed(tmp_path):
+    from nodeforge.errors import NodeforgeError
+
+    paths = Paths.under(tmp_path)
+    paths.log_dir.mkdir(parents=True)
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (paths.log_dir / "agent.log").symlink_to(target)
+    with (
+        pytest.raises(NodeforgeError, match="agent.log: cannot open the agent's log"),
+        agent_log(paths),
+    ):
+        pass
+    assert target.read_text() == ""
