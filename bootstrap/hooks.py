@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nodeforge import proc
+from nodeforge import fsutil, proc
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import UnsafeName, confined, safe_name
 
@@ -540,7 +540,9 @@ class Runner:
 
     def run_one(self, hook: Hook) -> HookResult:
         logdir = self.paths.hooks_log_dir
-        logdir.mkdir(parents=True, exist_ok=True)
+        # Hook logs carry fetch errors and hook output: root-only (narrowed if wider).
+        logdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fsutil.restrict_mode(logdir, 0o700)
         logpath = confined(logdir, f"{hook.name}.log", what=f"hook {hook.name}")
         res = HookResult(hook.name, Status.OK, log=str(logpath))
         start = time.monotonic()
@@ -598,7 +600,7 @@ class Runner:
     ) -> proc.GroupResult:
         # An S3 prefix hook runs in its synced directory (lifecycle scripts use ./siblings).
         cwd = str(path.parent) if hook.script is not None else "/"
-        with open(logpath, "a") as out:
+        with fsutil.open_private_append(logpath) as out:
             out.write(
                 f"=== {_now()} {hook.name} attempt {attempt}/{attempts} "
                 f"(timeout {hook.timeout:g}s) {path}\n"
@@ -671,5 +673,5 @@ def _signame(sig: int) -> str:
 
 
 def _append(path: Path, text: str) -> None:
-    with open(path, "a") as f:
+    with fsutil.open_private_append(path) as f:
         f.write(text)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import redact
 from .errors import NodeforgeError
 
 CHUNK = 1 << 16
@@ -97,14 +98,9 @@ class Result:
 
 
 def display_url(url: str) -> str:
-    """*url* without user:password@ and with the query's values hidden (pre-signed tokens)."""
-    try:
-        u = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = u.netloc.rsplit("@", 1)[-1] if "@" in u.netloc else u.netloc
-    query = "&".join(f"{k}=…" for k, _ in urllib.parse.parse_qsl(u.query, keep_blank_values=True))
-    return urllib.parse.urlunsplit((u.scheme, netloc, u.path, query, ""))
+    """*url* without user:password@ and with the query's values hidden (pre-signed tokens):
+    the one redaction helper's rule (nodeforge/redact.py)."""
+    return redact.url(url)
 
 
 def _scrub(text: str, url: str) -> str:

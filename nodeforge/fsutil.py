@@ -10,9 +10,10 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .errors import NodeforgeError
 
@@ -135,3 +136,38 @@ def fsync_dir(d: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def restrict_mode(path: str | os.PathLike[str], mode: int) -> bool:
+    """Narrow *path*'s permission bits to at most *mode* (never widen them); True if changed.
+
+    For files written by an older version, or by a tool, with a wider mode (a 0644 state.json
+    that holds an error). A missing path or a symlink is left alone (the link's target is not
+    ours to change); the chmod goes through a descriptor opened without following links.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP):
+            return False
+        raise
+    try:
+        cur = stat.S_IMODE(os.fstat(fd).st_mode)
+        if not cur & ~mode:
+            return False
+        os.fchmod(fd, cur & mode)
+        return True
+    finally:
+        os.close(fd)
+
+
+def open_private_append(path: str | os.PathLike[str]) -> TextIO:
+    """Open *path* for appending text, created 0600 and narrowed to 0600 if it is wider."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "a")

@@ -435,6 +435,45 @@ def test_unit_stopped_at_its_bound_leaves_node_drained_with_the_reason(cluster, 
     assert status()[name]["agent"] == "failed"
 
 
+def test_uri_secrets_never_echoed_and_outputs_root_only(cluster, tmp_path):
+    """Issue 23 item 1 on a real node: a hook URI with user:password@ and a presigned query
+    fails to fetch (loopback port 1); the drain reason, state.json, `node status`, the agent's
+    and the hook's logs and the journal name the hook without the secrets, and every file
+    that holds params or errors is root-only."""
+    pw, sig = "E2ePassw0rdXq7", "E2eSig5f2b9c0d11"
+    uri = f"http://nfuser:{pw}@127.0.0.1:1/x.sh?X-Amz-Signature={sig}&X-Amz-Credential=AKIA0"
+    name = add_node(tmp_path, [{"uri": uri, "sha256": "a" * 64}], {}, wait=False)
+    st = wait_for(
+        f"{name} drained with a reason",
+        lambda: (lambda s: s if "drain" in s[0] and "nodeforge: hook" in s[1] else None)(
+            node_state(name)
+        ),
+        timeout=240,
+    )
+    assert "hook x.sh could not be fetched" in st[1], st
+    texts = {
+        "sinfo -R": cx("ctl", "sinfo", "-R", "-h", "-o", "%n|%E"),
+        "state.json": cx(name, "cat", "/var/lib/nodeforge/state.json"),
+        "node status": cx(name, "nodeforge", "node", "status", check=False),
+        "node status --json": cx(name, "nodeforge", "node", "status", "--json", check=False),
+        "logs": cx(name, "sh", "-c", "cat /var/log/nodeforge/*.log /var/log/nodeforge/hooks/*.log"),
+        "journal": cx(name, "journalctl", "-u", "nodeforge-init", "--no-pager", check=False),
+        "params.json": cx(name, "cat", "/var/lib/nodeforge/params.json"),
+    }
+    assert (
+        "x.sh" in texts["logs"]
+        and "http://127.0.0.1:1/x.sh?X-Amz-Signature=" in texts["params.json"]
+    ), texts
+    for where, text in texts.items():
+        assert pw not in text and sig not in text, f"secret in {where}: {text}"
+    modes = cx(name, "stat", "-c", "%a %n", "/var/lib/nodeforge", "/var/lib/nodeforge/state.json",
+               "/var/lib/nodeforge/params.json", "/var/log/nodeforge", "/var/log/nodeforge/agent.log",
+               "/var/log/nodeforge/hooks", "/var/log/nodeforge/hooks/x.sh.log")  # fmt: skip
+    got = dict(reversed(line.split(" ", 1)) for line in modes.splitlines())
+    for path, mode in got.items():
+        assert mode == ("700" if path.count(".") == 0 else "600"), got
+
+
 def test_malformed_params_name_the_field_and_keep_node_out(cluster, tmp_path):
     params = tmp_path / "bad.yaml"
     params.write_text(yaml.safe_dump({"features": ["ok", "not ok!"]}))
