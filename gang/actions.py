@@ -30,6 +30,22 @@ class ActionKind(str, Enum):  # noqa: UP042 - StrEnum would change str() of memb
         return self.value
 
 
+# The kinds that issue a Slurm command to the job (its address, slurm.job_address): one whose
+# job Slurm does not list now, or lists without an exact name, gets no command.
+JOB_COMMANDS = frozenset(
+    {
+        ActionKind.REQUEUE,
+        ActionKind.REQUEUEHOLD,
+        ActionKind.SET_START,
+        ActionKind.HOLD,
+        ActionKind.RELEASE,
+        ActionKind.CANCEL,
+        ActionKind.RECORD,
+        ActionKind.ANNOTATE,
+    }
+)
+
+
 @dataclass(frozen=True)
 class Action:
     kind: ActionKind | str
