@@ -25,6 +25,7 @@ class ActionKind(str, Enum):  # noqa: UP042 - StrEnum would change str() of memb
     STRIKE = "strike"
     DRAIN = "drain"
     DRAIN_SKIPPED = "drain_skipped"
+    DEADLINE = "deadline"  # a job's own timeout request judged (gang/deadlines.py)
 
     def __str__(self) -> str:
         return self.value
@@ -42,6 +43,7 @@ JOB_COMMANDS = frozenset(
         ActionKind.CANCEL,
         ActionKind.RECORD,
         ActionKind.ANNOTATE,
+        ActionKind.DEADLINE,
     }
 )
 
@@ -64,3 +66,5 @@ class Action:
     node: str = ""  # node actions (strike, drain, drain_skipped, note NodeResumed)
     cause: str = ""  # Kueue's underlying_cause of an eviction
     reissue: bool = False  # the same attempt again (already counted): not a new eviction
+    timeout: float | None = None  # deadline actions: the timeout that applies to this run
+    admin: str = ""  # deadline actions: the AdminComment token the user sees

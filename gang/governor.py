@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from nodeforge.errors import CommandError, NodeforgeError
 
-from . import metrics, policy, strikes
+from . import deadlines, metrics, policy, strikes
 from . import state as state_mod
 from .actions import JOB_COMMANDS, ActionKind
 from .collector import Collector
@@ -40,6 +40,9 @@ class Governor:
         self.retry_at = 0.0
         self._saved: state_mod.Saved | None = None  # what this process last wrote
         self.collector: Collector | None = None  # set while run() runs (collector.py)
+        # AdminComments this cycle wrote (job -> text): a second write in the same cycle
+        # starts from it, not from the snapshot's older text
+        self._written: dict[str, str] = {}
 
     # ---- one cycle ------------------------------------------------------------------------
     def cycle(self) -> list[policy.Action]:
@@ -63,6 +66,7 @@ class Governor:
         # A cycle that changed nothing writes nothing.
         self._saved = state_mod.save_if_changed(self.state, self.cfg.state_file, self._saved)
         if actions:
+            self._written = {}
             jobs = {j.job_id: j for j in snap.jobs}
             for a in actions:
                 self._execute(a, jobs.get(a.job_id))
@@ -106,17 +110,24 @@ class Governor:
             )
 
     def _admin(self, a: policy.Action, job, tgt: JobAddress, phase: str, why: str) -> None:
-        existing = job.admin_comment if job is not None else ""
         rec = self.state.jobs.get(a.job_id)
         text = encode_admin(
-            existing,
+            self._existing_admin(a, job),
             count=a.count,
             phase=phase,
             next_eligible=a.start_at if a.start_at else (rec.next_eligible if rec else None),
             restarts=a.restarts,
             why=why,
+            first_admitted=rec.first_admitted_at if rec else None,
         )
+        self._set_admin(a, tgt, text)
+
+    def _existing_admin(self, a: policy.Action, job) -> str:
+        return self._written.get(a.job_id, job.admin_comment if job is not None else "")
+
+    def _set_admin(self, a: policy.Action, tgt: JobAddress, text: str) -> None:
         self.slurm.set_admin_comment(tgt, text)
+        self._written[a.job_id] = text
 
     def _execute(self, a: policy.Action, job) -> None:
         ev = {
@@ -137,6 +148,8 @@ class Governor:
             ev["backoff_seconds"] = round(a.backoff, 3)
         if a.node:
             ev["node"] = a.node
+        if a.timeout is not None:
+            ev["timeout_seconds"] = round(a.timeout, 3)
         st = self.state
         try:
             kind = ActionKind(a.kind)
@@ -219,6 +232,10 @@ class Governor:
     def _do_annotate(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         self._admin(a, job, tgt, a.phase, a.reason)
 
+    def _do_deadline(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
+        """The verdict on the job's own timeout, where its owner sees it (scontrol show job)."""
+        self._set_admin(a, tgt, deadlines.with_token(self._existing_admin(a, job), a.admin))
+
     def _do_strike(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         self.state.counters.node_strikes += 1
 
@@ -248,6 +265,7 @@ class Governor:
             K.DRAIN: self._do_drain,
             K.DRAIN_SKIPPED: self._do_drain_skipped,
             K.NOTE: self._do_note,
+            K.DEADLINE: self._do_deadline,
         }
 
     def _requeue(self, job: JobAddress, hold: bool, ev: dict) -> None:

@@ -74,6 +74,7 @@ class JobObs:  # treat as immutable
     qos: str = ""
     comment: str = ""
     admin_comment: str = ""
+    extra: str = ""  # sbatch --extra (24.11)
     start_time: float | None = None
     submit_time: float | None = None
     eligible_time: float | None = None
@@ -113,6 +114,7 @@ def obs_from_record(r: JobRecord) -> JobObs:
         qos=r.qos,
         comment=r.comment,
         admin_comment=r.admin_comment,
+        extra=r.extra,
         start_time=r.start_time,
         submit_time=r.submit_time,
         eligible_time=r.eligible_time,

@@ -113,6 +113,7 @@ class JobRecord:
     comment: str = ""
     admin_comment: str = ""
     state_description: str = ""
+    extra: str = ""  # sbatch --extra (>= 23.02; 22.05 has no such field)
 
     @property
     def key(self) -> str:
@@ -307,6 +308,7 @@ def job_from_json(d: object) -> JobRecord:
         comment=_free_text(d.get("comment"), what, "comment"),
         admin_comment=_free_text(d.get("admin_comment"), what, "admin_comment"),
         state_description=_free_text(d.get("state_description"), what, "state_description"),
+        extra=_free_text(d.get("extra"), what, "extra"),
     )
 
 

@@ -797,3 +797,64 @@ def test_array_task_with_the_arrays_id_marks_only_itself_ready(lab, gov):
     assert "nfg-ready=0" in lab.job(good_key).get("Comment", "")
     assert "nfg-ready" not in lab.job(bad_key).get("Comment", "")
     assert lab.job(good_key)["Restarts"] == "0" and lab.job(good_key)["JobState"] == "RUNNING"
+
+
+def test_own_deadlines_judged_and_shown_to_the_owner(lab, gov):
+    """Per-job deadlines (deadlines.field: comment, 2..8 s, default timeout 4 s), three jobs
+    of an unprivileged owner that never become ready: one asks for 8 s (set), one for NaN
+    (refused: governed with the default), one in its name only (refused: not the allowed
+    field). The owner reads each verdict in `scontrol show job`; the deadlines Slurm's
+    StartTime and the requeues show are 8, 4 and 4 s."""
+    g = gov(
+        timeout=4,
+        probe={"mode": "command"},  # the jobs never run `gang ready`: never ready
+        deadlines={"field": "comment", "min_seconds": 2, "max_seconds": 8},
+        requeuing={"backoff_base_seconds": 30, "backoff_max_seconds": 30},
+    ).start()
+
+    def submit(node_pair: str, *extra: str) -> str:
+        out = lab.as_user(
+            "sbatch", "--parsable", "-N2", "-w", node_pair,
+            f"--output={lab.base}/log/u-%j.out", *extra, "--wrap", "sleep 60",
+        ).stdout.strip()  # fmt: skip
+        assert out.isdigit(), out
+        return out
+
+    own = submit("gn1,gn2", "--comment=nfg-timeout=8s")
+    nan = submit("gn3,gn4", "--comment=nfg-timeout=nan")
+    wait_for(lambda: g.events(nan, "requeue"), 20, "the NaN job requeued at the default")
+    named = submit("gn3,gn4", "--job-name=nfg-timeout=8s")
+    for j in (own, named):
+        wait_for(lambda j=j: g.events(j, "requeue"), 20, f"job {j} requeued")
+
+    def shown(j: str) -> str:
+        out = lab.as_user("scontrol", "show", "job", j).stdout
+        return next((w for w in out.split() if w.startswith("AdminComment=")), "")
+
+    assert "nfg-deadline:set,t=8,why=ok" in shown(own), shown(own)
+    assert "nfg-deadline:refused,t=4,why=malformed" in shown(nan), shown(nan)
+    assert "nfg-deadline:refused,t=4,why=field_not_allowed" in shown(named), shown(named)
+    for j, secs in ((own, 8), (nan, 4), (named, 4)):
+        (ev,) = g.events(j, "deadline")
+        req = g.events(j, "requeue")[0]
+        assert ev["timeout_seconds"] == secs, ev
+        # requeued once the job had waited its own timeout (from admission), not another
+        assert secs <= req["waited"] < secs + 2, req
+
+
+def test_time_limit_deactivates_after_t_seconds(lab, gov):
+    """backoff_limit_seconds: 5 and no count limit: requeued at its first timeout (3 s after
+    the first admission), deactivated at the next one (>= 5 s after it)."""
+    g = gov(
+        timeout=3,
+        probe={"mode": "command"},
+        requeuing={"backoff_base_seconds": 1, "backoff_limit_seconds": 5},
+    ).start()
+    j = lab.sbatch("-N2", "-w", "gn3,gn4", script="#!/bin/sh\nsleep 60\n")
+    wait_for(lambda: g.events(j, "requeuehold"), 40, "deactivation by time")
+    (rq,) = g.events(j, "requeue")
+    (rh,) = g.events(j, "requeuehold")
+    assert "since first admission >= backoff_limit_seconds 5" in rh["detail"], rh
+    assert rq["count"] == 1 and rh["count"] == 2
+    wait_for(lambda: lab.job_json(j).get("state_reason") == "JobHeldAdmin", 15, "admin hold (JSON)")
+    assert decode_admin(lab.job(j)["AdminComment"])["phase"] == "deactivated"

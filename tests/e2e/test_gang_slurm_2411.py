@@ -44,10 +44,12 @@ from test_gang_slurm import (  # noqa: F401  (fixtures and cases collected here 
     test_governor_restart_mid_countdown,
     test_happy_path_with_app_probe,
     test_not_requeueable_is_recorded,
+    test_own_deadlines_judged_and_shown_to_the_owner,
     test_probe_never_signals_backoff_steps,
     test_prolog_hangs,
     test_real_node_output_is_read_node_by_node_through_the_cache,
     test_retry_limit_requeuehold_then_release_resets,
+    test_time_limit_deactivates_after_t_seconds,
     wait_for,
 )
 
