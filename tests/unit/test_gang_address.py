@@ -19,48 +19,32 @@ from nodeforge import slurm_records as sr
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.governor import Governor
 from nodeforge.gang.slurm import SlurmCli, job_address, parse_jobs
+from tests.unit.test_gang_records import job22, job24, n24
 
 pytestmark = pytest.mark.unit
 
 
-def n24(v):
-    return {"set": v is not None, "infinite": False, "number": v or 0}
-
-
 def job(jid, *, shape="24.11", array=None, task=None, tasks="", het=None, off=None, **kw):
-    """One job as Slurm's JSON prints it (22.05: plain numbers; 24.11: set/number objects)."""
-    d = {
-        "job_id": jid,
-        "name": "train",
-        "comment": "",
-        "admin_comment": "",
-        "job_state": "RUNNING",
-        "state_reason": "None",
-        "node_count": 2,
-        "nodes": "gn[1-2]",
+    """One job as Slurm's JSON prints it (test_gang_records' fixtures: 22.05 plain numbers,
+    24.11 set/number objects), with its array and het identity."""
+    ident = {
         "array_job_id": array or 0,
         "array_task_id": task,
         "array_task_string": tasks,
         "het_job_id": het or 0,
         "het_job_offset": off or 0,
-        "start_time": 1796290186,
-        "submit_time": 1796290183,
-        "eligible_time": 1796290183,
-        "priority": 4294901759,
-        "restart_cnt": 0,
-        "requeue": True,
-        "batch_flag": True,
-        "partition": "main",
-        "user_id": 0,
     }
-    if shape == "24.11":
-        d["job_state"] = [d["job_state"]]
-        for k in ("array_job_id", "het_job_id", "node_count", "start_time", "priority"):
-            d[k] = n24(d[k])
-        d["array_task_id"] = n24(task)
-        d["het_job_offset"] = n24(off if het else None)
-    d.update(kw)
-    return d
+    ident.update(kw)  # (a case's own fields win, e.g. array_task_string)
+    if shape == "22.05":
+        return job22(jid, **ident)
+    ident.update(
+        array_job_id=n24(array or 0),
+        array_task_id=n24(task),
+        het_job_id=n24(het or 0),
+        het_job_offset=n24(off if het else None),
+    )
+    ident.update(kw)
+    return job24(jid, **ident)
 
 
 def doc(*jobs):

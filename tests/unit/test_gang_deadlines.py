@@ -15,6 +15,7 @@ from nodeforge.gang import deadlines as dl
 from nodeforge.gang.policy import decide, over_limit
 from nodeforge.gang.slurm import JobObs, Snapshot
 from nodeforge.gang.state import GangRecord, GovState
+from tests.unit.test_gang_policy import cfg as policy_cfg
 
 pytestmark = pytest.mark.unit
 
@@ -23,17 +24,9 @@ OK = frozenset({"ALLOCATED"})
 
 
 def cfg(**kw):
-    base: dict = {
-        "timeout": 10,
-        "requeuing": {"backoff_base_seconds": 5, "backoff_max_seconds": 40, "jitter": 0},
-        "deadlines": {"field": "comment", "min_seconds": 5, "max_seconds": 120},
-    }
-    for k, v in kw.items():
-        if isinstance(v, dict):
-            base.setdefault(k, {}).update(v)
-        else:
-            base[k] = v
-    return gcfg.from_dict(base, "t")
+    """test_gang_policy's config, with per-job deadlines on (comment, 5..120 s)."""
+    own = {"field": "comment", "min_seconds": 5, "max_seconds": 120, **kw.pop("deadlines", {})}
+    return policy_cfg(deadlines=own, **kw)
 
 
 def job(jid="1", state="RUNNING", start=T0, restarts=0, **kw):
