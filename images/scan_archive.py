@@ -4,8 +4,8 @@ renamed archive is still one). Each is read as a stream, and every member is che
 of the tree is: the content rules, and the sealed items marked `archived` by its path.
 
 Bounded, so a zip bomb cannot stall the build: one archive may expand to `max_bytes` (bytes
-read out of its decompressors and its tar members), `max_members` members and `max_depth`
-layers; a tar header that tar holds in memory (long names, pax) to `max_header`; the whole scan
+its decompressors yield, and the holes of sparse tar members; never more than one byte past
+the bound is expanded), `max_members` members and `max_depth` layers; a tar header that tar holds in memory (long names, pax) to `max_header`; the whole scan
 to `total_bytes`. An archive over a bound is a FINDING, not a pass and not a crash: the scanner
 promises that every byte nobody shipped was read, and a secret can sit past any cap, so what it
 could not read whole the build refuses to publish, naming the archive and the bound (remove it,
@@ -79,6 +79,10 @@ class Spend:
         if self.budget.spent > b.total_bytes:
             raise OverBounds(f"the scan's archive budget ({_size(b.total_bytes)}) is spent")
 
+    def left(self) -> int:
+        b = self.budget.bounds
+        return max(0, min(b.max_bytes - self.bytes, b.total_bytes - self.budget.spent))
+
     def member(self) -> None:
         self.members += 1
         if self.members > self.budget.bounds.max_members:
@@ -143,7 +147,8 @@ class _Counted:
     def read(self, n: int = -1, /) -> bytes:
         if n < 0:  # tarfile reads with sizes; an unbounded read is never ours to grant
             n = scan_content.BLOCK
-        out = self._inner.read(n)
+        # One byte past what is left proves the bound is crossed: never expand more.
+        out = self._inner.read(min(n, self._spend.left() + 1))
         self._spend.add(len(out))
         return out
 
@@ -262,12 +267,15 @@ def _tar(reader: Reader, where: Sequence[str], ctx: _Ctx, depth: int) -> Archive
             f = tf.extractfile(m)
             if f is None:
                 continue
-            hit = _leaf(_Counted(f, ctx.spend), rel, here, ctx, depth, m.size)
+            # A member's bytes were counted as its decompressor yielded them (a raw tar's are
+            # on disk); only a sparse member's holes expand here.
+            body: Reader = _Counted(f, ctx.spend) if m.issparse() else f
+            hit = _leaf(body, rel, here, ctx, depth, m.size)
             if hit is not None:
                 return hit
         # tar stops at a header it cannot read as if the archive ended: whatever follows must
         # be the end-of-archive zeros, or members were left unread.
-        rest = _Counted(tf.fileobj, ctx.spend)  # type: ignore[arg-type]
+        rest: Reader = tf.fileobj  # type: ignore[assignment]
         while block := rest.read(scan_content.BLOCK):
             if block.count(0) != len(block):
                 raise Unreadable("has data after a tar header that does not read")

@@ -239,7 +239,7 @@ def _wrap(layers: list[str], payload: bytes, filler: int) -> bytes:
 @given(
     layers=LAYERS,
     filler=st.integers(0, 300_000),
-    max_bytes=st.integers(1, 2 << 20),
+    max_bytes=st.integers(1, 1 << 20),
     max_members=st.integers(1, 12),
     max_depth=st.integers(1, 6),
     planted=st.booleans(),
@@ -249,7 +249,8 @@ def test_archive_bounds_property(
 ):
     """Whatever the nesting and the bounds: the scan returns (no exception); a planted key is
     found or the archive is reported over its bounds (never a clean pass); a clean archive is
-    clean or over bounds; and no more than the bound (+ one read) is ever expanded."""
+    clean or over bounds; and never more than the bound (+ the one byte that proves it crossed)
+    is expanded."""
     t = _tree(tmp_path_factory.mktemp("p"))
     payload = KEY if planted else b"nothing to see\n"
     _plant(t, "srv/a.bin", _wrap(layers, payload, filler))
@@ -278,7 +279,7 @@ def test_archive_bounds_property(
         assert kinds in (["private-key"], ["archive-over-bounds"]), kinds
     else:
         assert kinds in ([], ["archive-over-bounds"]), kinds
-    assert all(n <= max_bytes + (1 << 20) + 512 for n in spent)
+    assert all(n <= max_bytes + 1 for n in spent), (spent, max_bytes)
     if (
         len(layers) <= max_depth
         and sum(spent) < max_bytes
