@@ -295,3 +295,22 @@ def test_bounds_load_no_state_between_scans(tmp_path):
     b = Bounds(total_bytes=3 << 20)
     assert _scan(t, b) == [] and _scan(t, b) == []  # each scan has its own budget
     assert sealed_items.load().items  # the list still loads with `archived`
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    magic=st.sampled_from([b"\x1f\x8b", b"\x1f\x8b\x08\x00", b"\x28\xb5\x2f\xfd", b""]),
+    body=st.binary(max_size=2048),
+    tar_at=st.booleans(),
+)
+def test_hostile_bytes_never_raise(tmp_path_factory, magic, body, tar_at):
+    """Any bytes behind an archive's magic: a finding or none, never an exception."""
+    t = _tree(tmp_path_factory.mktemp("h"))
+    data = magic + body
+    if tar_at:  # a tar magic at 257 over hostile header fields
+        data = (data + b"\0" * 512)[:257] + b"ustar\x0000" + data[263:]
+    _plant(t, "srv/x.bin", data)
+    kinds = {f.kind for f in scan.scan(t)}
+    assert kinds <= {"archive-unreadable", "archive-over-bounds", "private-key"}

@@ -337,3 +337,26 @@ def test_sealed_list_rules_load_with_their_selectors():
     assert not rules["s3cfg-key"].applies_to("app.conf", "etc/app.conf")
     assert rules["kube-credential"].applies_to("config", "home/a/.kube/config")
     assert rules["cloud-ini-key"].fold and rules["cloud-ini-key"].needles == (b"aws_s",)
+
+
+@pytest.mark.parametrize(
+    "rule, msg",
+    [
+        ({"id": "x", "files": "listed", "pattern": "a", "reason": "r"}, r"content_rules\[\d+\]"),
+        ({"id": "x", "files": "any", "pattern": "a", "reason": "r", "needles": [""]}, r"needles"),
+        ({"id": "x", "files": "any", "pattern": "a", "reason": "r", "paths": ["/etc"]}, r"globs"),
+        ({"id": "x", "files": "any", "pattern": "(", "reason": "r"}, r"x\.pattern: not a regex"),
+        ({"id": "x", "files": "any", "pattern": "a", "reason": "r", "extra": 1}, r"content_rules"),
+    ],
+)
+def test_bad_content_rule_is_named(tmp_path, rule, msg):
+    import yaml
+
+    from nodeforge.errors import NodeforgeError
+
+    data = yaml.safe_load(sealed_items.SEALED_FILE.read_text())
+    data["content_rules"].append(rule)
+    f = tmp_path / "sealed.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(NodeforgeError, match=msg):
+        sealed_items.load(f)
