@@ -55,8 +55,11 @@ class _Public:
 
     def _check(self, abs_path: str) -> bool:
         if abs_path in self.owned:
-            want = self.sums.get(abs_path)
-            return want is not None and _md5(self.tree / abs_path.lstrip("/")) == want
+            want, path = self.sums.get(abs_path), self.tree / abs_path.lstrip("/")
+            # Only a regular file is hashed: a link could lead out of the tree (or to a device)
+            if want is None or path.is_symlink() or not path.is_file():
+                return False
+            return _md5(path) == want
         # /usr/lib/python3/dist-packages/x/__pycache__/y.cpython-311.pyc compiled from a
         # packaged, unchanged y.py
         head, _, name = abs_path.rpartition("/__pycache__/")

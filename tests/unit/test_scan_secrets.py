@@ -360,3 +360,16 @@ def test_bad_content_rule_is_named(tmp_path, rule, msg):
     f.write_text(yaml.safe_dump(data))
     with pytest.raises(NodeforgeError, match=msg):
         sealed_items.load(f)
+
+
+def test_bytecode_of_a_linked_source_is_read_and_the_link_not_followed(tmp_path):
+    t = _tree(tmp_path)
+    _plant(t, "usr/lib/python3/dist-packages/m/__pycache__/x.cpython-313.pyc", f"{BEGIN}{PRIV}")
+    (t / "usr/lib/python3/dist-packages/m/x.py").symlink_to("/dev/zero")  # never read
+    (t / "var/lib/dpkg/info/m.list").write_text("/usr/lib/python3/dist-packages/m/x.py\n")
+    (t / "var/lib/dpkg/info/m.md5sums").write_text(
+        f"{'0' * 32}  usr/lib/python3/dist-packages/m/x.py\n"
+    )
+    assert _found(t) == {
+        "/usr/lib/python3/dist-packages/m/__pycache__/x.cpython-313.pyc": "private-key"
+    }
