@@ -17,7 +17,7 @@ import yaml
 
 from nodeforge.errors import NodeforgeError
 
-from .scan_content import Check
+from .scan_content import Check, blocks
 
 SEALED_FILE = Path(__file__).with_name("sealed.yaml")
 ACTIONS = ("remove", "truncate", "replace", "keep")
@@ -290,22 +290,11 @@ def walk(tree: Path) -> Iterator[tuple[str, Path, bool]]:
             yield rel_dir + f, Path(dirpath, f), False
 
 
-def read_chunks(path: Path, size: int = 1 << 20, overlap: int = 256) -> Iterator[bytes]:
-    """Blocks of a file of ANY size, each starting with the last *overlap* bytes of the one
-    before, so a pattern across a block boundary is still seen (no file is skipped as too big)."""
-    with open(path, "rb") as f:
-        tail = b""
-        while True:
-            block = f.read(size)
-            if not block:
-                return
-            yield tail + block
-            tail = block[-overlap:]
-
-
 def content_matches(path: Path, pattern: re.Pattern[bytes]) -> re.Match[bytes] | None:
-    for chunk in read_chunks(path):
-        m = pattern.search(chunk)
-        if m:
-            return m
+    """The first match of *pattern* in the file, read whole in blocks (scan_content.blocks)."""
+    with open(path, "rb") as f:
+        for block in blocks(f):
+            m = pattern.search(block)
+            if m:
+                return m
     return None

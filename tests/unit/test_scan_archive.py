@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from nodeforge.images import scan, scan_archive, sealed_items
 from nodeforge.images.scan_archive import Bounds
-from tests.helpers import dpkg_ship
+from tests.helpers import dpkg_ship, fake_image_tree
 
 pytestmark = pytest.mark.unit
 
@@ -45,14 +45,6 @@ def _zst(data: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=3).compress(data)
 
 
-def _tree(tmp_path: Path) -> Path:
-    t = tmp_path / "tree"
-    (t / "var/lib/dpkg/info").mkdir(parents=True)
-    (t / "etc").mkdir()
-    (t / "etc/machine-id").write_text("")
-    return t
-
-
 def _plant(t: Path, rel: str, data: bytes) -> None:
     (t / rel).parent.mkdir(parents=True, exist_ok=True)
     (t / rel).write_bytes(data)
@@ -73,7 +65,7 @@ FORMS = {
 
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_key_inside_each_archive_form(tmp_path, form):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     clean = {"./etc/motd": b"hello\n", "./opt/x/notes.txt": b"nothing here\n" * 100}
     _plant(t, f"root/backup.{form}", FORMS[form]({**clean, "./opt/x/deploy.pem": KEY}))
     _plant(t, f"root/clean.{form}", FORMS[form](clean))
@@ -82,7 +74,7 @@ def test_key_inside_each_archive_form(tmp_path, form):
 
 @pytest.mark.parametrize("wrap, suffix", [(_gz, "gz"), (_zst, "zst")])
 def test_single_compressed_file(tmp_path, wrap, suffix):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, f"opt/site/tls.key.{suffix}", wrap(KEY))
     _plant(t, f"opt/site/readme.{suffix}", wrap(b"no key\n" * 1000))
     # the name inside is the file's without the suffix: config rules go by it
@@ -96,13 +88,13 @@ def test_single_compressed_file(tmp_path, wrap, suffix):
 
 
 def test_known_by_magic_not_name(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "var/lib/app/blob.dat", _zst(_gz(_tar({"k": KEY}))))
     assert _scan(t) == [("/var/lib/app/blob.dat", "private-key", "k")]
 
 
 def test_nested_archives(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     inner = _gz(_tar({"home/ops/.aws/credentials": b"[default]\n"}))
     outer = _zst(_tar({"etc/motd": b"hi\n", "srv/inner.tgz": inner}))
     _plant(t, "root/site.tar.zst", outer)
@@ -114,21 +106,21 @@ def test_nested_archives(tmp_path):
 def test_secret_paths_in_a_backup_of_etc(tmp_path):
     """A tarball of /etc carries the cluster key whatever its bytes: the `archived` items of the
     sealed list judge members by path; identity and build state (tmp, logs) are not findings."""
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "root/etc-backup.tar.gz", _gz(_tar({"etc/munge/munge.key": os.urandom(64)})))
     _plant(t, "root/state.tar.gz", _gz(_tar({"tmp/x": b"scratch", "var/log/syslog.1": b"log"})))
     assert _scan(t) == [("/root/etc-backup.tar.gz", "munge-key", "etc/munge/munge.key")]
 
 
 def test_packaged_archive_is_public(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "usr/share/doc/pkg/examples/keys.tar.gz", _gz(_tar({"test.pem": KEY})))
     dpkg_ship(t, "pkg", "usr/share/doc/pkg/examples/keys.tar.gz")
     assert _scan(t) == []
 
 
 def test_utf16_key_inside_an_archive(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(
         t,
         "root/k.tar.zst",
@@ -138,7 +130,7 @@ def test_utf16_key_inside_an_archive(tmp_path):
 
 
 def test_member_names_are_printable_in_findings(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "root/a.tar", _tar({"x\n\x1b[31mevil\\": KEY}))
     (f,) = scan.scan(t)
     assert f.member == "x\\x0a\\x1b[31mevil\\x5c" and "\n" not in str(f) and "\x1b" not in str(f)
@@ -148,7 +140,7 @@ def test_member_names_are_printable_in_findings(tmp_path):
 
 
 def test_gzip_bomb_is_a_finding_in_bounded_time(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     bomb = _gz(b"\0" * (64 << 20))  # 64 KiB on disk
     _plant(t, "var/lib/app/bomb.gz", bomb)
     start = time.monotonic()
@@ -160,14 +152,14 @@ def test_gzip_bomb_is_a_finding_in_bounded_time(tmp_path):
 
 
 def test_member_count_bound(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "root/many.tar.zst", _zst(_tar({f"f{i}": b"" for i in range(50)})))
     assert _scan(t, Bounds(max_members=49))[0][1] == "archive-over-bounds"
     assert _scan(t, Bounds(max_members=50)) == []
 
 
 def test_depth_bound(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     data = b"plain"
     for _ in range(4):
         data = _gz(data)
@@ -177,7 +169,7 @@ def test_depth_bound(tmp_path):
 
 
 def test_huge_pax_header_is_refused_before_it_is_read(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     ti = tarfile.TarInfo("x")
     ti.pax_headers = {"comment": "a" * (2 << 20)}
     buf = io.BytesIO()
@@ -189,7 +181,7 @@ def test_huge_pax_header_is_refused_before_it_is_read(tmp_path):
 
 
 def test_total_budget_over_the_whole_scan(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     for i in range(4):
         _plant(t, f"srv/a{i}.gz", _gz(b"x" * (3 << 20)))
     found = _scan(t, Bounds(total_bytes=10 << 20))
@@ -209,7 +201,7 @@ def test_total_budget_over_the_whole_scan(tmp_path):
     ids=["gzip-garbage", "gzip-truncated", "zstd-garbage", "tar-truncated", "tar-bad-header"],
 )
 def test_corrupt_archive_is_a_finding(tmp_path, data):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "root/broken.bin", data)
     (f,) = scan.scan(t)
     assert (f.path, f.kind) == ("/root/broken.bin", "archive-unreadable")
@@ -251,7 +243,7 @@ def test_archive_bounds_property(
     found or the archive is reported over its bounds (never a clean pass); a clean archive is
     clean or over bounds; and never more than the bound (+ the one byte that proves it crossed)
     is expanded."""
-    t = _tree(tmp_path_factory.mktemp("p"))
+    t = fake_image_tree(tmp_path_factory.mktemp("p"))
     payload = KEY if planted else b"nothing to see\n"
     _plant(t, "srv/a.bin", _wrap(layers, payload, filler))
     bounds = Bounds(max_bytes=max_bytes, max_members=max_members, max_depth=max_depth)
@@ -290,7 +282,7 @@ def test_archive_bounds_property(
 
 
 def test_bounds_load_no_state_between_scans(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "srv/a.gz", _gz(b"x" * (2 << 20)))
     b = Bounds(total_bytes=3 << 20)
     assert _scan(t, b) == [] and _scan(t, b) == []  # each scan has its own budget
@@ -307,7 +299,7 @@ def test_bounds_load_no_state_between_scans(tmp_path):
 )
 def test_hostile_bytes_never_raise(tmp_path_factory, magic, body, tar_at):
     """Any bytes behind an archive's magic: a finding or none, never an exception."""
-    t = _tree(tmp_path_factory.mktemp("h"))
+    t = fake_image_tree(tmp_path_factory.mktemp("h"))
     data = magic + body
     if tar_at:  # a tar magic at 257 over hostile header fields
         data = (data + b"\0" * 512)[:257] + b"ustar\x0000" + data[263:]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nodeforge.images import scan, sealed_items
-from tests.helpers import dpkg_ship
+from tests.helpers import dpkg_ship, fake_image_tree
 
 pytestmark = pytest.mark.unit
 
@@ -24,14 +24,6 @@ PRIV = "PRIVATE KEY-----"
 def _secret(n: int = 30) -> str:
     """A fresh value in the alphabet cloud keys use (base64), different every run."""
     return base64.b64encode(os.urandom(n)).decode()
-
-
-def _tree(tmp_path: Path) -> Path:
-    t = tmp_path / "tree"
-    (t / "var/lib/dpkg/info").mkdir(parents=True)
-    (t / "etc").mkdir()
-    (t / "etc/machine-id").write_text("")
-    return t
 
 
 def _plant(t: Path, rel: str, data: str | bytes) -> None:
@@ -69,7 +61,7 @@ def _jwt() -> str:
 
 
 def test_kubeconfig_credentials(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     tok, key = _secret(24), base64.b64encode(f"{BEGIN}EC {PRIV}\nxx".encode()).decode()
     _plant(
         t,
@@ -93,7 +85,7 @@ def test_kubeconfig_credentials(tmp_path):
 
 
 def test_kubeconfig_near_misses(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(
         t,
         "root/.kube/config",
@@ -116,7 +108,7 @@ def test_kubeconfig_near_misses(tmp_path):
 
 
 def test_s3cfg_keys(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     s = _secret()
     _plant(t, "root/.s3cfg", f"[default]\naccess_key = AKIA{_secret(12)}\nsecret_key = {s}\n")
     _plant(t, "home/ops/.s3cfg", f"[default]\nsecret_key={s}\n")
@@ -124,7 +116,7 @@ def test_s3cfg_keys(tmp_path):
 
 
 def test_s3cfg_near_miss(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     # s3cmd's own template: every credential empty; a non-s3cfg file with secret_key is code
     _plant(
         t,
@@ -159,7 +151,7 @@ def test_s3cfg_near_miss(tmp_path):
     ],
 )
 def test_cloud_keys_in_rc_and_env_files(tmp_path, rel, line):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     v = _secret()
     _plant(t, rel, "# site settings\n" + line.format(v=v))
     found = _found(t, v)
@@ -168,7 +160,7 @@ def test_cloud_keys_in_rc_and_env_files(tmp_path, rel, line):
 
 
 def test_google_credentials_pointing_at_a_key_in_the_image(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "root/.bashrc", "export GOOGLE_APPLICATION_CREDENTIALS=/etc/gcp/sa.json\n")
     sa = f'{{"type": "service_account", "private_key": "{BEGIN}{PRIV}\\nMIIE\\n"}}'
     _plant(t, "etc/gcp/sa.json", sa)
@@ -176,7 +168,7 @@ def test_google_credentials_pointing_at_a_key_in_the_image(tmp_path):
 
 
 def test_cloud_key_near_misses(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(
         t,
         "root/.bashrc",
@@ -201,7 +193,7 @@ def test_cloud_key_near_misses(tmp_path):
 
 
 def test_putty_key(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     body = _secret(48)
     _plant(
         t,
@@ -215,7 +207,7 @@ def test_putty_key(tmp_path):
 
 
 def test_putty_near_miss(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(
         t,
         "opt/doc/keys.txt",
@@ -232,7 +224,7 @@ def test_putty_near_miss(tmp_path):
 @pytest.mark.parametrize("bom", [True, False])
 @pytest.mark.parametrize("lead", [0, 1, 7])  # bytes before the text: either alignment
 def test_utf16_pem(tmp_path, codec, bom, lead):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     pem = f"{BEGIN}RSA {PRIV}\nMIIEowIBAAKCAQEA\n-----END RSA {PRIV}\n"
     data = (
         os.urandom(lead)
@@ -246,7 +238,7 @@ def test_utf16_pem(tmp_path, codec, bom, lead):
 
 
 def test_utf16_pem_across_a_block_boundary(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     key = f"{BEGIN}{PRIV}".encode("utf-16-le")
     data = b"\x01\0" * (((1 << 20) - 20) // 2) + key  # straddles the first 1 MiB block
     _plant(t, "var/lib/blob.bin", data)
@@ -254,7 +246,7 @@ def test_utf16_pem_across_a_block_boundary(tmp_path):
 
 
 def test_utf16_near_miss(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     pub = f"{BEGIN}PUBLIC KEY-----\nMFkwEw\n-----END PUBLIC KEY-----\n"
     _plant(t, "opt/site/tls.pub", codecs.BOM_UTF16_LE + pub.encode("utf-16-le"))
     _plant(t, "var/lib/zeros.img", b"\0" * (3 << 20))
@@ -267,7 +259,7 @@ def test_utf16_near_miss(tmp_path):
 def test_packaged_config_changed_by_the_build_is_read(tmp_path):
     """A conffile a package ships is public only while it is what the package shipped: dpkg's
     md5 says so. Given a password by the build, it is the build's file and a finding."""
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(
         t,
         "etc/mysql/debian.cnf",
@@ -290,7 +282,7 @@ def test_packaged_config_changed_by_the_build_is_read(tmp_path):
 
 
 def test_conffile_sums_come_from_the_status_file(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     text = "[mysqld]\npassword = shipped-example\n"
     _plant(t, "etc/app/app.cnf", text)
     (t / "var/lib/dpkg/info/app.list").write_text("/etc/app/app.cnf\n")
@@ -304,14 +296,14 @@ def test_conffile_sums_come_from_the_status_file(tmp_path):
 
 
 def test_packaged_file_without_a_sum_is_read(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "usr/share/app/key.pem", f"{BEGIN}{PRIV}\n")
     (t / "var/lib/dpkg/info/app.list").write_text("/usr/share/app/key.pem\n")  # no md5sums
     assert _found(t) == {"/usr/share/app/key.pem": "private-key"}
 
 
 def test_a_packaged_munge_key_is_still_a_finding(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "etc/munge/munge.key", os.urandom(128))
     dpkg_ship(t, "site-munge", "etc/munge/munge.key")
     assert _found(t) == {"/etc/munge/munge.key": "munge-key"}
@@ -320,7 +312,7 @@ def test_a_packaged_munge_key_is_still_a_finding(tmp_path):
 def test_empty_password_does_not_reach_into_the_next_line(tmp_path):
     """`password =` with nothing after it, then another setting: not a password (the old rule's
     \\s* crossed the newline and took `socket` for the value)."""
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "etc/app/client.cnf", "[client]\npassword =\nsocket = /run/x.sock\n")
     _plant(t, "etc/app/quoted.ini", '[db]\npassword = ""\n')
     _plant(t, "etc/app/templ.conf", "password = {{ db_password }}\n")
@@ -363,7 +355,7 @@ def test_bad_content_rule_is_named(tmp_path, rule, msg):
 
 
 def test_bytecode_of_a_linked_source_is_read_and_the_link_not_followed(tmp_path):
-    t = _tree(tmp_path)
+    t = fake_image_tree(tmp_path)
     _plant(t, "usr/lib/python3/dist-packages/m/__pycache__/x.cpython-313.pyc", f"{BEGIN}{PRIV}")
     (t / "usr/lib/python3/dist-packages/m/x.py").symlink_to("/dev/zero")  # never read
     (t / "var/lib/dpkg/info/m.list").write_text("/usr/lib/python3/dist-packages/m/x.py\n")
