@@ -365,3 +365,27 @@ def test_bytecode_of_a_linked_source_is_read_and_the_link_not_followed(tmp_path)
     assert _found(t) == {
         "/usr/lib/python3/dist-packages/m/__pycache__/x.cpython-313.pyc": "private-key"
     }
+
+
+# -- cloud CLI logins ------------------------------------------------------------------------
+
+
+def test_cloud_cli_logins(tmp_path):
+    t = fake_image_tree(tmp_path)
+    tok = _secret(24)
+    adc = f'{{"type": "authorized_user", "client_id": "x.apps", "refresh_token": "{tok}"}}'
+    _plant(t, "root/.config/gcloud/application_default_credentials.json", adc)
+    _plant(t, "home/ops/.azure/msal_token_cache.json", "{}")
+    _plant(t, "opt/app/adc.json", adc)  # copied anywhere
+    assert _found(t, tok) == {
+        "/root/.config/gcloud": "gcloud-credentials",
+        "/root/.config/gcloud/application_default_credentials.json": "oauth-secret",
+        "/home/ops/.azure": "azure-cli-credentials",
+        "/opt/app/adc.json": "oauth-secret",
+    }
+
+
+def test_oauth_near_miss(tmp_path):
+    t = fake_image_tree(tmp_path)
+    _plant(t, "opt/app/oauth.json", '{"refresh_token": "", "client_secret": "${CLIENT_SECRET}"}')
+    assert _found(t) == {}
