@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.server
 import json
 import os
@@ -66,6 +67,27 @@ def build_image(output: Path, mirror: Path, versions: Path, *extra: str) -> tupl
         *extra,
     )
     return json.loads(cp.stdout), time.monotonic() - t0
+
+
+def fake_image_tree(tmp_path: Path) -> Path:
+    """The least an image tree has for the sealer and the scanner: dpkg's info dir and an
+    empty machine-id."""
+    t = tmp_path / "tree"
+    (t / "var/lib/dpkg/info").mkdir(parents=True)
+    (t / "etc").mkdir(exist_ok=True)
+    (t / "etc/machine-id").write_text("")
+    return t
+
+
+def dpkg_ship(tree: Path, package: str, *rels: str) -> None:
+    """Record files of an image tree as shipped by *package*, as dpkg does: the .list and the
+    md5sums of their content now (the scanner treats them as public while unchanged)."""
+    info = tree / "var/lib/dpkg/info"
+    info.mkdir(parents=True, exist_ok=True)
+    with open(info / f"{package}.list", "a") as lst, open(info / f"{package}.md5sums", "a") as md5:
+        for rel in rels:
+            lst.write(f"/{rel}\n")
+            md5.write(f"{hashlib.md5((tree / rel).read_bytes()).hexdigest()}  {rel}\n")
 
 
 def process_running(pid: int) -> bool:
