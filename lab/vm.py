@@ -6,6 +6,12 @@ What this module guarantees:
   (``qemu-img create -f qcow2 -b disk.qcow2 -F qcow2``) in its own work directory.
 * Networking is qemu user-mode (slirp) with ``hostfwd=tcp:127.0.0.1:<free port>-:22``: only
   the loopback address is ever opened on the host, and the guest reaches nothing of ours.
+* Optionally (`VMConfig.metadata`, a `CloudNet`) the user network boots a VM as a cloud does:
+  ``net=169.254.169.0/24`` with ``guestfwd`` rules that map guest addresses (the metadata
+  service at 169.254.169.254:80, an S3 endpoint ...) to server processes listening on
+  loopback, and ``restrict=on``: the guest reaches nothing but those forwards, so no packet to
+  them ever leaves qemu. qemu accepts a guestfwd address only inside the user network's own
+  range, and connects to the listener when the guest does (it must be up before qemu starts).
 * The serial console goes to ``<workdir>/console.log``; a VM that fails to come up reports
   the console tail and how long it waited.
 * KVM is used only when a guest actually boots under it (`probe_accel`): on the project's
@@ -39,6 +45,7 @@ import atexit
 import base64
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -274,6 +281,42 @@ def cmdline_from_params(params: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------------- VM
 
 
+@dataclasses.dataclass(frozen=True)
+class CloudNet:
+    """qemu user-network wiring for a cloud-style boot (see the module docstring).
+
+    *forwards* maps a guest ``address:port`` (inside *net*) to a loopback port on the host.
+    """
+
+    forwards: dict[str, int]
+    net: str = "169.254.169.0/24"
+
+    def netdev_options(self) -> list[str]:
+        net = ipaddress.ip_network(self.net)
+        if net.version != 4 or net.prefixlen > 29:
+            raise NodeforgeError(f"VM metadata net {self.net}: give an IPv4 /8../29 network")
+        out = [f"net={net}", "restrict=on"]
+        for guest, port in self.forwards.items():
+            addr, sep, gport = guest.rpartition(":")
+            if not sep or not gport.isdigit() or not 0 < int(gport) < 65536:
+                raise NodeforgeError(f"VM metadata forward {guest!r}: give ADDRESS:PORT")
+            try:
+                ip = ipaddress.ip_address(addr)
+            except ValueError:
+                raise NodeforgeError(
+                    f"VM metadata forward {guest!r}: not an IPv4 address"
+                ) from None
+            if ip not in net:
+                raise NodeforgeError(
+                    f"VM metadata forward {guest!r}: {ip} is outside the user network {net} "
+                    "(qemu refuses a guestfwd there)"
+                )
+            if not isinstance(port, int) or not 0 < port < 65536:
+                raise NodeforgeError(f"VM metadata forward {guest!r}: host port {port!r}")
+            out.append(f"guestfwd=tcp:{ip}:{int(gport)}-tcp:127.0.0.1:{port}")
+        return out
+
+
 @dataclasses.dataclass
 class VMConfig:
     image_dir: Path  # holds disk.qcow2, vmlinuz, initrd.img (the `nodeforge build` output)
@@ -293,6 +336,9 @@ class VMConfig:
     link_connect: int | None = None  # 127.0.0.1 port of the listening VM
     link_ip: str | None = None  # e.g. "10.77.0.10/24"
     link_mac: str = "52:54:00:4e:46:10"
+    # Cloud-style boot: the user network carries the metadata service (and any other forward).
+    metadata: CloudNet | None = None
+    inject_key: bool = True  # False: root's key is not put on the command line (cloud path)
     extra_append: Sequence[str] = ()
     extra_files: dict[str, bytes] = dataclasses.field(default_factory=dict)  # path -> content
     boot_timeout: float = 420.0  # to SSH login
@@ -391,13 +437,7 @@ class VM:
              "-F", "qcow2", str(self.overlay)],
             timeout=60,
         )  # fmt: skip
-        if cfg.authorized_key is None:
-            if not self.key.exists():
-                self.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                          f"nodeforge-vm-{cfg.name}", "-f", str(self.key)], timeout=30)  # fmt: skip
-            pub = (self.key.with_suffix(".pub")).read_text().strip()
-        else:
-            pub = cfg.authorized_key.strip()
+        pub = self.ensure_key()
         self.port = free_port()
         self.console.unlink(missing_ok=True)
         self.pidfile.unlink(missing_ok=True)
@@ -418,10 +458,22 @@ class VM:
         log.info("VM %s: qemu pid %s, ssh 127.0.0.1:%s, accel %s", cfg.name, self.pid,
                  self.port, self.accel.accel)  # fmt: skip
 
+    def ensure_key(self) -> str:
+        """Root's public key for this VM (a key pair in the work dir unless the caller gave one)."""
+        cfg = self.cfg
+        if cfg.authorized_key is not None:
+            return cfg.authorized_key.strip()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.key.exists():
+            self.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                      f"nodeforge-vm-{cfg.name}", "-f", str(self.key)], timeout=30)  # fmt: skip
+        return (self.key.with_suffix(".pub")).read_text().strip()
+
     def kernel_append(self, pubkey: str) -> str:
         cfg = self.cfg
         words = ["root=/dev/vda", "rw", "console=ttyS0"]
-        words.append(credential_arg("ssh.authorized_keys.root", (pubkey + "\n").encode()))
+        if cfg.inject_key:
+            words.append(credential_arg("ssh.authorized_keys.root", (pubkey + "\n").encode()))
         lines = []
         if cfg.node_yaml is not None:
             lines.append(tmpfiles_write_line("/etc/nodeforge/node.yaml", cfg.node_yaml.encode()))
@@ -468,7 +520,8 @@ class VM:
             "-kernel", str(cfg.kernel), "-initrd", str(cfg.initrd),
             "-append", self.kernel_append(pubkey),
             "-drive", f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe",
-            "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
+            "-netdev", ",".join(["user", "id=n0", f"hostfwd=tcp:127.0.0.1:{self.port}-:22",
+                                 *(cfg.metadata.netdev_options() if cfg.metadata else [])]),
             "-device", "virtio-net-pci,netdev=n0",
             "-device", "virtio-rng-pci",
         ]  # fmt: skip

@@ -264,3 +264,46 @@ def test_sigkilled_harness_leaves_no_vm(tmp_path):
     finally:
         if h.poll() is None:
             h.kill()
+
+
+def _cloud_vm(tmp_path, **kw):
+    cfg = vmmod.VMConfig(image_dir=tmp_path, workdir=tmp_path / "w", accel="tcg", **kw)
+    v = vmmod.VM(cfg)
+    v.accel = vmmod.AccelDecision("tcg", "test")
+    v.port = 2222
+    return v
+
+
+def test_metadata_wires_guestfwd_restricted_user_net_and_no_key_on_cmdline(tmp_path):
+    net = vmmod.CloudNet({"169.254.169.254:80": 41000, "169.254.169.10:443": 41001})
+    v = _cloud_vm(tmp_path, metadata=net, inject_key=False)
+    argv = v.qemu_argv("ssh-ed25519 AAAA test")
+    netdev = argv[argv.index("-netdev") + 1].split(",")
+    assert netdev[:3] == ["user", "id=n0", "hostfwd=tcp:127.0.0.1:2222-:22"]
+    assert "net=169.254.169.0/24" in netdev and "restrict=on" in netdev
+    assert "guestfwd=tcp:169.254.169.254:80-tcp:127.0.0.1:41000" in netdev
+    assert "guestfwd=tcp:169.254.169.10:443-tcp:127.0.0.1:41001" in netdev
+    assert "ssh.authorized_keys.root" not in v.kernel_append("ssh-ed25519 AAAA test")
+
+
+def test_without_metadata_the_netdev_is_unchanged(tmp_path):
+    v = _cloud_vm(tmp_path)
+    argv = v.qemu_argv("k")
+    assert argv[argv.index("-netdev") + 1] == "user,id=n0,hostfwd=tcp:127.0.0.1:2222-:22"
+    assert "ssh.authorized_keys.root" in v.kernel_append("k")
+
+
+@pytest.mark.parametrize(
+    "forwards,net,why",
+    [
+        ({"10.0.2.254:80": 1}, "169.254.169.0/24", "outside the user network"),
+        ({"169.254.169.254": 1}, "169.254.169.0/24", "ADDRESS:PORT"),
+        ({"169.254.169.254:0": 1}, "169.254.169.0/24", "ADDRESS:PORT"),
+        ({"host.example:80": 1}, "169.254.169.0/24", "not an IPv4"),
+        ({"169.254.169.254:80": 70000}, "169.254.169.0/24", "host port"),
+        ({"169.254.169.254:80": 1}, "169.254.169.0/30", "/8../29"),
+    ],
+)
+def test_metadata_forward_refused(tmp_path, forwards, net, why):
+    with pytest.raises(NodeforgeError, match=why):
+        vmmod.CloudNet(forwards, net).netdev_options()
