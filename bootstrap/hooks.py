@@ -80,6 +80,7 @@ class Hook:
     sha256: str | None = None
     script: str | None = None  # origin is an S3 prefix; run this file of it
     s3_endpoint: str | None = None
+    s3_ca_bundle: str | None = None  # params.s3_ca_bundle: PEM text or a path
 
 
 @dataclass
@@ -214,6 +215,7 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
                     spec.sha256,
                     spec.script,
                     params.s3_endpoint_url,
+                    params.s3_ca_bundle,
                 ),
             )
         )
@@ -271,7 +273,8 @@ def fetch(hook: Hook, cache: Path) -> Path:
             if hook.script is not None:
                 return _sync_s3_prefix(hook, cache)
             bucket, key = _s3_split(hook, uri)
-            return _s3_get(hook, _s3_client(hook), bucket, key, cache / hook.name, hook.sha256)
+            client = _s3_client(hook, cache)
+            return _s3_get(hook, client, bucket, key, cache / hook.name, hook.sha256)
         if uri.startswith(("file://", "http://", "https://")):
             return download.fetch(
                 uri,
@@ -299,7 +302,36 @@ def _s3_split(hook: Hook, uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _s3_client(hook: Hook):
+def _s3_ca_file(hook: Hook, cache: Path) -> str | None:
+    """The CA file boto3 verifies the S3 endpoint with (None: the system's CAs).
+
+    PEM text from params lands in the hook cache; a path must be a root-owned regular file
+    that nobody else can write (it decides whom the node trusts)."""
+    ca = hook.s3_ca_bundle
+    if ca is None:
+        return None
+    if ca.startswith("-----BEGIN"):
+        from nodeforge.fsutil import write_atomic
+
+        dest = cache / "s3-ca-bundle.pem"
+        write_atomic(dest, ca, 0o644)
+        return str(dest)
+    try:
+        st = os.stat(ca, follow_symlinks=False)
+    except OSError as exc:
+        raise HookError(
+            f"hook {hook.name}: s3_ca_bundle: {ca}: {exc.strerror}; give an existing PEM file "
+            "or the PEM text itself"
+        ) from None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise HookError(
+            f"hook {hook.name}: s3_ca_bundle: {ca} must be a regular file owned by root and "
+            "not group/world-writable (chown root: …; chmod 644 …)"
+        )
+    return ca
+
+
+def _s3_client(hook: Hook, cache: Path):
     try:
         import boto3  # Debian python3-boto3 in the image; 'nodeforge[s3]' elsewhere
         from botocore.config import Config
@@ -314,10 +346,17 @@ def _s3_client(hook: Hook):
     cfg = Config(connect_timeout=10, read_timeout=FETCH_TIMEOUT, retries={"max_attempts": 2})
     # A session of its own: boto3's module-level default session would cache credentials (and
     # an endpoint) across hooks.
-    return boto3.session.Session().client("s3", endpoint_url=hook.s3_endpoint, config=cfg)
+    return boto3.session.Session().client(
+        "s3", endpoint_url=hook.s3_endpoint, config=cfg, verify=_s3_ca_file(hook, cache)
+    )
 
 
 def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc) or type(exc).__name__ == "SSLError":
+        return HookError(
+            f"hook {hook.name}: cannot fetch {what}: TLS: the S3 endpoint's certificate is not "
+            f"trusted ({exc}); give its CA as s3_ca_bundle in params"
+        )
     return HookError(f"hook {hook.name}: cannot fetch {what}: {type(exc).__name__}: {exc}")
 
 
@@ -352,7 +391,7 @@ def _sync_s3_prefix(hook: Hook, cache: Path) -> Path:
     The new copy is built beside the old one and swapped in whole, so a failed sync never leaves
     a mix of two versions. Keys are checked part by part: no `..`, no absolute paths."""
     bucket, prefix = _s3_split(hook, hook.origin)
-    client = _s3_client(hook)
+    client = _s3_client(hook, cache)
     final = cache / f"{hook.name}.d"
     work = Path(tempfile.mkdtemp(dir=cache, prefix=f".{hook.name}.d."))
     try:
