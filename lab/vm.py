@@ -11,7 +11,8 @@ What this module guarantees:
   service at 169.254.169.254:80, an S3 endpoint ...) to server processes listening on
   loopback, and ``restrict=on``: the guest reaches nothing but those forwards, so no packet to
   them ever leaves qemu. qemu accepts a guestfwd address only inside the user network's own
-  range, and connects to the listener when the guest does (it must be up before qemu starts).
+  range. Each guest connection spawns `lab/relay.py` (guestfwd ``cmd:``), which connects to
+  the listener: the ``tcp:`` form would share ONE connection, made at qemu start, for all.
 * The serial console goes to ``<workdir>/console.log``; a VM that fails to come up reports
   the console tail and how long it waited.
 * KVM is used only when a guest actually boots under it (`probe_accel`): on the project's
@@ -53,6 +54,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -313,8 +315,23 @@ class CloudNet:
                 )
             if not isinstance(port, int) or not 0 < port < 65536:
                 raise NodeforgeError(f"VM metadata forward {guest!r}: host port {port!r}")
-            out.append(f"guestfwd=tcp:{ip}:{int(gport)}-tcp:127.0.0.1:{port}")
+            # cmd: (a relay per guest connection), not tcp: (ONE chardev connection opened at
+            # qemu start that every guest connection shares; lab/relay.py says why).
+            out.append(f"guestfwd=tcp:{ip}:{int(gport)}-cmd:{relay_command(port)}")
         return out
+
+
+RELAY = Path(__file__).resolve().parent / "relay.py"
+
+
+def relay_command(port: int) -> str:
+    """`python3 lab/relay.py PORT`: words without commas (qemu's option separator)."""
+    words = [sys.executable, str(RELAY), str(port)]
+    for w in words:
+        if not w or "," in w or any(c.isspace() for c in w):
+            raise NodeforgeError(f"VM metadata relay: {w!r} has a comma or a space; qemu's "
+                                 "guestfwd cmd: cannot carry it (move the checkout)")  # fmt: skip
+    return " ".join(words)
 
 
 @dataclasses.dataclass
