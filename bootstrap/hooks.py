@@ -346,7 +346,14 @@ def _s3_client(hook: Hook, cache: Path):
     cfg = Config(connect_timeout=10, read_timeout=FETCH_TIMEOUT, retries={"max_attempts": 2})
     # A session of its own: boto3's module-level default session would cache credentials (and
     # an endpoint) across hooks.
-    return boto3.session.Session().client(
+    import botocore.session
+
+    core = botocore.session.get_session()
+    # The instance role through IMDS: botocore waits 1 s once by default, too little for a
+    # busy or emulated machine at boot; bounded at 3 tries of 2 s.
+    core.set_config_variable("metadata_service_timeout", 2)
+    core.set_config_variable("metadata_service_num_attempts", 3)
+    return boto3.session.Session(botocore_session=core).client(
         "s3", endpoint_url=hook.s3_endpoint, config=cfg, verify=_s3_ca_file(hook, cache)
     )
 

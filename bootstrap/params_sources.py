@@ -419,8 +419,7 @@ class ImdsSession:
             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL)},
         )
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                token = r.read(4096).decode("ascii", errors="replace").strip()
+            token = cls._put_token(req, timeout)
         except urllib.error.HTTPError as exc:
             raise NodeforgeError(
                 f"IMDS at {base}: the token request (PUT /latest/api/token) was refused with HTTP "
@@ -438,6 +437,28 @@ class ImdsSession:
         if not _IMDS_TOKEN_RE.fullmatch(token):
             raise NodeforgeError(f"IMDS at {base}: the session token is not printable text")
         return cls(base, token, timeout)
+
+    @staticmethod
+    def _put_token(req: Any, timeout: float) -> str:
+        """The token PUT: once more, with a longer wait, when the first got no answer in time
+        (a slow guest or a busy host, not an absent service: refused and unreachable fail at
+        once). At most *timeout* × (1 + IMDS_RETRY_FACTOR) seconds in all."""
+        import socket
+        import urllib.error
+        import urllib.request
+
+        for wait in (timeout, timeout * IMDS_RETRY_FACTOR):
+            try:
+                with urllib.request.urlopen(req, timeout=wait) as r:
+                    return r.read(4096).decode("ascii", errors="replace").strip()
+            except urllib.error.HTTPError:
+                raise
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                if not isinstance(reason, (TimeoutError, socket.timeout, ConnectionResetError)):
+                    raise
+                last = exc
+        raise last
 
     def get(self, path: str, what: str) -> str | None:
         """The text at /*path*, or None for 404 (absent) or a service that went away."""
@@ -465,6 +486,7 @@ class ImdsSession:
 
 
 _IMDS_TOKEN_RE = re.compile(r"[!-~]{1,4096}")
+IMDS_RETRY_FACTOR = 3.0  # the token PUT's second try waits this many times the timeout
 IMDS_MAX_BYTES = 16384  # EC2's user-data limit (16 KB); metadata answers are far smaller
 _KEY_INDEX_RE = re.compile(r"([0-9]{1,3})=[!-~]{0,255}")
 IMDS_MAX_KEYS = 16

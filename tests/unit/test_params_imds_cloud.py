@@ -162,3 +162,22 @@ def test_service_down_is_bounded_then_the_next_source(tmp_path, how):
     finally:
         if how != "stopped":
             srv.stop()
+
+
+def test_slow_first_answer_gets_a_second_bounded_try(tmp_path, served):
+    svc, url = served
+    real = svc.answer
+    calls = []
+
+    def slow_once(method, path, headers):
+        calls.append(path)
+        if len(calls) == 1:
+            time.sleep(0.8)  # past the 0.5 s timeout: the agent's first try gives up
+        return real(method, path, headers)
+
+    svc.answer = slow_once  # type: ignore[method-assign]
+    t = time.monotonic()
+    got = load_params(cfg(tmp_path, url, imds_timeout=0.5))
+    assert got.source == "imds"
+    assert calls[:2] == ["/latest/api/token", "/latest/api/token"]
+    assert time.monotonic() - t < 0.5 * 4 + 1
