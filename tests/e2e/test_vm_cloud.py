@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeforge.errors import CommandError
 from nodeforge.lab import s3front
 from nodeforge.lab.imds import IMDS, Instance
 from nodeforge.lab.vm import VM, CloudNet, VMConfig, free_port
@@ -258,7 +259,7 @@ def test_compute_configured_from_imds_runs_s3_extension_then_schedulable(cloud):
         "headers={'X-aws-ec2-metadata-token-ttl-seconds':'60'}),timeout=3)\"",
         check=False,
     )
-    assert cp.returncode != 0
+    assert cp.returncode != 0 and "timed out" in cp.stdout + (cp.stderr or ""), cp.stdout
 
 
 def test_failing_extension_leaves_node_drained_with_reason(cloud):
@@ -284,10 +285,16 @@ def test_reboot_keeps_identity_and_does_not_rerun_once_work(cloud):
             "cat /proc/sys/kernel/random/boot_id; wc -l < /root/.ssh/authorized_keys"  # fmt: skip
     before = c1.ssh(ident).stdout.splitlines()
     t0 = time.monotonic()
-    c1.ssh("systemctl reboot", check=False, timeout=30)
+    try:
+        c1.ssh("systemctl reboot", check=False, timeout=30)
+    except CommandError:
+        pass  # the connection may hang while the guest goes down
 
     def rebooted():
-        cp = c1.ssh(ident, check=False, timeout=30)
+        try:
+            cp = c1.ssh(ident, check=False, timeout=30)
+        except CommandError:
+            return None
         lines = cp.stdout.splitlines() if cp.returncode == 0 else []
         return lines if len(lines) == 5 and lines[3] != before[3] else None
 
