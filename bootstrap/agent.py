@@ -21,7 +21,7 @@ from typing import Any
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
 
-from . import identity, munge
+from . import identity, metrics, munge
 from .host import Host
 from .node_roles import Early, RoleContext
 from .params import Params
@@ -210,6 +210,7 @@ class Agent:
             "role": p.role,
             "node": self.node,
             "address": self.address,
+            "metrics": metrics.apply(self.host, self.paths, p.metrics_listen, self.address),
         }
 
     def _address(self) -> str:

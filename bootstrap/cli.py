@@ -171,10 +171,22 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from nodeforge.cli import EXIT_FAILURE, EXIT_NOT_READY, EXIT_OK
+
     from .state import State
     from .status import as_json, as_text
 
     paths = _paths(args.root)
+    if not paths.state_file.exists() and not paths.image_json.exists():
+        print(
+            f"nodeforge: this machine is not a nodeforge node: no {paths.state_file} and no "
+            f"{paths.image_json}; `node status` reports on a machine booted from a nodeforge "
+            "image",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
     state = State.load(paths.state_file)
     sys.stdout.write(as_json(state) + "\n" if args.json else as_text(state))
-    return 0 if state.status in ("ready", "new", "running") else 1
+    if state.status == "ready":
+        return EXIT_OK
+    return EXIT_NOT_READY if state.status in ("new", "running") else EXIT_FAILURE

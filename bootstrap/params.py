@@ -15,6 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
+from nodeforge import scalars
 from nodeforge.errors import NodeforgeError
 
 ROLES = ("controller", "compute", "login")
@@ -37,9 +38,6 @@ _PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _FEATURE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _GRES_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}(?::[A-Za-z0-9_.-]{1,64})?(?::[0-9]{1,6})?")
-_MAX_TIME_RE = re.compile(
-    r"INFINITE|UNLIMITED|[0-9]{1,7}(?::[0-9]{1,2}){0,2}|[0-9]{1,5}-[0-9]{1,2}(?::[0-9]{1,2}){0,2}"
-)
 _B64_RE = re.compile(r"[A-Za-z0-9+/]{4,}={0,2}")
 _ABS_PATH_RE = re.compile(r"/(?:[A-Za-z0-9_.+@-]+/?)*")
 _HOOK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -169,6 +167,9 @@ class Params:
     extra: dict[str, Any] = field(default_factory=dict)
     expected_gpus: int | None = None  # GPU node: `node health` requires exactly this many
     health_interval: int = 300  # controller: Slurm HealthCheckInterval (s); 0 = off
+    # node_exporter's listen address: "node:PORT" (this node's address), "*:PORT" (every
+    # interface), "ADDR:PORT" / "[ADDR6]:PORT" (an IP of this node), or "off"
+    metrics_listen: str = "node:9100"
 
     def munge_key_bytes(self) -> bytes | None:
         if self.munge_key is None:
@@ -231,16 +232,17 @@ class _V:
         return v
 
     def integer(self, v: Any, path: str, lo: int, hi: int) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            self.fail(path, f"expected an integer, got {_tn(v)}")
-        if v < lo or v > hi:
-            self.fail(path, f"{v} out of range [{lo}, {hi}]")
-        return v
+        try:
+            return scalars.integer(v, lo, hi)
+        except scalars.ScalarError as exc:
+            self.fail(path, str(exc))
 
     def number(self, v: Any, path: str, hi: float = SECONDS_MAX) -> float:
         """Seconds: a finite number in (0, hi]. NaN/inf would unbound every wait."""
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            self.fail(path, f"expected a number (seconds), got {_tn(v)}")
+            self.fail(
+                path, f"expected a number (seconds), got {_tn(v)}{scalars.why_not_seconds(v)}"
+            )
         if isinstance(v, int) and abs(v) > 1 << 53:
             self.fail(path, f"{v} out of range (0, {hi:g}] seconds")
         f = float(v)
@@ -306,7 +308,7 @@ _TOP = {
     "gres", "gres_types", "cpus", "real_memory", "partitions", "max_node_count", "accounting", "docker", "hooks",
     "hook_timeout", "hook_retries", "hook_backoff", "hook_backoff_max", "wait_timeout",
     "users_keypair", "extra", "hook_output_max", "s3_endpoint_url", "s3_ca_bundle", "expected_gpus",
-    "health_interval",
+    "health_interval", "metrics_listen",
 }  # fmt: skip
 
 
@@ -421,9 +423,41 @@ def parse_params(data: Any, source: str) -> Params:
         kw["expected_gpus"] = v.integer(d["expected_gpus"], "expected_gpus", 0, 64)
     if "health_interval" in d:
         kw["health_interval"] = v.integer(d["health_interval"], "health_interval", 0, 86400)
+    if "metrics_listen" in d:
+        kw["metrics_listen"] = _metrics_listen(v, d["metrics_listen"])
     if "extra" in d:
         kw["extra"] = dict(v.plain(v.mapping(d["extra"] or {}, "extra"), "extra"))
     return Params(**kw)
+
+
+_LISTEN_RE = re.compile(
+    r"(?P<host>node|\*|[0-9.]{7,15}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>[1-9][0-9]{0,4})"
+)
+
+
+def _metrics_listen(v: _V, raw: Any) -> str:
+    """`off`, or HOST:PORT where HOST is `node`, `*`, an IPv4 address or a [bracketed] IPv6."""
+    what = "off, node:PORT, *:PORT, IPV4:PORT or [IPV6]:PORT (e.g. node:9100)"
+    s = v.string(raw, "metrics_listen", max_len=64)
+    if s == "off":
+        return s
+    m = _LISTEN_RE.fullmatch(s)
+    if m is None:
+        v.fail("metrics_listen", f"{s!r} is not {what}")
+    port = int(m["port"])
+    if port > 65535:
+        v.fail("metrics_listen", f"port {port} is out of range 1..65535")
+    host = m["host"].strip("[]")
+    if host not in ("node", "*"):
+        if not is_ip(host) or "%" in host:
+            v.fail("metrics_listen", f"{host!r} is not an IP address ({what})")
+        ip = ipaddress.ip_address(host)
+        if ip.is_unspecified or ip.is_multicast or str(ip) == "255.255.255.255":
+            v.fail(
+                "metrics_listen",
+                f"{host!r} is not an address of this node; use *:{port} for every interface",
+            )
+    return s
 
 
 def _ip(v: _V, raw: Any, path: str) -> str:
@@ -508,16 +542,10 @@ def _partitions(v: _V, raw: Any) -> tuple[Partition, ...]:
             v.fail(f"{path}.name", f"duplicate partition {name!r}")
         names.add(name)
         default = v.boolean(p["default"], f"{path}.default") if "default" in p else False
-        max_time = p.get("max_time", "INFINITE")
-        if isinstance(max_time, int) and not isinstance(max_time, bool):
-            max_time = str(max_time)
-        max_time = v.string(
-            max_time,
-            f"{path}.max_time",
-            _MAX_TIME_RE,
-            "a Slurm time (INFINITE, minutes, D-HH:MM:SS)",
-            max_len=20,
-        )
+        try:
+            max_time = scalars.slurm_time(p.get("max_time", "INFINITE"))
+        except scalars.ScalarError as exc:
+            v.fail(f"{path}.max_time", str(exc))
         out.append(Partition(name, default, max_time))
     if not any(p.default for p in out):
         out[0] = Partition(out[0].name, True, out[0].max_time)

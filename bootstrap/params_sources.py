@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from nodeforge import scalars, strict_json, strict_yaml
 from nodeforge.errors import NodeforgeError
 
-from . import strict_yaml
 from .params import SECRET_KEYS, Params, ParamsError, parse_params
 from .paths import Paths
 from .private_read import UnsafeFileError, read_private
@@ -138,7 +138,6 @@ _CMDLINE_INTS = {"cpus", "real_memory", "max_node_count", "hook_retries"}
 _CMDLINE_FLOATS = {"hook_timeout", "wait_timeout", "hook_backoff", "hook_backoff_max"}
 _CMDLINE_BOOLS = {"accounting", "docker"}
 _CMDLINE_ALIASES = {"cluster": "cluster_name", "node": "node_name"}
-_INT_RE = re.compile(r"[0-9]{1,15}")
 _FLOAT_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})?")
 # The kernel's isspace(): its ctype table also counts 0xA0 (Latin-1 NBSP) as space.
 _KSPACE = " \t\n\v\f\r\xa0"
@@ -195,7 +194,7 @@ def kernel_args(text: str) -> list[tuple[str, str | None]]:
         i = j + 1 if j < n else j
 
 
-def parse_cmdline(text: str) -> dict[str, str]:
+def parse_cmdline(text: str, label: str = "kernel command line") -> dict[str, str]:
     """The nodeforge.* arguments of a kernel command line (aliases resolved).
 
     A key given twice is an error: which of two values the operator meant is not ours to guess.
@@ -207,7 +206,7 @@ def parse_cmdline(text: str) -> dict[str, str]:
         k = param[len("nodeforge.") :]
         k = _CMDLINE_ALIASES.get(k, k)
         if k in out:
-            raise ParamsError(f"kernel command line: {param}: given twice; keep one")
+            raise ParamsError(f"{label}: {param}: given twice; keep one")
         out[k] = val
     return out
 
@@ -217,13 +216,20 @@ def read_cmdline(path: Path) -> str:
     return path.read_bytes().decode("latin-1")
 
 
+CMDLINE_MAX = 65536
+
+
 def cmdline_params(
     text: str,
     label: str = "kernel command line",
     url_reader: Callable[[str, str], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """The params mapping that a kernel command line gives, or None if it has no nodeforge.*."""
-    kv = parse_cmdline(text)
+    if len(text) > CMDLINE_MAX:  # the kernel's own limit is 2-4 KiB (COMMAND_LINE_SIZE)
+        raise ParamsError(
+            f"{label}: {len(text)} characters; a kernel command line is at most {CMDLINE_MAX}"
+        )
+    kv = parse_cmdline(text, label)
     if not kv:
         return None
     # /proc/cmdline is world-readable: a secret on it is public to every local user.
@@ -237,9 +243,10 @@ def cmdline_params(
         if k in _CMDLINE_LISTS:
             data[k] = [s for s in val.split(",") if s]
         elif k in _CMDLINE_INTS:
-            if not _INT_RE.fullmatch(val):
-                raise ParamsError(f"{path}: expected an integer, got {val!r}")
-            data[k] = int(val)
+            try:  # the range is parse_params' to check, with the rest of the field's rules
+                data[k] = scalars.integer_text(val, 0, 10**19)
+            except scalars.ScalarError as exc:
+                raise ParamsError(f"{path}: {exc}") from None
         elif k in _CMDLINE_FLOATS:
             if not _FLOAT_RE.fullmatch(val):
                 raise ParamsError(
@@ -323,13 +330,13 @@ def params_from_user_data(text: str, label: str) -> dict[str, Any] | None:
     section, or a plain YAML mapping with a `role` key. Scripts and other formats are not ours;
     a document that is ours but breaks the strict YAML rules is an error."""
     stripped = text.lstrip()
-    if not stripped or stripped.startswith(("#!", "Content-Type:")):
+    if not stripped or stripped.startswith(("#!", "Content-Type:", "MIME-Version:")):
         return None
     try:
         data = strict_yaml.load(text)
     except strict_yaml.StrictYAMLError as exc:
-        # Someone else's YAML may use anchors; it only matters when the document is ours.
-        if len(text) > strict_yaml.MAX_BYTES or not _looks_ours(text, stripped):
+        # Someone else's YAML may use anchors (or be big); it only matters when it is ours.
+        if not _looks_ours(text, stripped):
             return None
         raise ParamsError(f"{label}: {exc}") from exc
     except yaml.YAMLError:
@@ -346,13 +353,22 @@ def params_from_user_data(text: str, label: str) -> dict[str, Any] | None:
     return None
 
 
+# A top-level `nodeforge:` or `role:` line: what says "ours" in a document too large or too
+# deep to walk.
+_OURS_LINE = re.compile(r"^(nodeforge|role)[ \t]*:", re.MULTILINE)
+
+
 def _looks_ours(text: str, stripped: str) -> bool:
+    """Whether a document that broke a strict rule was meant for nodeforge: its top-level
+    keys, read from the bounded event stream without building anything."""
     try:
-        data = yaml.safe_load(text)
+        keys = strict_yaml.top_level_keys(text)
+    except strict_yaml.StrictYAMLError:
+        keys = frozenset(_OURS_LINE.findall(text))
     except yaml.YAMLError:
         return False
-    return isinstance(data, dict) and (
-        "nodeforge" in data or ("role" in data and not stripped.startswith("#cloud-config"))
+    return keys is not None and (
+        "nodeforge" in keys or ("role" in keys and not stripped.startswith("#cloud-config"))
     )
 
 
@@ -367,7 +383,7 @@ def _from_user_data(cfg: SourceConfig) -> Loaded | None:
     guarded = cfg.imds_guarded() if cfg.imds_guarded else imds_guard_installed(cfg.paths)
     ci = cfg.paths.cloud_init_user_data
     if ci.exists():
-        section = _user_data_section(ci.read_text(errors="replace"), str(ci), guarded)
+        section = _user_data_section(_read_capped(ci), str(ci), guarded)
         if section is not None:
             return Loaded(parse_params(section, f"{ci} nodeforge"), "cloud-init")
     if not cfg.imds_url:
@@ -384,6 +400,15 @@ def _from_user_data(cfg: SourceConfig) -> Loaded | None:
         return None
     params = parse_params(section, label + " nodeforge")
     return Loaded(params, "imds", imds_public_keys(session))
+
+
+def _read_capped(path: Path) -> str:
+    """A user-data file, at most one byte past the document cap (enough to refuse it)."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(strict_yaml.MAX_BYTES + 1).decode(errors="replace")
+    except OSError as exc:
+        raise ParamsError(f"{path}: cannot read: {exc.strerror}") from None
 
 
 IMDS_GUARD_RULES = Path("/etc/nodeforge/imds-root-only.nft")
@@ -470,7 +495,9 @@ class ImdsSession:
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                return r.read(IMDS_MAX_BYTES + 1).decode(errors="replace")[:IMDS_MAX_BYTES]
+                # One byte over the bound, never cut: the strict loader refuses an oversize
+                # document rather than parse a truncated one.
+                return r.read(IMDS_MAX_BYTES + 1).decode(errors="replace")
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
@@ -487,7 +514,7 @@ class ImdsSession:
 
 _IMDS_TOKEN_RE = re.compile(r"[!-~]{1,4096}")
 IMDS_RETRY_FACTOR = 3.0  # the token PUT's second try waits this many times the timeout
-IMDS_MAX_BYTES = 16384  # EC2's user-data limit (16 KB); metadata answers are far smaller
+IMDS_MAX_BYTES = strict_yaml.MAX_BYTES  # user-data's bound (EC2's own is 16 KB)
 _KEY_INDEX_RE = re.compile(r"([0-9]{1,3})=[!-~]{0,255}")
 IMDS_MAX_KEYS = 16
 
@@ -551,11 +578,21 @@ def load_hyperpod(rc_path: Path, pp_path: Path, addrs: set[str], hostname: str) 
 def _json(path: Path) -> tuple[Any, str | None]:
     text, exposed = _read_params_file(path, str(path))
     try:
+        strict_json.check(text)  # size, depth and values, before json.loads builds anything
         return json.loads(
-            text, parse_constant=_no_constant, object_pairs_hook=_no_dup(path)
+            text,
+            parse_constant=_no_constant,
+            object_pairs_hook=_no_dup(path),
+            parse_int=strict_json.bounded_int,
         ), exposed
     except json.JSONDecodeError as exc:
         raise ParamsError(f"{path}: not valid JSON: {exc}") from exc
+    except ParamsError as exc:  # from the hooks; _no_constant does not know the file
+        if str(exc).startswith(f"{path}: "):
+            raise
+        raise ParamsError(f"{path}: {exc}") from None
+    except (strict_json.BoundsError, RecursionError) as exc:
+        raise ParamsError(f"{path}: {exc}") from None
 
 
 def _no_constant(name: str) -> Any:

@@ -23,12 +23,18 @@ class Paths:
     slurm_features: Path = Path("/etc/nodeforge/slurm-features.json")
     templates: Path = Path("/usr/share/nodeforge/templates")
     on_init_d: Path = Path("/etc/nodeforge/on-init.d")
+    image_json: Path = Path("/etc/nodeforge/image.json")  # the image's manifest (every image)
     # Outputs
     state_file: Path = Path("/var/lib/nodeforge/state.json")
     params_json: Path = Path("/var/lib/nodeforge/params.json")
+    # Written once this disk has registered its node in slurmctld (readiness.Gate.hold)
+    slurm_registered: Path = Path("/var/lib/nodeforge/slurm-registered")
     hook_cache: Path = Path("/var/lib/nodeforge/hooks")
     log_dir: Path = Path("/var/log/nodeforge")
     secrets: Path = Path("/etc/nodeforge/secrets")
+    # node_exporter's arguments from params (role metrics: its unit reads this file, and does
+    # not start without it)
+    metrics_env: Path = Path("/etc/nodeforge/metrics.env")
     run_dir: Path = Path("/run/nodeforge")
     # The agent's health pass, for slurmd's start-up HealthCheckProgram run (health.py, stamp).
     health_stamp: Path = Path("/run/nodeforge/health/passed")

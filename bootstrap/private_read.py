@@ -53,6 +53,8 @@ def read_private(path: Path, label: str, max_bytes: int = MAX_BYTES) -> PrivateT
                 "(copy the file there instead of linking it)"
             ) from None
         raise UnsafeFileError(f"{label}: cannot read {path}: {exc.strerror}") from None
+    except ValueError:  # a NUL in the path (a file:// URL from the kernel command line)
+        raise UnsafeFileError(f"{label}: {str(path)!r:.120} is not a file path (NUL)") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -57,6 +57,8 @@ RUNNING_HOOKS = "nodeforge: running hooks"
 HELD_EXISTING = "existing"
 HELD_CREATED = "created"
 HELD_CREATED_FINAL = "created (final state)"
+HELD_REPLACED = "replaced another machine's registration"
+REPLACED = "nodeforge: replaced by a new machine"
 
 # sinfo's state suffixes (man sinfo, NODE STATE CODES) and the flag each one stands for.
 SUFFIX_FLAGS = {
@@ -241,7 +243,15 @@ class Gate:
         rec = self.record()
         return from_record(rec) if rec is not None else NodeState("")
 
-    def hold(self, spec: dict[str, str], reason: str = INITIALIZING, *, drain: bool = True) -> str:
+    def hold(
+        self,
+        spec: dict[str, str],
+        reason: str = INITIALIZING,
+        *,
+        drain: bool = True,
+        first_init: bool = False,
+        wait: float = 300.0,
+    ) -> str:
         """Make sure the node exists in slurmctld BEFORE slurmd starts, drained when *drain*.
 
         A new node is created as FUTURE (Slurm 24.11 refuses any other state at create: "Only
@@ -249,11 +259,47 @@ class Gate:
         with nothing to run before it may take jobs (*drain* False) is created in its final
         state with one call; otherwise it is drained before slurmd starts. An existing node (a
         reboot) is always drained. Never `create` a node that exists: on 24.11.5 the failed
-        create DELETES the existing node (measured), hence the `show` first.
+        create DELETES the existing node (measured), hence the `show` first. On the *first_init*
+        of a disk, an existing node is another machine's (see _forget_previous_machine).
         """
         if self.record() is not None:
-            self.drain(reason)
-            return HELD_EXISTING
+            if not first_init:
+                self.drain(reason)  # this machine's own registration (a reboot, a rerun)
+                return HELD_EXISTING
+            self._forget_previous_machine(wait)
+            return self._create(spec, reason, drain=drain, replaced=True)
+        return self._create(spec, reason, drain=drain)
+
+    def _forget_previous_machine(self, wait: float) -> None:
+        """The name is registered, but this disk never ran the agent: another machine held it
+        (a replaced instance, as HyperPod's node replacement keeps the name). Its registration
+        is replaced, never reused (it carries the old address and hardware): DOWN ends what
+        still runs there (Slurm requeues or cancels each job, per its policy), then the record
+        is deleted, retried while Slurm still completes those jobs, bounded by *wait*."""
+        self._scontrol("update", f"NodeName={self.node}", "State=DOWN", f"Reason={REPLACED}")
+        answers: list[str] = []
+
+        def deleted() -> bool:
+            cp = self._scontrol("delete", f"NodeName={self.node}", check=False)
+            answers.append((cp.stdout or "").strip())
+            return cp.returncode == 0 or self.record() is None
+
+        try:
+            self.host.wait_until(
+                f"slurmctld to delete node {self.node}'s previous registration",
+                deleted,
+                timeout=wait,
+                interval=1.0,
+            )
+        except NodeforgeError as exc:
+            raise NodeforgeError(
+                f"{exc} (last answer: {answers[-1] if answers else 'none'}); jobs may still be "
+                f"completing there: see `squeue -w {self.node}`, then rerun `nodeforge node init`"
+            ) from None
+
+    def _create(
+        self, spec: dict[str, str], reason: str, *, drain: bool, replaced: bool = False
+    ) -> str:
         words = [
             f"NodeName={self.node}",
             *(f"{k}={v}" for k, v in spec.items() if v),
@@ -268,8 +314,8 @@ class Gate:
             )
         if drain:
             self.drain(reason)
-            return HELD_CREATED
-        return HELD_CREATED_FINAL
+            return HELD_REPLACED if replaced else HELD_CREATED
+        return HELD_REPLACED if replaced else HELD_CREATED_FINAL
 
     def drain(self, reason: str) -> None:
         self._scontrol("update", f"NodeName={self.node}", "State=DRAIN", f"Reason={reason}")

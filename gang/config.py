@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nodeforge import scalars
 from nodeforge.errors import NodeforgeError
 
 DEFAULT_PATH = Path("/etc/nodeforge/gang.yaml")
@@ -72,7 +73,8 @@ class GangConfig:
     node_strike_max_drained: int = 10
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+# No leading zero: YAML 1.1 read `010` as 8, so a written 010 is ambiguous, not 10.
+_DURATION = re.compile(r" *((?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,9})?) *(ms|s|m|h)? *")
 _ENUMS = {
     "requeuing.timestamp": ("eviction", "creation"),
     "probe.mode": ("none", "command"),
@@ -102,14 +104,18 @@ MAX_COUNT = 10**9
 
 
 def _duration(value: Any, where: str) -> float:
+    forms = "expected seconds (a number, or '30s'/'5m'/'1h'/'250ms')"
     if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected seconds (number or '30s'/'5m'/'1h'), got {value!r}")
+        raise ConfigError(f"{where}: {forms}, got {value!r}")
     if isinstance(value, (int, float)):
         v = float(value)
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
+    elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
         v = float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}[m.group(2)]
     else:
-        raise ConfigError(f"{where}: expected seconds (number or '30s'/'5m'/'1h'), got {value!r}")
+        # `5:00` and `010` reach here as text (nodeforge/strict_yaml.py): say why.
+        note = scalars.yaml11_note(value) if isinstance(value, str) else None
+        why = f" ({note})" if note else ""
+        raise ConfigError(f"{where}: {forms}, got {value!r:.60}{why}")
     if not math.isfinite(v) or not 0 <= v <= MAX_SECONDS:
         raise ConfigError(
             f"{where}: must be a finite number of seconds in 0..{MAX_SECONDS:.0f}, got {value!r}"
@@ -165,11 +171,12 @@ def _build(cls, data: Any, prefix: str, src: str):
             if v is None and name == "backoff_limit_count":
                 kw[name] = None
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
+            try:
+                kw[name] = scalars.integer(v, 0, MAX_COUNT)
+            except scalars.ScalarError as exc:
                 raise ConfigError(
-                    f"{where}: expected a non-negative integer up to {MAX_COUNT}, got {v!r}"
-                )
-            kw[name] = v
+                    f"{where}: expected a non-negative integer up to {MAX_COUNT}, got {v!r} ({exc})"
+                ) from None
         elif name == "jitter":
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise ConfigError(f"{where}: expected a number between 0 and 1, got {v!r}")
@@ -213,35 +220,23 @@ def from_dict(data: Any, src: str = "<config>") -> GangConfig:
 def load(path: str | Path = DEFAULT_PATH, *, missing_ok: bool = True) -> GangConfig:
     import yaml
 
+    from nodeforge import strict_yaml
+
     p = Path(path)
     if not p.exists():
         if missing_ok and p == DEFAULT_PATH:
             return GangConfig()
         raise ConfigError(f"{p}: config file not found (create it, or pass --config PATH)")
     try:
-        data = yaml.load(p.read_text(), Loader=_strict_loader())  # a SafeLoader subclass
+        with p.open("rb") as fh:  # one byte past the cap is enough to refuse it
+            text = fh.read(strict_yaml.MAX_BYTES + 1).decode()
+        data = strict_yaml.load(text)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except strict_yaml.StrictYAMLError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
     return from_dict(data, str(p))
-
-
-def _strict_loader():
-    """yaml.SafeLoader that refuses a key given twice (safe_load keeps the last silently)."""
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader, node, deep=False):
-        keys = set()
-        for k, _ in node.value:
-            key = loader.construct_object(k, deep=deep)
-            if key in keys:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", k.start_mark
-                )
-            keys.add(key)
-        return yaml.SafeLoader.construct_mapping(loader, node, deep)
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return StrictLoader

@@ -133,7 +133,9 @@ class RoleGroup:
 # the variant/operator choices (docker_source, the gpu role, the agent) change more often.
 ROLE_GROUPS: tuple[RoleGroup, ...] = (
     RoleGroup("slurm_stack", ("base", "ssh", "munge", "slurm", "accounting")),
-    RoleGroup("runtime", ("docker", "enroot", "pyxis", "gpu", "logrotate", "node_agent")),
+    RoleGroup(
+        "runtime", ("docker", "enroot", "pyxis", "gpu", "logrotate", "metrics", "node_agent")
+    ),
 )
 _ARTIFACTS_READ = re.compile(rb"\bnodeforge_artifacts\b")
 

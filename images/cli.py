@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import Any
 
 TARGET_CHOICES = ("local", "qemu", "amazon-ebs")
+VARIANT_CHOICES = ("cpu", "gpu")  # images/versions.py VARIANTS (kept import-free for --help)
+
+
+def _variant_option(p: argparse.ArgumentParser, help: str) -> None:
+    """One --variant for build, render and validate: same choices, same default."""
+    p.add_argument("--variant", default="cpu", choices=VARIANT_CHOICES, help=help)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,12 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="where to build (default: %(default)s)",
     )
     p.add_argument("--base", help="base from the versions file (default: debian13; also debian12)")
-    p.add_argument(
-        "--variant",
-        default="cpu",
-        choices=("cpu", "gpu"),
-        help="image variant: cpu (default) or gpu (NVIDIA driver, NVML, NCCL, "
-        "container toolkit; needs contrib/non-free in the Debian mirror)",
+    _variant_option(
+        p,
+        "image variant: cpu (default) or gpu (NVIDIA driver, NVML, NCCL, container toolkit; "
+        "needs contrib/non-free in the Debian mirror)",
     )
     p.add_argument(
         "--var-file",
@@ -111,6 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=TARGET_CHOICES,
         help="the target (default: %(default)s)",
     )
+    _variant_option(p, "the image variant the template is for, as for build")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("validate", help="run `packer validate` on every target's template")
@@ -127,6 +132,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="F.pkrvars.hcl",
         help="Packer variables to validate with (repeatable)",
+    )
+    _variant_option(
+        p, "validate the templates of this variant, as for build (gpu: the local target's)"
     )
     p.add_argument("--json", action="store_true", help="print {target: packer output} as JSON")
     p.set_defaults(func=cmd_validate)
@@ -147,12 +155,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--versions-file", type=Path, help="alternative versions file (edited in place)")
     s.add_argument("--only-missing", action="store_true", help="only artifacts without a sha256")
     s.add_argument(
+        "--variant",
+        default="cpu",
+        choices=(*VARIANT_CHOICES, "all"),
+        help="pin what a build of this variant needs (default: %(default)s, as for build; "
+        "a mirror without the gpu variant's NVIDIA files pins the cpu build); all: every variant",
+    )
+    s.add_argument(
         "--arch",
         metavar="ARCH",
-        help="pin only this architecture's artifacts (what the mirror holds); the "
-        "other architectures stay unpinned",
+        help="pin this architecture's artifacts (default: the build host's, as for build); "
+        "all: every architecture. The others stay unpinned",
     )
-    s.add_argument("--json", action="store_true", help="print {url: sha256} and the file as JSON")
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print {url: sha256}, the file and what stays unpinned as JSON",
+    )
     s.set_defaults(func=cmd_versions_lock)
 
 
@@ -236,14 +255,17 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     from . import packer
 
-    sys.stdout.write(packer.render(args.target))
+    sys.stdout.write(packer.render(args.target, variant=args.variant))
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from .template import VARIANT_TARGETS
     from .validate import validate_targets
 
-    results = validate_targets(args.target or list(TARGET_CHOICES), args.var_file)
+    # Without --target: every target that builds the variant (gpu: local only).
+    targets = args.target or list(VARIANT_TARGETS[args.variant])
+    results = validate_targets(targets, args.var_file, args.variant)
     if args.json:
         print(json.dumps({t: {"valid": True, "output": out.strip()} for t, out in results.items()},
                          indent=2))  # fmt: skip
@@ -304,29 +326,43 @@ def cmd_versions_lock(args: argparse.Namespace) -> int:
 
         return update
 
+    arch = None if args.arch == "all" else args.arch
+    if arch is None and args.arch is None:
+        from .base import host_arch
+
+        arch = host_arch()
     with bar:
         res = versions.lock(
             v,
             mirror=args.artifact_mirror,
             only_missing=args.only_missing,
-            arch=args.arch,
+            arch=arch,
+            variant=None if args.variant == "all" else args.variant,
             progress=progress,
         )
+    left = [a for a in versions.load(v.path).all_artifacts() if not a.pinned]
     if args.json:
-        print(json.dumps({"versions_file": str(v.path), "pinned": res}, indent=2))
+        unpinned = [{"artifact": a.name, "arch": a.arch, "variant": a.variant or "every"}
+                    for a in left]  # fmt: skip
+        print(json.dumps({"versions_file": str(v.path), "pinned": res, "unpinned": unpinned},
+                         indent=2))  # fmt: skip
         return 0
     for url, sha in res.items():
         print(f"{sha}  {url}")
     print(f"pinned {len(res)} artifacts in {v.path}", file=sys.stderr)
-    left = [a for a in versions.load(v.path).all_artifacts() if not a.pinned]
     if left:
-        print(
-            f"still unpinned ({len(left)}): "
-            + ", ".join(f"{a.name} [{a.arch}]" for a in left)
-            + "; pin them with 'nodeforge versions lock --arch ARCH' from a mirror that "
-            "holds them",
-            file=sys.stderr,
-        )
+        # One line per variant, so a CPU-only mirror's user sees that only the gpu build
+        # still needs pins, and with which command.
+        print(f"still unpinned ({len(left)}):", file=sys.stderr)
+        for variant in (None, *versions.VARIANTS):
+            mine = [a for a in left if a.variant == variant]
+            for a_arch in sorted({a.arch for a in mine}):
+                names = ", ".join(f"{a.name} [{a.arch}]" for a in mine if a.arch == a_arch)
+                who = f"the {variant} variant" if variant else "every variant"
+                cmd = "nodeforge versions lock" + (f" --variant {variant}" if variant else "")
+                cmd += f" --arch {a_arch}" if a_arch != "all" else ""
+                print(f"  {who}: {names}; pin with '{cmd}' (add --artifact-mirror DIR|URL "
+                      "for a mirror that holds them)", file=sys.stderr)  # fmt: skip
     return 0
 
 

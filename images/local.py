@@ -268,7 +268,7 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 return fn(*args)
 
         tools_job = background.submit(tool_versions)
-        template_job = background.submit(packer.render, "local")
+        template_job = background.submit(packer.render, "local", None, inp.opts.variant)
         logfile.write(
             f"nodeforge {__version__} build {name} target={opts.target} base={inp.base.name}\n"
         )

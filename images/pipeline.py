@@ -26,7 +26,7 @@ from typing import IO
 from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
 
-from . import agent_wheel, packer, varfile, versions
+from . import agent_wheel, packer, template, varfile, versions
 from . import base as base_mod
 from . import manifest as manifest_mod
 
@@ -170,14 +170,9 @@ def resolve_inputs(opts: BuildOptions) -> Inputs:
     user_vars: dict[str, object] = {}
     for vf in opts.var_files:
         user_vars.update(varfile.load(vf, opts.target))
-    if opts.variant not in versions.VARIANTS:
-        raise NodeforgeError(
-            f"--variant {opts.variant!r}: choose one of {', '.join(versions.VARIANTS)}"
-        )
-    if opts.variant != "cpu" and opts.target != "local":
-        raise NodeforgeError(
-            f"--variant {opts.variant} is built by the local target only (for now)"
-        )
+    template.check_variant(opts.target, opts.variant)  # the same refusal as render/validate
+    if opts.target == "amazon-ebs":
+        template.check_amazon_vars(user_vars)
     # The cpu image keeps its name; other variants are nodeforge-<base>-<variant>-<arch>.
     vtag = "" if opts.variant == "cpu" else f"-{opts.variant}"
     playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)

@@ -148,6 +148,13 @@ def check_target(target: str, user_vars: dict[str, object]) -> int:
     if target == "qemu":
         for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "fstrim", "mount", "sfdisk"):
             proc.require_tool(tool)
+    if target == "amazon-ebs" and user_vars.get("encrypt_boot") is False:
+        # the template's post-check that the AMI really is unencrypted (HyperPod) runs them
+        proc.require_tool("jq")
+        if shutil.which("aws") is None:
+            from nodeforge.errors import MissingToolError
+
+            raise MissingToolError("aws", "awscli")
     if target == "amazon-ebs" and not aws_credentials_present():
         raise NodeforgeError(
             "target amazon-ebs needs AWS credentials: set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
@@ -234,7 +241,7 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
         ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
         values["extra_vars_file"] = ev
         tpl = work / f"{target}.pkr.hcl"
-        tpl.write_text(packer.render(target))
+        tpl.write_text(packer.render(target, variant=opts.variant))
         manifest = manifest_header(
             inp, fetched, created=now_iso(), base_key=base_key, base_cached=base_cached
         )

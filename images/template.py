@@ -10,6 +10,9 @@ from dataclasses import dataclass
 import hcl2
 
 TARGETS = ("local", "qemu", "amazon-ebs")
+# Which targets build which image variant (images/versions.py VARIANTS); build, render and
+# validate refuse the same combinations with the same message (check_variant).
+VARIANT_TARGETS = {"cpu": TARGETS, "gpu": ("local",)}
 
 # Packer >= 1.7 installs these with `packer init` (images/packer.py runs it before validate
 # and build): exact versions, so a build does not change under us when a plugin is released.
@@ -145,9 +148,19 @@ TARGET_VARS: dict[str, list[Variable]] = {
             "amd64",
             "amd64 or arm64; nodeforge sets it to the build host's (the artifacts' architecture)",
         ),
-        Variable("root_volume_size", "number", 30, "GiB of the encrypted gp3 root volume"),
+        Variable("root_volume_size", "number", 30, "GiB of the gp3 root volume"),
         Variable(
-            "kms_key_id", "string", "", "KMS key for EBS encryption (AWS-managed key when empty)"
+            "encrypt_boot",
+            "bool",
+            True,
+            "encrypt the AMI's root snapshot; false for SageMaker HyperPod (CustomAmiId takes "
+            "only an unencrypted AMI)",
+        ),
+        Variable(
+            "kms_key_id",
+            "string",
+            "",
+            "KMS key for EBS encryption (AWS-managed key when empty; only with encrypt_boot)",
         ),
         Variable(
             "ami_tags", "map(string)", {}, "extra tags; nodeforge adds the manifest's versions"
@@ -306,7 +319,9 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
         ami_description=q("nodeforge Slurm node image (controller/login/compute)"),
         ami_regions="${var.ami_regions}",
         ssh_username="${local.source_amis[var.source_os].user}",
-        encrypt_boot=True,
+        # Encrypted by default (plain EC2). encrypt_boot = false makes the AMI SageMaker
+        # HyperPod takes as CustomAmiId: unencrypted, and (below) one root mapping only.
+        encrypt_boot="${var.encrypt_boot}",
         kms_key_id="${var.kms_key_id}",
         **({"imds_support": q("v2.0")} if modern else {}),
         tags='${merge(var.ami_tags, {"Name" = "${var.image_name}-${local.build_stamp}", "nodeforge:image" = var.image_name, "nodeforge:source_os" = var.source_os})}',
@@ -330,6 +345,8 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
             http_tokens=q("required"),
             http_put_response_hop_limit=1,
         )
+    # The root volume only: no ami_block_device_mappings and no second launch mapping, so
+    # the AMI is its root snapshot alone (HyperPod uses only that one).
     src.block(
         "launch_block_device_mappings",
         device_name="${local.source_amis[var.source_os].root_device}",
@@ -338,7 +355,7 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
         iops=3000,
         throughput=125,
         volume_size="${var.root_volume_size}",
-        encrypted=True,
+        encrypted="${var.encrypt_boot}",
         delete_on_termination=True,
     )
     build = b.block("build", name=q("nodeforge-ami"), sources=[q("source.amazon-ebs.node")])
@@ -346,6 +363,14 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
     # The AMI id, recorded beside manifest.json (nodeforge runs Packer in its work dir).
     build.block(
         "post-processor", [q("manifest")], output=q("packer-manifest.json"), strip_path=True
+    )
+    # An account with EBS encryption by default encrypts every new volume whatever the
+    # template says; HyperPod would then refuse the AMI at CreateCluster. Check the AMI
+    # itself, so an unencrypted build (encrypt_boot = false) fails here instead.
+    build.block(
+        "post-processor",
+        [q("shell-local")],
+        inline=[q(line) for line in UNENCRYPTED_AMI_CHECK],
     )
     if not modern:
         # Packer 1.6's built-in amazon builder cannot set IMDS options; require IMDSv2 on
@@ -360,6 +385,45 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
                     'aws ec2 modify-image-attribute --region ${var.region} --image-id "$ami" --imds-support v2.0'
                 ),
             ],
+        )
+
+
+# Shell lines (HCL interpolates only ${var.…}; shell expansions are written $x / $(…)).
+UNENCRYPTED_AMI_CHECK = (
+    "set -eu",
+    "test ${var.encrypt_boot} = false || exit 0",
+    "ami=$(jq -r '.builds[-1].artifact_id' packer-manifest.json | cut -d, -f1 | cut -d: -f2)",
+    'got=$(aws ec2 describe-images --region ${var.region} --image-ids "$ami" --query '
+    "'Images[0].BlockDeviceMappings[?Ebs].Ebs.Encrypted' --output text)",
+    'if [ "$got" != False ]; then echo "nodeforge: AMI $ami is not one unencrypted root '
+    "snapshot (Ebs.Encrypted per mapping: $got); SageMaker HyperPod refuses it. Turn off EBS "
+    "encryption by default in ${var.region} for the build (aws ec2 disable-ebs-encryption-by-"
+    'default) or build with encrypt_boot = true for plain EC2" >&2; exit 1; fi',
+)
+
+
+def check_amazon_vars(user_vars: dict[str, object]) -> None:
+    """Var-file combinations the amazon-ebs target refuses before anything is launched."""
+    from nodeforge.errors import NodeforgeError
+
+    if user_vars.get("encrypt_boot", True) is False and user_vars.get("kms_key_id"):
+        raise NodeforgeError(
+            "amazon-ebs: kms_key_id is set but encrypt_boot = false: an unencrypted AMI (for "
+            "SageMaker HyperPod) has no KMS key; remove kms_key_id from the var file, or set "
+            "encrypt_boot = true for an encrypted AMI"
+        )
+
+
+def check_variant(target: str, variant: str) -> None:
+    """The --variant choices build, render and validate share."""
+    from nodeforge.errors import NodeforgeError
+
+    if variant not in VARIANT_TARGETS:
+        raise NodeforgeError(f"--variant {variant!r}: choose one of {', '.join(VARIANT_TARGETS)}")
+    if target not in VARIANT_TARGETS[variant]:
+        raise NodeforgeError(
+            f"--variant {variant} is built by the {' and '.join(VARIANT_TARGETS[variant])} "
+            f"target only (for now); use --target local, or --variant cpu for {target}"
         )
 
 

@@ -12,13 +12,17 @@ from pathlib import Path
 
 from nodeforge import proc
 
-from . import packer, varfile
+from . import packer, template, varfile
 from .pipeline import repo_paths
 from .remote import BOX_VAGRANTFILE
 from .sandbox import session_key
 
 
-def validate_targets(targets: list[str], var_files: list[Path]) -> dict[str, str]:
+def validate_targets(
+    targets: list[str], var_files: list[Path], variant: str = "cpu"
+) -> dict[str, str]:
+    for target in targets:  # every refusal before the first `packer validate`
+        template.check_variant(target, variant)
     playbook, cfg, _ = repo_paths()
     pv = packer.version()
     results = {}
@@ -49,9 +53,12 @@ def validate_targets(targets: list[str], var_files: list[Path]) -> dict[str, str
             "amazon-ebs": {},
         }
         for target in targets:
+            user_vars: dict[str, object] = {}
             for vf in var_files:
-                varfile.load(vf, target)
+                user_vars.update(varfile.load(vf, target))
+            if target == "amazon-ebs":
+                template.check_amazon_vars(user_vars)
             f = t / f"{target}.pkr.hcl"
-            f.write_text(packer.render(target, pv))
+            f.write_text(packer.render(target, pv, variant))
             results[target] = packer.validate(f, {**common, **per_target[target]}, var_files)
     return results

@@ -21,6 +21,10 @@ INTERNAL = {
 }
 
 
+# Keys python-hcl2 adds to what it parsed (block markers, the file's comments): not variables.
+HCL2_META = {"__is_block__", "__comments__", "__inline_comments__"}
+
+
 def _strip(v: object) -> object:
     """python-hcl2 keeps string quotes; return plain Python values."""
     if isinstance(v, str):
@@ -28,7 +32,7 @@ def _strip(v: object) -> object:
             return v[1:-1]
         return v
     if isinstance(v, dict):
-        return {_strip(k): _strip(x) for k, x in v.items() if k != "__is_block__"}
+        return {_strip(k): _strip(x) for k, x in v.items() if k not in HCL2_META}
     if isinstance(v, list):
         return [_strip(x) for x in v]
     return v
@@ -49,7 +53,7 @@ def load(path: Path, target: str) -> dict[str, object]:
             f"{path}:{line}:{col}: not valid HCL2 ({first}); a var file holds lines like "
             f'region = "eu-west-1"'
         ) from exc
-    values = {_strip(k): _strip(v) for k, v in data.items()}
+    values = {_strip(k): _strip(v) for k, v in data.items() if k not in HCL2_META}
     known = {v.name: v for v in variables_for(target)}
     for name, value in values.items():
         if name in INTERNAL:

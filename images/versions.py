@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from nodeforge import download
+from nodeforge import download, strict_yaml
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
 
@@ -95,8 +95,14 @@ def _req(d: dict, key: str, where: str, path: Path, typ: type = str):
     if not isinstance(d, dict) or key not in d:
         raise NodeforgeError(f"{path}: {where}.{key} is missing")
     val = d[key]
-    if typ is str and isinstance(val, (int, float)):
-        val = str(val)
+    if typ is str and isinstance(val, float):
+        # YAML reads an unquoted 1.10 as the number 1.1: a version must say what it says.
+        raise NodeforgeError(
+            f"{path}: {where}.{key} must be a string, got the number {val!r}; quote it "
+            f'(e.g. "1.10")'
+        )
+    if typ is str and isinstance(val, int) and not isinstance(val, bool):
+        val = str(val)  # a decimal without a leading zero (strict_yaml) reads back the same
     if not isinstance(val, typ):
         raise NodeforgeError(f"{path}: {where}.{key} must be a {typ.__name__}, got {val!r}")
     return val
@@ -105,14 +111,21 @@ def _req(d: dict, key: str, where: str, path: Path, typ: type = str):
 def load(path: Path | None = None) -> Versions:
     path = Path(path or VERSIONS_FILE)
     try:
-        raw = yaml.safe_load(path.read_text())
+        with path.open("rb") as fh:  # one byte past the cap is enough to refuse it
+            raw = strict_yaml.load(fh.read(strict_yaml.MAX_BYTES + 1).decode())
     except OSError as exc:
         raise NodeforgeError(f"cannot read versions file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise NodeforgeError(
+            f"versions file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    except strict_yaml.StrictYAMLError as exc:
+        raise NodeforgeError(f"versions file {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise NodeforgeError(f"versions file {path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise NodeforgeError(f"{path}: expected a mapping at the top level")
-    if raw.get("schema") != 1:
+    if type(raw.get("schema")) is not int or raw["schema"] != 1:  # true and 1.0 equal 1 too
         raise NodeforgeError(f"{path}: schema must be 1, got {raw.get('schema')!r}")
     bases = {}
     for name, b in (_req(raw, "bases", "", path, dict)).items():
@@ -245,10 +258,10 @@ def fetch(
     if unpinned and not allow_unpinned:
         names = ", ".join(f"{a.name} ({a.file})" for a in unpinned)
         raise NodeforgeError(
-            f"unpinned artifacts in {versions_path}: {names}. Pin them on a machine that can "
-            f"reach the URLs with 'nodeforge versions lock' (or 'nodeforge versions lock "
-            f"--artifact-mirror DIR|URL'), which records each sha256; or pass --allow-unpinned "
-            f"to build with whatever the source serves."
+            f"unpinned artifacts in {versions_path}: {names}. Pin what this build needs on a "
+            f"machine that can reach the URLs with '{lock_command(arts)}' (add "
+            "--artifact-mirror DIR|URL to read them from a mirror), which records each sha256; "
+            "or pass --allow-unpinned to build with whatever the source serves."
         )
     dest_dir.mkdir(parents=True, exist_ok=True)
     seen: dict[str, str] = {}
@@ -277,13 +290,39 @@ def fetch(
     return seen
 
 
+def build_of(arts: list[Artifact]) -> tuple[str, str | None]:
+    """(variant, arch) of the build that needs *arts* (what for_arch returned)."""
+    variant = next((a.variant for a in arts if a.variant), "cpu")
+    arch = next((a.arch for a in arts if a.arch != "all"), None)
+    return variant, arch
+
+
+def lock_command(arts: list[Artifact]) -> str:
+    """The `versions lock` that pins what a build of *arts* needs, and only that."""
+    variant, arch = build_of(arts)
+    return (
+        "nodeforge versions lock"
+        + (f" --variant {variant}" if variant != "cpu" else "")
+        + (f" --arch {arch}" if arch else "")
+    )
+
+
 def lock_targets(
-    versions: Versions, *, arch: str | None = None, only_missing: bool = False
+    versions: Versions,
+    *,
+    arch: str | None = None,
+    variant: str | None = None,
+    only_missing: bool = False,
 ) -> list[Artifact]:
-    """What `versions lock` downloads: every entry, or with *arch* just that architecture's
-    (its own entry, else 'all'), so a mirror holding one architecture pins just that."""
+    """What `versions lock` downloads: what a build of *variant* (its own artifacts and the
+    shared ones; None: every variant) for *arch* (its entry, else 'all'; None: every
+    architecture) fetches. So a CPU-only mirror pins the cpu build's artifacts without the
+    gpu variant's NVIDIA files, and a mirror of one architecture pins just that one."""
+    if variant is not None and variant not in VARIANTS:
+        raise NodeforgeError(f"variant {variant!r}: choose one of {', '.join(VARIANTS)}")
+    variants = VARIANTS if variant is None else (variant,)
     if arch is None:
-        arts = versions.all_artifacts()
+        arts = [a for a in versions.all_artifacts() if a.variant in (None, *variants)]
     else:
         known = {a.arch for a in versions.all_artifacts()} - {"all"}
         if arch not in known:
@@ -291,8 +330,7 @@ def lock_targets(
                 f"{versions.path}: no artifact has an entry for architecture {arch!r} "
                 f"(known: {', '.join(sorted(known))})"
             )
-        # every variant's: the gpu image's NVIDIA artifacts are pinned by the same lock
-        by_name = {a.name: a for v in VARIANTS for a in versions.for_arch(arch, v)}
+        by_name = {a.name: a for v in variants for a in versions.for_arch(arch, v)}
         arts = list(by_name.values())
     return [a for a in arts if not (only_missing and a.pinned)]
 
@@ -303,6 +341,7 @@ def lock(
     mirror: str | None = None,
     only_missing: bool = False,
     arch: str | None = None,
+    variant: str | None = None,
     progress: Callable[[Artifact], download.Progress | None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, str]:
@@ -311,12 +350,12 @@ def lock(
     The edit is textual (the sha256 line following each url line) so comments survive. Every
     download finishes (whole, Content-Length honoured) before the file is touched, so a failed
     lock changes nothing. *progress* maps an artifact to a byte-progress callback (the CLI's).
-    Returns {url: sha256}.
+    *variant* and *arch* narrow it to what one build needs (lock_targets). Returns {url: sha256}.
     """
     text = versions.path.read_text()
     results: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="nodeforge-lock-") as tmp:
-        for art in lock_targets(versions, arch=arch, only_missing=only_missing):
+        for art in lock_targets(versions, arch=arch, variant=variant, only_missing=only_missing):
             dest = Path(tmp) / art.file
             results[art.url] = _download(
                 _source(art, mirror),

@@ -1,4 +1,4 @@
-"""CLI: `nodeforge cluster up|add|status|down|exec` — a local cluster of nspawn nodes."""
+"""CLI: `nodeforge cluster up|add|replace|status|down|exec` — a local cluster of nspawn nodes."""
 
 from __future__ import annotations
 
@@ -77,6 +77,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     common(s)
     s.set_defaults(func=cmd_add)
+
+    s = cs.add_parser(
+        "replace",
+        help="replace a compute with a fresh machine of the same name (new disk, new keys)",
+        description=(
+            "The node's machine is lost (its process, disk and namespace go) and a fresh one "
+            "boots under the same NodeName, from the cluster's image or --image DIR; its agent "
+            "replaces Slurm's old registration. An image whose slurmd the controller cannot "
+            "talk to, or an unknown node, is refused before anything is touched."
+        ),
+    )
+    s.add_argument("node", help="the compute to replace (c001, ...)")
+    s.add_argument(
+        "--image",
+        type=Path,
+        metavar="DIR",
+        help="output directory of `nodeforge build` for the new machine (default: the cluster's)",
+    )
+    common(s)
+    s.set_defaults(func=cmd_replace)
 
     s = cs.add_parser("status", help="role, Slurm state, reason and time-to-ready of each node")
     s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
@@ -175,6 +195,21 @@ def cmd_add(args) -> int:
         timeout=args.timeout,
         role=args.role,
     )
+    _print_status(lc.status(), args.json)
+    return 0
+
+
+def cmd_replace(args) -> int:
+    from .localcluster import LocalCluster
+
+    params, copies = _inputs(args)
+    lc = LocalCluster(args.name, progress=_progress)
+    _node, secs = lc.replace(
+        args.node, image=args.image, params=params, copies=copies,
+        wait=not args.no_wait, timeout=args.timeout,
+    )  # fmt: skip
+    if secs is not None:
+        _progress(f"{args.node}: replaced; schedulable {secs:.1f}s after the old machine was lost")
     _print_status(lc.status(), args.json)
     return 0
 

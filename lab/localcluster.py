@@ -14,6 +14,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ from nodeforge.bootstrap.readiness import NodeState
 from nodeforge.bootstrap.slurm import read_features
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
-from nodeforge.slurm import controller_up, has
+from nodeforge.slurm import controller_up, has, talks_to
 
 from .netns import Fabric
 
@@ -123,17 +124,8 @@ def _require_root_and_tools() -> None:
 
 
 def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     # A zombie is not alive; nspawn is our child only while `cluster up` runs.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+    return proc.pid_alive(pid)
 
 
 def leader_pid(node: Node) -> int:
@@ -459,7 +451,6 @@ class LocalCluster:
         cluster.save()
         self.progress(f"{name}: started ({role}, {address})")
         self._refresh_hosts(cluster, skip=name)
-        self.progress(f"{name}: started ({role}, {address})")
         return node
 
     # -- single nodes (bench/time_to_ready.py) -----------------------------------------
@@ -502,6 +493,21 @@ class LocalCluster:
         if name == CONTROLLER_NAME:
             raise NodeforgeError("the controller is removed with `nodeforge cluster down`")
         node = cluster.node(name)
+        self._discard_machine(cluster, node)
+        if node.role == "compute" and _alive(cluster.controller.pid):
+            try:  # a dynamic node; deleting it keeps sinfo to the nodes that exist
+                node_exec(
+                    cluster.controller,
+                    ["scontrol", "delete", f"NodeName={name}"],
+                    check=False,
+                    timeout=20,
+                )
+            except NodeforgeError as exc:
+                log.warning("could not delete Slurm node %s: %s", name, exc)
+
+    def _discard_machine(self, cluster: Cluster, node: Node) -> None:
+        """The machine is gone: its process, disk (overlay), namespace and record. Slurm's
+        registration of its name is left as a lost machine leaves it."""
         _stop_nspawn(node.pid)
         merged = node.merged
         if os.path.ismount(merged):
@@ -518,16 +524,43 @@ class LocalCluster:
         shutil.rmtree(node.dir, ignore_errors=True)
         cluster.nodes.remove(node)
         cluster.save()
-        if node.role == "compute" and _alive(cluster.controller.pid):
-            try:  # a dynamic node; deleting it keeps sinfo to the nodes that exist
-                node_exec(
-                    cluster.controller,
-                    ["scontrol", "delete", f"NodeName={name}"],
-                    check=False,
-                    timeout=20,
-                )
-            except NodeforgeError as exc:
-                log.warning("could not delete Slurm node %s: %s", name, exc)
+
+    def replace(
+        self,
+        name: str,
+        *,
+        image: Path | None = None,
+        params: dict | None = None,
+        copies: list[tuple[Path, str]] | None = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+    ) -> tuple[Node, float | None]:
+        """Replace compute *name* with a fresh machine of the same name: a new disk (from the
+        cluster's image, or *image*), new host keys and machine-id, a new address. Its agent
+        replaces Slurm's old registration (readiness.Gate.hold). Returns the new node and the
+        seconds from the old machine's loss to the new one schedulable (None with no wait).
+
+        Everything that can refuse is checked before the old machine is touched."""
+        _require_root_and_tools()
+        cluster = Cluster.load(self.name)
+        node = cluster.node(name)
+        if node.role != "compute":
+            raise NodeforgeError(
+                f"{name} is the cluster's {node.role}; `cluster replace` takes a compute (the "
+                "controller's state must outlive its machine: see docs/operate.md)"
+            )
+        lower = None
+        if image is not None:
+            check_image_for(cluster, Path(image))
+            lower = ensure_lower(Path(image).resolve())
+        lost = time.time()
+        self.progress(f"{name}: machine lost (replacing it{f' from {image}' if image else ''})")
+        self._discard_machine(cluster, node)
+        new = self._start(cluster, node.role, name, params, copies, lower=lower)
+        if not wait:
+            return new, None
+        self.wait_ready(cluster, [name], timeout)
+        return new, round((new.ready_at or time.time()) - lost, 2)
 
     def _refresh_hosts(self, cluster: Cluster, skip: str) -> None:
         """Tell running nodes about a newcomer (Slurm resolves node names via /etc/hosts).
@@ -691,6 +724,37 @@ class LocalCluster:
         if cdir.exists():
             shutil.rmtree(cdir)
         return removed
+
+
+def image_slurm(image: Path) -> str:
+    """The slurmd version an image ships, from its manifest; refused without one."""
+    f = Path(image) / "manifest.json"
+    try:
+        manifest = json.loads(f.read_text())
+        version = manifest["packages"]["slurmd"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = "missing" if isinstance(exc, FileNotFoundError) else f"unreadable ({exc})"
+        raise NodeforgeError(
+            f"{f}: {why}; give the output directory of `nodeforge build` (its manifest names "
+            "the Slurm it ships)"
+        ) from None
+    if not isinstance(version, str) or not re.fullmatch(
+        r"[0-9]{1,4}(\.[0-9]{1,4}){1,2}[A-Za-z0-9.+~:-]{0,40}", version
+    ):
+        raise NodeforgeError(f"{f}: packages.slurmd {version!r} is not a Slurm version")
+    return version
+
+
+def check_image_for(cluster: Cluster, image: Path) -> None:
+    """Refuse an image whose slurmd the running controller cannot talk to (both named)."""
+    new = image_slurm(image)
+    running = image_slurm(Path(cluster.image))
+    why = talks_to(running, new)
+    if why is not None:
+        raise NodeforgeError(
+            f"{image}: its slurmd {new} cannot join cluster {cluster.name}, whose slurmctld is "
+            f"{running}: {why}. Nothing was drained or replaced."
+        )
 
 
 def _agent_seconds(state: dict) -> float | None:

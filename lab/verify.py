@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import time
 import urllib.parse
@@ -57,6 +58,8 @@ class HostSpec:
 def parse_host_spec(text: str, ssh_key: str | None = None) -> HostSpec:
     """Parse one host spec; errors name the spec and say what is expected."""
     raw = text.strip()
+    if re.search(r"[\x00-\x1f\x7f]", raw):
+        raise HostSpecError(f"host spec {raw!r}: control characters are not allowed")
     if "://" not in raw:
         raise HostSpecError(
             f"host spec {raw!r}: expected SCHEME://…, one of "
@@ -68,32 +71,37 @@ def parse_host_spec(text: str, ssh_key: str | None = None) -> HostSpec:
             f"host spec {raw!r}: unknown scheme {scheme!r} (use {', '.join(SCHEMES)})"
         )
     body, _, query = rest.partition("?")
-    opts = tuple(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    opts = _options(raw, scheme, query)
     od = dict(opts)
     if scheme == "ssh":
-        u = urllib.parse.urlsplit("ssh://" + body)
-        if not u.hostname:
+        m = _SSH_TARGET.fullmatch(body)
+        if not body:
             raise HostSpecError(f"host spec {raw!r}: missing host (ssh://user@host:port)")
-        try:
-            port = u.port or 22
-        except ValueError:
-            raise HostSpecError(f"host spec {raw!r}: port must be a number 1-65535") from None
-        user = urllib.parse.unquote(u.username) if u.username else "root"
+        if m is None:
+            raise HostSpecError(
+                f"host spec {raw!r}: expected ssh://[user@]host[:port] (user [a-z_][a-z0-9_.-], "
+                "host a DNS name, an IPv4 or a [bracketed] IPv6 address)"
+            )
+        port = int(m["port"] or 22)
+        if not 1 <= port <= 65535:
+            raise HostSpecError(f"host spec {raw!r}: port must be a number 1-65535")
+        host, user = m["host"].strip("[]"), m["user"] or "root"
         key = od.get("key") or ssh_key
-        label = od.get("name") or f"{user}@{u.hostname}:{port}"
-        return HostSpec("ssh", label, user=user, host=u.hostname, port=port, key=key, options=opts)
+        label = od.get("name") or f"{user}@{host}:{port}"
+        return HostSpec("ssh", label, user=user, host=host, port=port, key=key, options=opts)
     if scheme == "nsenter":
-        if not body.isdigit() or int(body) <= 0:
+        if not _PID.fullmatch(body):
             raise HostSpecError(f"host spec {raw!r}: nsenter:// takes a PID (a positive integer)")
         return HostSpec("nsenter", od.get("name") or f"pid{body}", pid=int(body), options=opts)
     if scheme == "nspawn":
-        if not body:
-            raise HostSpecError(
-                f"host spec {raw!r}: expected nspawn://CLUSTER[/NODE] or nspawn://PID"
-            )
-        if body.isdigit():
+        if _PID.fullmatch(body):
             return HostSpec("nsenter", od.get("name") or f"pid{body}", pid=int(body), options=opts)
         cluster, _, node = body.partition("/")
+        if not _LABEL.fullmatch(cluster) or (node and not _LABEL.fullmatch(node)):
+            raise HostSpecError(
+                f"host spec {raw!r}: expected nspawn://CLUSTER[/NODE] or nspawn://PID "
+                "(names of A-Z a-z 0-9 _ . -)"
+            )
         label = f"{cluster}/{node}" if node else cluster
         return HostSpec("nspawn", label, cluster=cluster, node=node or None, options=opts)
     # vm
@@ -103,6 +111,58 @@ def parse_host_spec(text: str, ssh_key: str | None = None) -> HostSpec:
         )
     name = od.get("name") or od.get("role") or "vm"
     return HostSpec("vm", f"vm:{name}", image_dir=body, options=opts)
+
+
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_PID = re.compile(r"[1-9][0-9]{0,9}")
+_SSH_TARGET = re.compile(
+    r"(?:(?P<user>[a-z_][a-z0-9_.-]{0,31})@)?"
+    r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+    r"(?::(?P<port>[0-9]{1,5}))?"
+)
+_BOOL = ("1", "0", "yes", "no", "true", "false")
+# Each scheme's query options and their full-match grammar: checked when the spec is parsed,
+# so a typo fails before anything boots (a vm:// boot takes minutes).
+_OPTIONS: dict[str, dict[str, tuple[re.Pattern[str] | tuple[str, ...], str]]] = {
+    "ssh": {"key": (re.compile(r"[^\x00-\x1f\x7f]{1,4096}"), "a path"),
+            "name": (_LABEL, "a label (A-Z a-z 0-9 _ . -)")},
+    "nsenter": {"name": (_LABEL, "a label (A-Z a-z 0-9 _ . -)")},
+    "nspawn": {},
+    "vm": {
+        "role": (("controller", "compute", "login"), "controller, compute or login"),
+        "name": (_LABEL, "a label (A-Z a-z 0-9 _ . -)"),
+        "cluster": (re.compile(r"[a-z0-9][a-z0-9_-]{0,39}"), "a cluster name ([a-z0-9_-])"),
+        "params": (re.compile(r"[^\x00-\x1f\x7f]{1,4096}"), "the path of a node.yaml"),
+        "accel": (("auto", "kvm", "tcg"), "auto, kvm or tcg"),
+        "compat_net": (_BOOL, "yes or no"),
+        "compat_keygen": (_BOOL, "yes or no"),
+    },
+}  # fmt: skip
+
+
+def _options(raw: str, scheme: str, query: str) -> tuple[tuple[str, str], ...]:
+    try:
+        opts = urllib.parse.parse_qsl(
+            query, keep_blank_values=True, strict_parsing=bool(query), max_num_fields=16
+        )
+    except ValueError as exc:
+        raise HostSpecError(f"host spec {raw!r}: malformed query ({exc})") from None
+    allowed = _OPTIONS[scheme]
+    seen: set[str] = set()
+    for k, val in opts:
+        if k not in allowed:
+            known = ", ".join(allowed) or "none"
+            raise HostSpecError(
+                f"host spec {raw!r}: {scheme}:// has no option {k!r} (options: {known})"
+            )
+        if k in seen:
+            raise HostSpecError(f"host spec {raw!r}: option {k!r} given twice")
+        seen.add(k)
+        grammar, what = allowed[k]
+        ok = val in grammar if isinstance(grammar, tuple) else grammar.fullmatch(val)
+        if not ok:
+            raise HostSpecError(f"host spec {raw!r}: {k}={val!r}: expected {what}")
+    return tuple(opts)
 
 
 def parse_host_specs(values: Iterable[str], ssh_key: str | None = None) -> list[HostSpec]:
@@ -323,7 +383,7 @@ class _Collector:
             props = dict(getattr(report, "user_properties", []))
             host = props.get("nf_host", "?")
             role = props.get("nf_role", "?")
-            check = report.nodeid.split("/")[-1].split("[")[0]
+            check = check_name(report.nodeid)
             if report.outcome == "skipped":
                 msg = (
                     report.longrepr[2]
@@ -337,6 +397,15 @@ class _Collector:
             else:
                 msg, outcome = "", "passed"
             self.results.append(CheckResult(host, role, check, outcome, report.duration, msg))
+
+
+def check_name(nodeid: str) -> str:
+    """``test_compute.py::test_x`` from a pytest node id: the module's file name and the test,
+    without the host parameter (an nspawn node's label such as ``e2e/c001`` holds slashes, so the
+    id is split at ``::`` before any ``/`` is looked at)."""
+    path, sep, rest = nodeid.partition("::")
+    name = path.rsplit("/", 1)[-1] + sep + rest
+    return name.split("[", 1)[0]
 
 
 def _failure_text(report: Any) -> str:

@@ -114,11 +114,13 @@ def _write_reports(args: argparse.Namespace, results, unreachable, seconds: floa
 
 
 def _check_vm_params(specs) -> None:
-    """vm://…?params=FILE: the file must be readable before any VM boots."""
+    """vm://IMAGE_DIR?params=FILE: the image and the file must be there before any VM boots."""
     from nodeforge.errors import NodeforgeError
 
     for s in specs:
-        params = s.option("params") if s.scheme == "vm" else None
+        if s.scheme != "vm":
+            continue
+        params = s.option("params")
         if params:
             try:
                 Path(params).read_text()
@@ -128,6 +130,13 @@ def _check_vm_params(specs) -> None:
                     f"host spec {s.label}: params={params}: cannot read it ({why}); give the "
                     "path of a node.yaml (vm://IMAGE_DIR?params=node.yaml)"
                 ) from None
+        image = Path(s.image_dir or "").expanduser()
+        missing = [f for f in ("manifest.json", "disk.qcow2") if not (image / f).is_file()]
+        if missing:
+            raise NodeforgeError(
+                f"host spec {s.label}: {image} has no {' or '.join(missing)}; give the "
+                "output directory of `nodeforge build` (vm://output/local)"
+            )
 
 
 def _require_verify_extra(ssh: bool) -> None:

@@ -553,18 +553,7 @@ class VM:
         return argv
 
     def alive(self) -> bool:
-        if not self.pid:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:
-            return Path(f"/proc/{self.pid}/stat").read_text().split()[2] != "Z"
-        except (OSError, IndexError):
-            return False
+        return proc.pid_alive(self.pid)
 
     def stop(self, grace: float = 10.0) -> None:
         """Kill qemu (SIGTERM, then SIGKILL) and remove the overlay. Idempotent."""

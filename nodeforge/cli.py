@@ -103,6 +103,7 @@ def build_parser(modules: tuple[str, ...] = _CLI_MODULES) -> argparse.ArgumentPa
 # Exit statuses (README "Exit statuses"): argparse's own usage errors also exit 2, with a
 # "usage:" line; both are the caller's input to fix.
 EXIT_OK, EXIT_FAILURE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
+EXIT_NOT_READY = 3  # asked "is it ready?" and it is not yet (nothing failed): `node status`
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -363,7 +363,7 @@ def stop_group(target: subprocess.Popen | int, grace: float = 10.0, *, group: bo
         if group:
             dead = not _group_alive(pid)  # zombies do not count
         else:
-            dead = (popen.poll() is not None) if popen is not None else not _pid_alive(pid)
+            dead = (popen.poll() is not None) if popen is not None else not pid_alive(pid)
         # Reap what exited (our child), after the check: one that exits in between is
         # still reaped on the next call.
         if popen is not None:
@@ -405,17 +405,30 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _pid_alive(pid: int) -> bool:
+def proc_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, Z …), None when there is no such process.
+    The command name is in parentheses and may hold spaces and ')': the state is the first
+    field after the LAST ')'."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int | None) -> bool:
+    """The one "is this process alive" check: it exists and is not a zombie (exited, not yet
+    reaped by its parent). Right for any process name (`split()[2]` broke on spaces)."""
+    if not pid or pid < 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+        pass  # someone else's process: it exists
+    state = proc_state(pid)
+    return state is not None and state != "Z"
 
 
 def _group_alive(pgid: int) -> bool:
@@ -597,6 +610,32 @@ class _Scope(_Box):
         ]
 
     def alive(self, proc: subprocess.Popen) -> bool:
+        # The scope's own processes, not its unit state: right after the leader exits, systemd
+        # may not yet have seen the cgroup empty, and `is-active` then still says active (a
+        # hook that left nothing was reported as having left processes running).
+        if not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            return self._active()  # a legacy hierarchy: the unit state is all there is
+        cp = subprocess.run(
+            ["systemctl", "show", "--property=ControlGroup", "--value", f"{self.name}.scope"],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        cgroup = cp.stdout.strip()
+        if cp.returncode != 0 or not cgroup:
+            return False  # the scope is gone: nothing of it is left
+        procs = Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "cgroup.procs"
+        try:
+            pids = [int(p) for p in procs.read_text().split()]
+        except FileNotFoundError:
+            return False  # the cgroup was removed meanwhile: nothing is left
+        except (OSError, ValueError):
+            return self._active()
+        return any(not _zombie(p) for p in pids)
+
+    def _active(self) -> bool:
         cp = subprocess.run(
             ["systemctl", "is-active", "--quiet", f"{self.name}.scope"],
             check=False,
@@ -773,11 +812,7 @@ class _Reaper(_Box):
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+    return proc_state(pid) in ("Z", None)
 
 
 def _kill(pid: int, sig: int) -> None:

@@ -26,7 +26,7 @@ def version_tuple(version: str | tuple[int, ...]) -> tuple[int, ...]:
         return version
     out = []
     for part in version.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
+        digits = "".join(ch for ch in part if "0" <= ch <= "9")  # str.isdigit takes '²' too
         out.append(int(digits or 0))
     return tuple(out)
 
@@ -49,6 +49,42 @@ def thresholds() -> dict[str, tuple[int, int]]:
 def has(version: str | tuple[int, ...], feature: str) -> bool:
     """True when Slurm *version* has *feature* (a key of slurm_versions.json)."""
     return version_tuple(version) >= thresholds()[feature]
+
+
+@functools.cache
+def releases() -> tuple[tuple[int, int], ...]:
+    """Slurm's major releases in order (slurm_versions.json `_releases`)."""
+    raw = json.loads(THRESHOLDS_FILE.read_text()).get("_releases") or []
+    out = []
+    for value in raw:
+        m = _RELEASE.fullmatch(value) if isinstance(value, str) else None
+        if m is None:
+            raise NodeforgeError(f'{THRESHOLDS_FILE}: _releases: expected releases like "23.02"')
+        out.append((int(m.group(1)), int(m.group(2))))
+    return tuple(out)
+
+
+def talks_to(controller: str, daemon: str) -> str | None:
+    """None when a slurmctld of release *controller* accepts a slurmd of release *daemon*;
+    else why not, naming both versions."""
+    known = releases()
+    c, d = version_tuple(controller)[:2], version_tuple(daemon)[:2]
+    for v, text in ((c, controller), (d, daemon)):
+        if v not in known:
+            first, last = known[0], known[-1]
+            return (
+                f"Slurm {text} is not a release nodeforge knows "
+                f"({first[0]}.{first[1]:02d} .. {last[0]}.{last[1]:02d})"
+            )
+    gap = known.index(c) - known.index(d)
+    if gap < 0:
+        return f"slurmd {daemon} is newer than slurmctld {controller}; upgrade the controller first"
+    if gap > 2:
+        return (
+            f"slurmd {daemon} is {gap} releases older than slurmctld {controller}; Slurm supports "
+            "the two previous releases only"
+        )
+    return None
 
 
 def controller_up(run: Callable[[list[str]], subprocess.CompletedProcess]) -> bool:

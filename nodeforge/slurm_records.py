@@ -301,6 +301,8 @@ def _load(text: str | Buffer, key: str, source: str) -> list:
         doc = json.loads(text)
     except ValueError as exc:
         raise SlurmDataError(f"{source}: not JSON ({exc}); truncated output?") from exc
+    except RecursionError:  # json.loads recurses per level; Slurm's own output nests ~6
+        raise SlurmDataError(f"{source}: JSON nested too deep to be Slurm's output") from None
     if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
         raise SlurmDataError(f"{source}: no {key!r} list in the JSON document")
     errs = doc.get("errors") or []
@@ -547,8 +549,8 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
                 return None
         rest = str(mv[e + len(_LIST_END) :], "utf-8")
         head = json.loads(f'{str(mv[:i], "utf-8")}\n  "{lst.key}": "{_HEAD_MARK}"{rest}')
-    except (ValueError, SlurmDataError):
-        return None
+    except (ValueError, SlurmDataError, RecursionError):
+        return None  # the full parse says what is wrong
     if not isinstance(head, dict) or head.get(lst.key) != _HEAD_MARK or head.get("errors"):
         return None
     return entries

@@ -70,10 +70,9 @@ def build_image(output: Path, mirror: Path, versions: Path, *extra: str) -> tupl
 
 def process_running(pid: int) -> bool:
     """Alive and not a zombie (an orphan's zombie may linger where PID 1 does not reap)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
+    from nodeforge.proc import pid_alive
+
+    return pid_alive(pid)
 
 
 def qemu_image_manifest(**phases: float) -> dict:
@@ -191,3 +190,19 @@ def loopback_tls(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.load_cert_chain(cert, key)
     return server, ssl.create_default_context(cafile=str(cert))
+
+
+def fake_command(bindir: Path, name: str, *, stdout: str = "", rc: int = 0) -> Path:
+    """A stand-in *name* in *bindir* (put it first on PATH) that appends its arguments to the
+    returned log file, prints *stdout* and exits *rc*. The log exists only once it ran."""
+    import shlex
+
+    bindir.mkdir(parents=True, exist_ok=True)
+    log = bindir / f"{name}.calls"
+    f = bindir / name
+    f.write_text(
+        f'#!/bin/sh\necho "$@" >> {shlex.quote(str(log))}\n'
+        f"printf '%s' {shlex.quote(stdout)}\nexit {rc}\n"
+    )
+    f.chmod(0o755)
+    return log

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import write_atomic
 from nodeforge.slurm import has
 
 from .. import gres, health
@@ -181,7 +182,15 @@ def start_slurmd(
             detail["health"] = pre.reason
         detail["health_extra_s"] = round(h.monotonic() - t1, 3)  # beyond slurmd -C
         t1 = h.monotonic()
-        held = g.hold(node_spec(ctx, extra_features, spec), hold_reason, drain=drain)
+        # Whether this disk ever registered the node: a name that is registered although it
+        # did not is another machine's (a replaced instance), whose record is replaced.
+        marker = ctx.paths.slurm_registered
+        held = g.hold(
+            node_spec(ctx, extra_features, spec), hold_reason, drain=drain,
+            first_init=not marker.exists(), wait=p.wait_timeout,
+        )  # fmt: skip
+        if not marker.exists():
+            write_atomic(marker, f"{ctx.node}\n", 0o600, durable=False)
         # state.json: where the role step's time goes (bench/README.md, node section)
         detail["hw_spec_extra_s"] = round(t1 - t0, 3)  # slurmd -C beyond the ping
         detail["slurm_create_s"] = round(h.monotonic() - t1, 3)
@@ -239,12 +248,15 @@ def has_hooks(ctx: RoleContext) -> bool:
 
 
 DOCKER_UNITS = ("containerd.service", "docker.service")
+# The role step's `docker` detail when params turn dockerd off; `nodeforge verify` reads it to
+# know what the node is meant to run (tests/infra/test_compute.py).
+DOCKER_DISABLED = "disabled by params (docker: false)"
 
 
 def start_docker(ctx: RoleContext) -> str:
     """Compute nodes run containers: dockerd + containerd, disabled at bake, started here."""
     if not ctx.params.docker:
-        return "disabled by params (docker: false)"
+        return DOCKER_DISABLED
     for unit in DOCKER_UNITS:
         ctx.host.systemctl("enable", unit)
         ctx.host.start(unit, timeout=ctx.params.wait_timeout)

@@ -47,9 +47,11 @@ def pinned_versions(fixture_mirror) -> Path:
     """A copy of images/versions.yaml pinned to the fixture files by `nodeforge versions lock`."""
     v = E2E_ROOT / "versions.yaml"
     shutil.copyfile(REPO / "images/versions.yaml", v)
+    # every variant and architecture: the mirror has them all, and the gpu build uses this copy
     nodeforge(
-        "versions", "lock", "--artifact-mirror", str(fixture_mirror), "--versions-file", str(v)
-    )
+        "versions", "lock", "--artifact-mirror", str(fixture_mirror), "--versions-file", str(v),
+        "--variant", "all", "--arch", "all",
+    )  # fmt: skip
     return v
 
 

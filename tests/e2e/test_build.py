@@ -97,6 +97,28 @@ def test_services_disabled_at_bake_and_agent_enabled(image_tree):
     assert "nodeforge-ssh-keygen.service" in enabled
 
 
+def test_nfs_client_without_an_rpcbind_listener(image_tree):
+    """The shared-fs example hook mounts NFS: the image has the client (issue 27), but not
+    rpcbind's port 111 listener on every node."""
+    assert (image_tree / "usr/sbin/mount.nfs").exists() or (image_tree / "sbin/mount.nfs").exists()
+    enabled = _enabled_units(image_tree)
+    assert "rpcbind.socket" not in enabled and "rpcbind.service" not in enabled, enabled
+
+
+def test_every_image_has_node_exporter_held_until_params(image_tree, built_image):
+    """Issue 27: the cpu image served no metrics. node_exporter is installed and enabled, but
+    its unit starts only once the agent wrote the node's arguments, which the sealed image
+    does not hold (nothing is served before params are read)."""
+    manifest = json.loads((built_image / "manifest.json").read_text())
+    assert "prometheus-node-exporter" in manifest["packages"]
+    assert "prometheus-node-exporter.service" in _enabled_units(image_tree)
+    dropin = (
+        image_tree / "etc/systemd/system/prometheus-node-exporter.service.d/nodeforge.conf"
+    ).read_text()
+    assert "ConditionPathExists=/etc/nodeforge/metrics.env" in dropin.splitlines(), dropin
+    assert not (image_tree / "etc/nodeforge/metrics.env").exists()
+
+
 def test_plugstack_loads_exactly_one_pyxis(image_tree):
     lines = []
     for f in [

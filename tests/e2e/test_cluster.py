@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -176,9 +178,63 @@ def test_nodes_reported_ready_take_a_pinned_job_at_once(cluster):
     # progress per node on stderr: started, then ready with the time and the Slurm state
     progress = CLUSTER_UP["up"].stderr
     for n in ("ctl", "c001", "c002"):
-        assert f"{n}: started" in progress and f"{n}: ready after" in progress, progress
+        assert f"{n}: ready after" in progress, progress
+        assert progress.count(f"{n}: started (") == 1, progress  # once (it was printed twice)
     st = status()
     assert all(st[n]["slurm_ready"] for n in ("c001", "c002")), st
+
+
+def test_verify_passes_on_the_local_cluster(cluster, tmp_path):
+    """The documented flow: `cluster up`, then `nodeforge verify --hosts nspawn://NAME` passes
+    (issue 27: the docker checks ran although the local cluster turns docker off), and every
+    check is named `FILE::TEST` in the JSON and JUnit forms (it came out as `c001]`)."""
+    junit = tmp_path / "verify.xml"
+    cp = nodeforge(
+        "verify", "--hosts", f"nspawn://{CLUSTER}", "--json", "--junitxml", str(junit),
+        check=False, timeout=600,
+    )  # fmt: skip
+    report = json.loads(cp.stdout)
+    bad = [r for r in report["results"] if r["outcome"] in ("failed", "error")]
+    assert cp.returncode == 0 and report["ok"] and not bad, json.dumps(bad, indent=1)[-6000:]
+    hosts = {r["host"] for r in report["results"]}
+    assert {f"{CLUSTER}/ctl", f"{CLUSTER}/c001", f"{CLUSTER}/c002"} <= hosts, hosts
+    named = re.compile(r"test_[a-z_]+\.py::test_[a-z0-9_]+")
+    odd = sorted({r["check"] for r in report["results"] if not named.fullmatch(r["check"])})
+    assert odd == [], odd
+    docker = [
+        r for r in report["results"]
+        if r["check"] == "test_compute.py::test_docker_active_with_log_rotation"
+        and r["role"] == "compute"
+    ]  # fmt: skip
+    assert {r["outcome"] for r in docker} == {"passed"} and len(docker) >= 2, docker
+    names = {c.get("name") for c in ET.parse(junit).getroot().iter("testcase")}
+    assert names and all(named.fullmatch(n or "") for n in names), sorted(map(str, names))
+
+
+def test_every_node_serves_its_metrics_on_its_own_address(cluster):
+    """Issue 27: the cpu image served no metrics. node_exporter on each node answers on the
+    node's address (params' default `node:9100`) with the health report's metrics, and not
+    on loopback (it is bound where params say, nothing wider)."""
+    st = status()
+    fetch = (
+        "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=10).read().decode())"
+    )
+    for n in ("c001", "c002"):
+        url = f"http://{st[n]['address']}:9100/metrics"
+
+        def served(url=url):
+            out = cx("ctl", "python3", "-c", fetch, url, check=False)
+            return out if "nodeforge_health_ok" in out else None
+
+        body = wait_for(f"{n}'s node_exporter at {url}", served, timeout=60)
+        assert "node_load1" in body  # its own collectors too
+        local = subprocess.run(
+            [sys.executable, "-m", "nodeforge", "cluster", "exec", "--name", CLUSTER, n, "--",
+             "python3", "-c", fetch, "http://127.0.0.1:9100/metrics"],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+        said = local.stdout + local.stderr  # `cluster exec` passes the node's stderr on stdout
+        assert local.returncode != 0 and "Connection refused" in said, said[-500:]
 
 
 def test_cluster_add_ready_means_a_pinned_job_starts(cluster):
@@ -298,6 +354,10 @@ def test_live_join_is_schedulable_only_after_its_hook(cluster, tmp_path):
     start = cx("ctl", "sacct", "-n", "-X", "-j", job, "-o", "Start", "-P").strip()
     started = float(cx("ctl", "date", "-d", start, "+%s").strip())
     assert started >= hook_done - 1, (start, hook_done, seen)
+    # A hook that left nothing behind is not said to have (issue 27: the scope's unit state
+    # was read before systemd saw its cgroup empty).
+    log = cx(name, "cat", "/var/log/nodeforge/hooks/10-slow.sh.log")
+    assert "exit 0" in log and "left running" not in log, log
 
 
 def test_hook_setsid_daemon_is_stopped_with_its_scope(cluster, tmp_path):
@@ -477,3 +537,56 @@ def test_node_health_drains_clears_its_own_and_leaves_an_operators_drain(cluster
         expect_gpus(None)
         if "DRAIN" in node().flags:
             cx("ctl", "scontrol", "update", "NodeName=c001", "State=RESUME", check=False)
+
+
+def test_replace_keeps_the_name_and_replaces_its_registration(cluster, tmp_path):
+    """Issue 28: a compute replaced by a fresh machine of the same name (new disk, new keys,
+    new address) rejoins: Slurm's old registration is replaced, not duplicated or reused, and
+    a requeueable job on the old machine is requeued and runs on the new one."""
+    st = status()
+    old_addr = st["c002"]["address"]
+    old_key = cx("c002", "ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+    old_id = cx("c002", "cat", "/etc/machine-id").strip()
+    # Refused before anything is touched: an unknown node, an image without a manifest.
+    bad = nodeforge("cluster", "replace", "c999", "--name", CLUSTER, check=False)
+    assert bad.returncode == 2 and "has no node 'c999'" in bad.stderr, bad.stderr
+    (tmp_path / "empty").mkdir()
+    bad = nodeforge(
+        "cluster", "replace", "c002", "--name", CLUSTER, "--image", str(tmp_path / "empty"),
+        check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "manifest.json: missing" in bad.stderr, bad.stderr
+    assert status()["c002"]["address"] == old_addr and status()["c002"]["running"]
+    job = cx(
+        "ctl", "sbatch", "--parsable", "--requeue", "-w", "c002", "--wrap", "sleep 600"
+    ).strip()
+    wait_for(
+        "the pinned job to run on c002",
+        lambda: "RUNNING" in cx("ctl", "squeue", "-h", "-j", job, "-o", "%T", check=False),
+        timeout=60,
+    )
+    try:
+        cp = nodeforge(
+            "cluster", "replace", "c002", "--name", CLUSTER, "--json", "--timeout", "300"
+        )
+        assert "c002: replaced; schedulable" in cp.stderr, cp.stderr
+        new = {n["name"]: n for n in json.loads(cp.stdout)["nodes"]}["c002"]
+        assert new["slurm_ready"] or new["slurm_state"].startswith(("mix", "alloc")), new
+        assert cx("c002", "ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub").split()[1] != (
+            old_key
+        )
+        assert cx("c002", "cat", "/etc/machine-id").strip() != old_id
+        # One registration, with the new machine's address.
+        rows = cx("ctl", "sinfo", "-h", "-N", "-n", "c002", "-o", "%N %o").split("\n")
+        rows = [r for r in rows if r.strip()]
+        assert rows == [f"c002 {new['address']}"], rows
+        # The job that ran on the lost machine was requeued, and runs on the new one.
+        show = cx("ctl", "scontrol", "show", "job", job)
+        assert "Restarts=0" not in show, show
+        wait_for(
+            "the requeued job to run on the new c002",
+            lambda: "RUNNING" in cx("ctl", "squeue", "-h", "-j", job, "-o", "%T", check=False),
+            timeout=240,
+        )
+    finally:
+        cx("ctl", "scancel", job, check=False)

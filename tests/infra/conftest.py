@@ -96,6 +96,11 @@ class Node:
     def role(self) -> str:
         return str(self.state.get("role") or "?")
 
+    def role_detail(self, key: str) -> Any:
+        """What the agent's role step recorded for *key* (what this node is meant to run)."""
+        step = (self.state.get("steps") or {}).get("role") or {}
+        return (step.get("detail") or {}).get(key)
+
     @property
     def image(self) -> dict[str, Any]:
         if self._image is None:

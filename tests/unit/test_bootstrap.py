@@ -23,7 +23,7 @@ from nodeforge.bootstrap.params_sources import SourceConfig
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.state import State
 from nodeforge.bootstrap.status import as_json, as_text
-from nodeforge.errors import CommandError
+from nodeforge.errors import CommandError, NodeforgeError
 
 pytestmark = pytest.mark.unit
 
@@ -69,6 +69,7 @@ class FakeMachine:
         self.slurmd_c_started = threading.Event()
         self.ping_waits_for_slurmd_c = False  # set for computes (the only role that runs it)
         self.ping_saw_slurmd_c: list[bool] = []
+        self.delete_refusals = 0  # `scontrol delete` answers "Node has active jobs" this often
 
     # -- what the agent calls --
     def run(self, argv, check=True, timeout=None, env=None, input=None, redact=(), hint="", **kw):
@@ -204,11 +205,22 @@ class FakeMachine:
                 n["State"] = f"{base}+DRAIN"
                 n["Reason"] = kv["Reason"]
                 self.events.append(f"drain {kv['NodeName']}: {kv['Reason']}")
+            elif kv["State"] == "DOWN":
+                n["State"], n["Reason"] = "DOWN", kv["Reason"]
+                self.events.append(f"down {kv['NodeName']}: {kv['Reason']}")
             elif kv["State"] == "RESUME":
                 n["State"] = n["State"].split("+")[0] + "+NOT_RESPONDING"
                 n["_pings"] = self.ping_after_shows
                 n.pop("Reason", None)
                 self.events.append(f"resume {kv['NodeName']}")
+            return 0, ""
+        if a[0] == "delete":
+            name = a[1].split("=", 1)[1]
+            if self.delete_refusals > 0:  # jobs still completing on the old machine
+                self.delete_refusals -= 1
+                return 1, "Node has active jobs"
+            self.nodes.pop(name, None)
+            self.events.append(f"delete {name}")
             return 0, ""
         return 0, ""
 
@@ -816,6 +828,43 @@ def test_existing_node_is_never_created_again(tmp_path):
     assert fm.nodes["c1"]["State"] == "IDLE"
 
 
+def test_a_replaced_machine_replaces_the_names_registration(tmp_path):
+    """Issue 28: a fresh disk booted under a name another machine held (HyperPod's node
+    replacement keeps the name). Its old registration (old address, old hardware) is taken
+    DOWN, deleted once Slurm lets go of it, and created anew: replaced, never reused."""
+    agent, fm, paths, _ = make(tmp_path, COMPUTE)
+    fm.nodes["c1"] = {"NodeAddr": "10.9.9.9", "State": "IDLE+NOT_RESPONDING"}
+    fm.delete_refusals = 2
+    agent.init()
+    ev = [e for e in fm.events if e.split()[0] in ("down", "delete", "create")]
+    assert ev == [
+        "down c1: nodeforge: replaced by a new machine",
+        "delete c1",
+        "create c1 FUTURE",
+    ], fm.events
+    assert fm.nodes["c1"]["NodeAddr"] != "10.9.9.9" and fm.nodes["c1"]["State"] == "IDLE"
+    st = State.load(paths.state_file)
+    assert st.steps["role"].detail["slurm_node"] == "replaced another machine's registration"
+    assert paths.slurm_registered.read_text() == "c1\n"
+    # Its own registration on the next boot is kept, never deleted again.
+    fm.reboot()
+    agent.init()
+    assert sum(e.startswith("delete") for e in fm.events) == 1
+
+
+def test_a_registration_that_never_lets_go_fails_bounded_with_the_reason(tmp_path):
+    agent, fm, paths, _ = make(tmp_path, {**COMPUTE, "wait_timeout": 2})
+    fm.nodes["c1"] = {"NodeAddr": "10.9.9.9", "State": "ALLOCATED"}
+    fm.delete_refusals = 10**6
+    with pytest.raises(NodeforgeError) as ei:
+        agent.init()
+    msg = str(ei.value)
+    assert "delete node c1's previous registration did not happen within 2s" in msg
+    assert "Node has active jobs" in msg and "squeue -w c1" in msg
+    assert not any(e.startswith("create") for e in fm.events)
+    assert not paths.slurm_registered.exists()
+
+
 # -- the one definition of "ready" (readiness.NodeState) ----------------------------------------
 
 
@@ -986,3 +1035,27 @@ def test_cluster_hosts_refresh_writes_overlays_and_refuses_symlinked_etc(tmp_pat
     assert "10.213.0.2\tctl" in hosts and "10.213.0.4\tc002" in hosts
     assert not (tmp_path / "ctl/merged/etc/hosts").exists()  # the newcomer writes its own
     assert list(outside.iterdir()) == []
+
+
+def test_status_exit_says_ready_not_ready_failed_or_not_a_node(tmp_path, capsys):
+    """0 ready, 3 not ready yet, 1 failed or not a node (issue 27: a machine that is not a
+    node printed an empty 'new' status and exited 0)."""
+    from nodeforge.cli import EXIT_FAILURE, EXIT_NOT_READY, EXIT_OK, main
+
+    paths = Paths.under(tmp_path)
+    assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert "this machine is not a nodeforge node" in err and str(paths.image_json) in err
+    paths.image_json.parent.mkdir(parents=True)
+    paths.image_json.write_text("{}")  # a nodeforge image whose agent has not run yet
+    assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_NOT_READY
+    assert "status    new" in capsys.readouterr().out
+    st = State(status="running")
+    st.save(paths.state_file, durable=False)
+    assert main(["node", "status", "--json", "--root", str(tmp_path)]) == EXIT_NOT_READY
+    st.status = "failed"
+    st.save(paths.state_file, durable=False)
+    assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_FAILURE
+    st.status = "ready"
+    st.save(paths.state_file, durable=False)
+    assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_OK

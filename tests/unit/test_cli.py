@@ -115,12 +115,13 @@ def test_versions_lock_json(tmp_path):
     for a in versions.load(f).all_artifacts():
         (mirror / a.file).write_bytes(a.file.encode())
     cp = _nf("versions", "lock", "--versions-file", str(f), "--artifact-mirror", str(mirror),
-             "--json", cwd=tmp_path)  # fmt: skip
+             "--variant", "all", "--arch", "all", "--json", cwd=tmp_path)  # fmt: skip
     assert cp.returncode == 0, cp.stderr
     out = json.loads(cp.stdout)
     assert out["versions_file"] == str(f)
     assert {a.url for a in versions.load(f).all_artifacts()} == set(out["pinned"])
     assert all(len(s) == 64 for s in out["pinned"].values())
+    assert out["unpinned"] == []
 
 
 def test_validate_json(tmp_path):
@@ -247,6 +248,8 @@ def test_light_parser_gives_the_same_node_and_params_commands_as_the_full_one():
 def test_node_command_does_not_import_the_other_packages_clis(tmp_path):
     """`nodeforge node status` (as `node init` and slurmd's `node health`) runs with bootstrap's
     parser alone: the gang/images/lab CLIs are never imported on the node's boot path."""
+    (tmp_path / "var/lib/nodeforge").mkdir(parents=True)  # a ready node's record
+    (tmp_path / "var/lib/nodeforge/state.json").write_text('{"status": "ready"}')
     code = (
         "import sys\nfrom nodeforge import cli\n"
         f"rc = cli.main(['node', 'status', '--root', {str(tmp_path)!r}])\n"

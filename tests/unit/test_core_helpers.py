@@ -321,3 +321,42 @@ def test_slurm_role_reads_the_table_through_its_link(tmp_path):
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
     out = re.findall(r'"msg": "(.*)"', cp.stdout)
     assert out == ["22.05.8 frq=False tw=True", "24.11.5 frq=True tw=False"]
+
+
+def test_pid_alive_is_right_for_a_process_name_with_spaces_and_parens():
+    """/proc/PID/stat puts the name in parentheses; `split()[2]` read a name such as
+    `x) Z (y` as the state Z and called a running process dead."""
+    code = (
+        "import ctypes, sys, time; "
+        "ctypes.CDLL(None).prctl(15, b'x) Z (y', 0, 0, 0); "  # PR_SET_NAME
+        "print('named', flush=True); time.sleep(60)"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "named"
+        assert Path(f"/proc/{p.pid}/stat").read_text().split()[2] == "Z"  # the old reading
+        assert proc.proc_state(p.pid) in ("S", "R") and proc.pid_alive(p.pid)
+        p.kill()
+        deadline = time.monotonic() + 10
+        while proc.proc_state(p.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not proc.pid_alive(p.pid)  # a zombie, not yet reaped, is not alive
+    finally:
+        p.kill()
+        p.wait()
+    assert not proc.pid_alive(p.pid) and proc.proc_state(p.pid) is None
+    assert not proc.pid_alive(0) and not proc.pid_alive(None) and not proc.pid_alive(-1)
+
+
+def test_one_pid_check_in_the_tree():
+    """No copy of the /proc/PID/stat reading outside nodeforge/proc.py (issue 25: six copies,
+    two wrong)."""
+    hits = []
+    for d in ("nodeforge", "bootstrap", "images", "gang", "lab", "bench", "tests"):
+        for f in (Path(__file__).parents[2] / d).rglob("*.py"):
+            if (f.name == "proc.py" and f.parent.name == "nodeforge") or f == Path(__file__):
+                continue
+            text = f.read_text()
+            if re.search(r"/proc/\{[a-z_.]*pid[a-z_.]*\}/stat\b", text):
+                hits.append(str(f))
+    assert hits == [], hits

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover, fetch
 from nodeforge.bootstrap.params import parse_params
 from nodeforge.bootstrap.paths import Paths
-from tests.helpers import http_server, routes_handler
+from tests.helpers import http_server, process_running, routes_handler
 
 pytestmark = pytest.mark.unit
 
@@ -119,9 +118,9 @@ def test_timeout_kills_whole_process_group_incl_grandchildren(paths, tmp_path):
     assert res.status == "timeout" and res.reason == "hook 10-hang timed out after 1s"
     gpid = int(pidfile.read_text())
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and _alive(gpid):
+    while time.monotonic() < deadline and process_running(gpid):
         time.sleep(0.05)
-    assert not _alive(gpid), "grandchild survived the timeout"
+    assert not process_running(gpid), "grandchild survived the timeout"
     assert (
         "TIMED OUT after 1s (everything it started was stopped)"
         in (paths.hooks_log_dir / "10-hang.log").read_text()
@@ -141,9 +140,9 @@ def test_leftover_background_process_is_stopped_on_exit(paths, tmp_path):
     assert runner(paths).run_all(discover(paths, params())).ok
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and process_running(pid):
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not process_running(pid)
 
 
 def test_retries_with_exponential_backoff(paths, tmp_path):
@@ -234,16 +233,3 @@ def test_params_file_is_passed(paths, tmp_path):
     script(paths.on_init_d / "10-read", f'cat "$NODEFORGE_PARAMS" > {out}\n')
     assert runner(paths).run_all(discover(paths, params())).ok
     assert json.loads(out.read_text()) == {"extra": {"k": "v"}}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie waiting for its (non-python) reaper counts as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

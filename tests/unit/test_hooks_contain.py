@@ -11,6 +11,7 @@ import time
 import pytest
 
 from nodeforge import proc
+from tests.helpers import process_running
 
 pytestmark = pytest.mark.unit
 
@@ -22,18 +23,10 @@ def _kinds():
     return kinds
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _gone(pid: int, within: float = 3.0) -> bool:
     end = time.monotonic() + within
     while time.monotonic() < end:
-        if not _alive(pid):
+        if not process_running(pid):
             return True
         time.sleep(0.05)
     return False

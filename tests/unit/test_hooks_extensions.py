@@ -67,6 +67,7 @@ def test_shared_fs_fstab_is_managed_and_idempotent(tmp_path):
         "mount": f'echo "mount $*" >> {log}; touch {tmp_path}/mounted\n',
         "mountpoint": f"[ -e {tmp_path}/mounted ]\n",
         "systemctl": "exit 0\n",
+        "mount.nfs": "exit 0\n",  # the image's nfs-common
     }
     params = {
         "extra": {"shared_fs": {"source": "10.9.0.2:/export", "mountpoint": str(mnt), "timeout": 5}}
@@ -89,7 +90,12 @@ def test_shared_fs_fstab_is_managed_and_idempotent(tmp_path):
 
 
 def test_shared_fs_mount_failure_and_bad_params(tmp_path):
-    fakes = {"mount": "sleep 10\n", "mountpoint": "exit 1\n", "systemctl": "exit 0\n"}
+    fakes = {
+        "mount": "sleep 10\n",
+        "mountpoint": "exit 1\n",
+        "systemctl": "exit 0\n",
+        "mount.nfs": "exit 0\n",
+    }
     env = {"NODEFORGE_FSTAB": str(tmp_path / "fstab")}
     params = {
         "extra": {"shared_fs": {"source": "h:/x", "mountpoint": str(tmp_path / "m"), "timeout": 1}}
@@ -105,6 +111,44 @@ def test_shared_fs_mount_failure_and_bad_params(tmp_path):
     )
     assert r.returncode == 2
     assert run_hook("20-shared-fs", tmp_path, {}, extra_env=env).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("source", "h:/x /etc/shadow ext4 defaults 0 0"),  # a second fstab entry
+        ("source", "h:/x#"),
+        ("mountpoint", "/shared /etc"),
+        ("mountpoint", "/a/../etc"),
+        ("type", "nfs defaults"),
+        ("options", "rw 0 0\nUUID=x / ext4"),
+        ("timeout", "1; rm -rf /"),
+        ("timeout", True),
+        ("source", ["h:/x"]),
+    ],
+)
+def test_shared_fs_refuses_hostile_fields_before_touching_fstab(tmp_path, field, value):
+    fstab = tmp_path / "fstab"
+    fstab.write_text("UUID=abc / ext4 defaults 0 1\n")
+    fs = {"source": "h:/x", "mountpoint": str(tmp_path / "m")} | {field: value}
+    fakes = {"mount": "exit 0\n", "mountpoint": "exit 1\n", "mount.nfs": "exit 0\n"}
+    r = run_hook(
+        "20-shared-fs", tmp_path, {"extra": {"shared_fs": fs}},
+        extra_env={"NODEFORGE_FSTAB": str(fstab)}, fakes=fakes,
+    )  # fmt: skip
+    assert r.returncode == 2 and f"extra.shared_fs.{field}: expected" in r.stderr, r.stderr
+    assert fstab.read_text() == "UUID=abc / ext4 defaults 0 1\n"
+
+
+def test_shared_fs_names_the_missing_client(tmp_path):
+    fstab = tmp_path / "fstab"
+    fs = {"source": "mgs@tcp:/fs", "mountpoint": str(tmp_path / "m"), "type": "lustre"}
+    r = run_hook(
+        "20-shared-fs", tmp_path, {"extra": {"shared_fs": fs}},
+        extra_env={"NODEFORGE_FSTAB": str(fstab)}, fakes={"mount": "exit 0\n"},
+    )  # fmt: skip
+    assert r.returncode == 4 and "no mount.lustre on this node" in r.stderr, r.stderr
+    assert not fstab.exists()
 
 
 def test_enroot_warm_imports_once(tmp_path):

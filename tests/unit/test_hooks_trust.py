@@ -19,7 +19,7 @@ from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.hooks import HookError, discover
 from nodeforge.bootstrap.params import ParamsError
 from nodeforge.bootstrap.paths import Paths
-from tests.helpers import QuietHandler, http_server, loopback_tls, routes_handler
+from tests.helpers import QuietHandler, http_server, loopback_tls, process_running, routes_handler
 
 pytestmark = pytest.mark.unit
 
@@ -179,12 +179,6 @@ def test_dot_names_refused(paths, spec):
 
 
 # -- containment, output cap -------------------------------------------------------------------
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_setsid_daemon_started_by_a_hook_is_gone(paths, tmp_path):
@@ -197,9 +191,9 @@ def test_setsid_daemon_started_by_a_hook_is_gone(paths, tmp_path):
     assert runner(paths).run_all(discover(paths, params())).ok
     pid = int(pidf.read_text())
     end = time.monotonic() + 3
-    while _alive(pid) and time.monotonic() < end:
+    while process_running(pid) and time.monotonic() < end:
         time.sleep(0.05)
-    assert not _alive(pid), "the hook's setsid daemon is still running"
+    assert not process_running(pid), "the hook's setsid daemon is still running"
     log = (paths.hooks_log_dir / "10-daemon.log").read_text()
     assert "processes it left running were stopped" in log and "install a systemd unit" in log
 

@@ -199,6 +199,8 @@ def test_lock_arch_cli_says_what_stays_unpinned(tmp_path, capsys):
                 str(m),
                 "--arch",
                 "amd64",
+                "--variant",
+                "all",  # every variant's amd64 files are in this mirror
             ]
         )
         == 0

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from nodeforge import slurmconf
-from nodeforge.bootstrap import identity, strict_yaml
+from nodeforge import slurmconf, strict_yaml
+from nodeforge.bootstrap import identity
 from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.bootstrap.params_sources import (
@@ -626,7 +626,7 @@ def test_user_data_strictness_applies_to_our_documents_only():
     foreign = "#cloud-config\nx: &a [1]\ny: *a\nruncmd: [ls]\n"  # another tool's anchors
     assert params_from_user_data(foreign, "u") is None
     ours = "#cloud-config\ndefaults: &d {role: compute}\nnodeforge: *d\n"
-    with pytest.raises(ParamsError, match="u: line 2: anchor &d is not allowed"):
+    with pytest.raises(ParamsError, match="u: line 2, defaults: anchor &d is not allowed"):
         params_from_user_data(ours, "u")
     dup = "#cloud-config\nnodeforge:\n  role: compute\n  role: login\n"
     with pytest.raises(ParamsError, match="u: line 4: duplicate key 'role'"):

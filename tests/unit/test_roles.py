@@ -33,6 +33,7 @@ ROLE_ORDER = [
     "pyxis",
     "gpu",
     "logrotate",
+    "metrics",
     "node_agent",
     "seal",
 ]

@@ -6,6 +6,8 @@ import json
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodeforge.lab import verify
 from nodeforge.lab.verify import CheckResult, HostSpecError, parse_host_spec, parse_host_specs
@@ -177,3 +179,69 @@ def test_verify_cli_imports_stdlib_only():
 def test_ssh_alias_is_ssh_config_safe():
     s = parse_host_spec("ssh://admin@10.0.0.5:2222")
     assert verify.ssh_alias(s) == "nf-admin_10.0.0.5_2222"
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "want"),
+    [
+        ("test_compute.py::test_docker_active_with_log_rotation[e2e/c001]",
+         "test_compute.py::test_docker_active_with_log_rotation"),
+        ("tests/infra/test_common.py::test_host_keys[ssh://root@h:22]",
+         "test_common.py::test_host_keys"),
+        ("test_login.py::test_x[a/b[c]/d]", "test_login.py::test_x"),
+        ("test_common.py::test_plain", "test_common.py::test_plain"),
+    ],
+)  # fmt: skip
+def test_check_name_survives_host_labels_with_slashes(nodeid, want):
+    """An nspawn node's label (`e2e/c001`) holds a slash: the check came out as `c001]`."""
+    assert verify.check_name(nodeid) == want
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_check_name_ignores_any_host_label(label):
+    assert verify.check_name(f"test_c.py::test_y[{label}]") == "test_c.py::test_y"
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("vm:///srv/out?role=compte", "role='compte': expected controller, compute or login"),
+        ("vm:///srv/out?rol=compute", "vm:// has no option 'rol'"),
+        ("vm:///srv/out?role=compute&role=login", "option 'role' given twice"),
+        ("vm:///srv/out?accel=fast", "accel='fast': expected auto, kvm or tcg"),
+        ("vm:///srv/out?name=a%20b", "name='a b': expected a label"),
+        ("vm:///srv/out?compat_net=maybe", "compat_net='maybe'"),
+        ("vm:///srv/out?role", "malformed query"),
+        ("ssh://h?keys=/k", "ssh:// has no option 'keys'"),
+        ("nspawn://c?name=x", "nspawn:// has no option 'name'"),
+        ("vm:///srv/out\n?role=compute", "control characters"),
+    ],
+)
+def test_bad_spec_options_fail_before_anything_boots(spec, says):
+    with pytest.raises(HostSpecError) as e:
+        parse_host_spec(spec)
+    assert says in str(e.value)
+
+
+@given(st.text(max_size=60))
+@settings(max_examples=300, deadline=None)
+def test_any_spec_text_parses_or_is_a_spec_error(text):
+    for raw in (text, f"vm:///o?{text}", f"ssh://{text}", f"nspawn://{text}"):
+        try:
+            parse_host_spec(raw)
+        except HostSpecError as exc:
+            assert "host spec" in str(exc)
+
+
+def test_vm_spec_without_a_built_image_fails_before_booting(tmp_path):
+    import subprocess
+    import sys
+
+    cp = subprocess.run(
+        [sys.executable, "-m", "nodeforge", "verify", "--hosts", f"vm://{tmp_path}?role=compute"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cp.returncode == 2, cp.stderr
+    assert f"{tmp_path} has no manifest.json or disk.qcow2" in cp.stderr
+    assert "Traceback" not in cp.stderr

@@ -1,0 +1,278 @@
+"""The docs are tested: their `nodeforge …` commands parse, their links resolve, their tables
+render, and the params table matches the parser.
+
+A command in a fenced code block is checked against the real CLI parser (nothing runs):
+- a concrete command (no placeholder) must parse as a whole (`parse_args`);
+- a template (`…`, `<x>`, `[--json]`, an upper-case metavariable such as `DIR`) must name a
+  subcommand that exists, and every `--flag` in it must be one of that subcommand's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+
+from nodeforge.cli import build_parser
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.unit
+
+DOCS = sorted(
+    {
+        REPO / "README.md",
+        *REPO.glob("docs/**/*.md"),
+        *REPO.glob("extensions/**/*.md"),
+        *REPO.glob("bench/*.md"),
+    }
+)
+SHELL_FENCES = {"", "sh", "bash", "shell", "console"}
+# Words before the program that do not change which program runs.
+PREFIX_WORDS = {"sudo", "$SUDO", "env", "time", "exec", "nohup"}
+REDIRECTS = {">", ">>", "<", ">&", "&>", "<<", "<&", ">|"}
+SEPARATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;"}
+METAVAR = re.compile(r"[A-Z][A-Z0-9_]*(?:[.,=:/][A-Z0-9_…]*)*")
+ASSIGN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
+
+
+def _md() -> MarkdownIt:
+    return MarkdownIt("commonmark").enable("table")
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    where: str  # file:line
+    argv: tuple[str, ...]  # after `nodeforge`
+    text: str
+
+    @property
+    def template(self) -> bool:
+        for a in self.argv:
+            if "…" in a or "..." in a or a.startswith(("<", "[", "{")) or "|" in a:
+                return True
+            if METAVAR.fullmatch(a.split("=", 1)[-1]):
+                return True
+        return False
+
+
+def _commands_in_line(line: str) -> list[list[str]]:
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    lex.commenters = "#"
+    try:
+        tokens = list(lex)
+    except ValueError:  # an unclosed quote: prose, not a command
+        return []
+    out: list[list[str]] = [[]]
+    skip_next = False
+    for t in tokens:
+        if skip_next:
+            skip_next = False
+            continue
+        if t in SEPARATORS:
+            out.append([])
+        elif t in REDIRECTS:
+            if out[-1] and out[-1][-1].isdigit():
+                out[-1].pop()  # the `2` of `2>&1`
+            skip_next = True
+        else:
+            out[-1].append(t)
+    return [c for c in out if c]
+
+
+def _nodeforge_argv(words: list[str]) -> list[str] | None:
+    i = 0
+    while i < len(words) and (words[i] in PREFIX_WORDS or ASSIGN.fullmatch(words[i])):
+        i += 1
+    prog = words[i] if i < len(words) else ""
+    if prog in ("python", "python3") or prog.endswith(("/python", "/python3")):
+        return words[i + 3 :] if words[i + 1 : i + 3] == ["-m", "nodeforge"] else None
+    if prog == "nodeforge" or prog.endswith("/nodeforge"):
+        return words[i + 1 :]
+    return None
+
+
+def doc_commands() -> list[DocCommand]:
+    found: list[DocCommand] = []
+    for f in DOCS:
+        for tok in _md().parse(f.read_text()):
+            if tok.type != "fence" or tok.info.strip().split(" ")[0] not in SHELL_FENCES:
+                continue
+            start = (tok.map or [0])[0] + 2  # the fence line, then 1-based
+            text = re.sub(r"\\\n\s*", " ", tok.content)  # line continuations
+            for n, raw in enumerate(text.splitlines()):
+                line = re.sub(r"^\s*[$#] (?=\S)", "", raw) if raw.lstrip().startswith("$ ") else raw
+                for words in _commands_in_line(line):
+                    argv = _nodeforge_argv(words)
+                    if argv is not None:
+                        where = f"{f.relative_to(REPO)}:{start + n}"
+                        found.append(DocCommand(where, tuple(argv), raw.strip()))
+    return found
+
+
+def _subparser(parser: argparse.ArgumentParser, argv: tuple[str, ...]):
+    """The deepest subcommand parser that *argv* names, and the path to it."""
+    path: list[str] = []
+    for a in argv:
+        if a.startswith("-"):
+            continue
+        subs = [x for x in parser._actions if isinstance(x, argparse._SubParsersAction)]
+        if not subs or a not in subs[0].choices:
+            break
+        parser = subs[0].choices[a]
+        path.append(a)
+    return parser, path
+
+
+COMMANDS = doc_commands()
+
+
+def test_the_docs_hold_the_commands_we_check():
+    """The extraction itself: a docs test that finds nothing proves nothing."""
+    concrete = [c for c in COMMANDS if not c.template]
+    assert len(COMMANDS) >= 25 and len(concrete) >= 20, (len(COMMANDS), len(concrete))
+    subcommands = {c.argv[0] for c in COMMANDS if c.argv}
+    assert {"build", "versions", "params", "node", "cluster", "verify", "gang"} <= subcommands, (
+        subcommands
+    )
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=[c.where for c in COMMANDS])
+def test_documented_command_parses(cmd: DocCommand):
+    parser = build_parser()
+    sub, path = _subparser(parser, cmd.argv)
+    assert path, f"{cmd.where}: `{cmd.text}` names no nodeforge subcommand"
+    if sub._subparsers is not None and any(
+        isinstance(a, argparse._SubParsersAction) and a.required for a in sub._actions
+    ):
+        pytest.fail(f"{cmd.where}: `{cmd.text}`: `nodeforge {' '.join(path)}` needs a subcommand")
+    known = set(sub._option_string_actions) | set(parser._option_string_actions)
+    ours = (
+        cmd.argv[: cmd.argv.index("--")] if "--" in cmd.argv else cmd.argv
+    )  # then another program's
+    flags = [a.split("=", 1)[0] for a in ours if a.startswith("--")]
+    unknown = [f for f in flags if f not in known]
+    assert not unknown, (
+        f"{cmd.where}: `{cmd.text}`: `nodeforge {' '.join(path)}` has no option "
+        f"{', '.join(unknown)} (it has {', '.join(sorted(o for o in known if o.startswith('--')))})"
+    )
+    if cmd.template:
+        return
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            parser.parse_args(list(cmd.argv))
+        except SystemExit as exc:
+            assert exc.code in (0, None), (
+                f"{cmd.where}: `{cmd.text}` does not parse:\n{err.getvalue()}"
+            )
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*\*|\*|_(?=\W)|(?<=\W)_", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(f: Path) -> set[str]:
+    toks = _md().parse(f.read_text())
+    out: set[str] = set()
+    for i, t in enumerate(toks):
+        if t.type == "heading_open":
+            base = _slug(toks[i + 1].content)
+            slug, n = base, 1
+            while slug in out:
+                slug, n = f"{base}-{n}", n + 1
+            out.add(slug)
+    return out
+
+
+def _links(f: Path) -> list[tuple[int, str]]:
+    out = []
+    for t in _md().parse(f.read_text()):
+        for child in t.children or []:
+            if child.type == "link_open":
+                out.append(((t.map or [0])[0] + 1, str(child.attrs.get("href", ""))))
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(REPO)) for d in DOCS])
+def test_internal_links_resolve(doc: Path):
+    bad = []
+    for line, href in _links(doc):
+        if re.match(r"[a-z][a-z0-9+.-]*:", href):  # https:, mailto: … (never fetched here)
+            continue
+        target, _, anchor = href.partition("#")
+        path = (doc.parent / target).resolve() if target else doc
+        if not path.exists():
+            bad.append(f"{doc.relative_to(REPO)}:{line}: {href}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            bad.append(f"{doc.relative_to(REPO)}:{line}: {href}: no heading with that anchor")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(REPO)) for d in DOCS])
+def test_tables_are_not_broken(doc: Path):
+    """A blank line inside a table ends it: the rows after it render as a paragraph of pipes."""
+    toks = _md().parse(doc.read_text())
+    bad = [
+        f"{doc.relative_to(REPO)}:{(t.map or [0])[0] + 1}: {t.content[:60]!r}"
+        for i, t in enumerate(toks)
+        if t.type == "inline"
+        and i > 0
+        and toks[i - 1].type == "paragraph_open"
+        and t.content.lstrip().startswith("|")
+    ]
+    assert not bad, "table rows outside a table (a blank line split it?):\n" + "\n".join(bad)
+
+
+def test_markdown_lint_tables_and_fragments():
+    """A maintained Markdown linter (pymarkdownlnt) on the table and link rules."""
+    from pymarkdown.api import PyMarkdownApi
+
+    keep = {"md011", "md042", "md051", "md055", "md056", "md058"}
+    failures = []
+    for doc in DOCS:
+        result = PyMarkdownApi().scan_path(str(doc))
+        failures += [
+            f"{doc.relative_to(REPO)}:{x.line_number}: {x.rule_id} {x.rule_name}"
+            f"{x.extra_error_information or ''}"
+            for x in result.scan_failures
+            if x.rule_id.lower() in keep
+        ]
+    assert not failures, "\n".join(failures)
+
+
+def _table_rows(doc: Path, header: str) -> list[str]:
+    lines = doc.read_text().splitlines()
+    start = lines.index(header)
+    rows = []
+    for ln in lines[start + 2 :]:
+        if not ln.startswith("|"):
+            break
+        rows.append(ln)
+    return rows
+
+
+def test_params_table_lists_every_key_once():
+    """docs/agent.md's params table and the parser's keys are the same set, each row once."""
+    from nodeforge.bootstrap import params
+
+    rows = _table_rows(REPO / "docs/agent.md", "| field | type (full match) | default | meaning |")
+    named: list[str] = []
+    for r in rows:
+        named += re.findall(r"`([a-z0-9_]+)`", r.split("|")[1])
+    dup = sorted({k for k in named if named.count(k) > 1})
+    assert not dup, f"params table lists these keys twice: {dup}"
+    assert set(named) == set(params._TOP), (
+        f"undocumented keys: {sorted(set(params._TOP) - set(named))}; "
+        f"documented but unknown: {sorted(set(named) - set(params._TOP))}"
+    )
