@@ -11,8 +11,9 @@ its role the instance credentials. The computes fetch an s3:// extension in Hype
 credentials (short-lived: refreshed from the metadata service), never with keys from params.
 
 * ctl: controller; c1: compute whose extension runs, then it is IDLE; rebooted, it keeps its
-  identity, does not run the extension again, and is IDLE again; c2: compute whose extension
-  is refused by S3 (403), so it stays drained with the reason in `sinfo -R`.
+  identity, does not run the extension again, and is IDLE again; c2 (booted after c1 is
+  stopped: ctl's qemu socket link takes one peer at a time): compute whose extension is
+  refused by S3 (403), so it stays drained with the reason in `sinfo -R`.
 
 The image: $NODEFORGE_VM_CLOUD_IMAGE (a build output made with the guard), else built here from
 the session's mirror with the guard var file (tests/e2e/conftest.py: built with layer cache).
@@ -175,18 +176,9 @@ def cloud(tmp_path_factory, cloud_image):
             cfg.metadata = CloudNet(forwards)
             vms[name], imds[name] = vm, svc
         fronts["c2"].forbidden.append("/lifecycle/denied/")
-        for vm in vms.values():
-            vm.start()
-        for vm in vms.values():
-            vm.wait_ssh()  # root's key came from IMDS public-keys: nothing else put it there
-            print(f"\nVM {vm.cfg.name}: SSH login after {vm.ready_after:.1f}s ({vm.accel.accel})")
-        deadline = time.monotonic() + INIT_TIMEOUT
-        states = {}
-        for name, vm in vms.items():
-            states[name] = vm.wait_unit(
-                "nodeforge-init.service", timeout=max(10.0, deadline - time.monotonic())
-            )
-            print(f"VM {name}: nodeforge-init.service {states[name]} at {vm.elapsed():.1f}s")
+        # ctl and c1 now; c2 later (test_failing_extension...): ctl's link socket takes one
+        # peer at a time, so c2 joins once c1 is gone.
+        states = boot(vms, ["ctl", "c1"])
         yield {"vms": vms, "imds": imds, "fronts": fronts, "states": states, "work": work}
     finally:
         for vm in vms.values():
@@ -195,6 +187,22 @@ def cloud(tmp_path_factory, cloud_image):
             srv.stop()
         moto.stop()
         signal.signal(signal.SIGTERM, prev)
+
+
+def boot(vms: dict[str, VM], names: list[str]) -> dict[str, str]:
+    for n in names:
+        vms[n].start()
+    for n in names:
+        vms[n].wait_ssh()  # root's key came from IMDS public-keys: nothing else put it there
+        print(f"\nVM {n}: SSH login after {vms[n].ready_after:.1f}s ({vms[n].accel.accel})")
+    deadline = time.monotonic() + INIT_TIMEOUT
+    states = {}
+    for n in names:
+        states[n] = vms[n].wait_unit(
+            "nodeforge-init.service", timeout=max(10.0, deadline - time.monotonic())
+        )
+        print(f"VM {n}: nodeforge-init.service {states[n]} at {vms[n].elapsed():.1f}s")
+    return states
 
 
 def _interrupt(signum, frame):
@@ -262,23 +270,6 @@ def test_compute_configured_from_imds_runs_s3_extension_then_schedulable(cloud):
     assert cp.returncode != 0 and "timed out" in cp.stdout + (cp.stderr or ""), cp.stdout
 
 
-def test_failing_extension_leaves_node_drained_with_reason(cloud):
-    ctl, c2 = cloud["vms"]["ctl"], cloud["vms"]["c2"]
-    assert cloud["fronts"]["c2"].refused, "S3 never refused c2's request"
-    st = _state(c2)
-    assert st["status"] == "failed" and st["steps"]["hooks"]["status"] == "failed"
-    assert "AccessDenied" in st["steps"]["hooks"]["error"] or "403" in st["steps"]["hooks"]["error"]
-    assert c2.ssh("test -e /var/lib/lifecycle-ran", check=False).returncode != 0
-    reason = _wait("c2 drained with a reason", lambda: _drained(ctl, "c2"), 120)
-    assert "lifecycle" in reason, reason
-
-
-def _drained(ctl: VM, node: str) -> str | None:
-    out = ctl.ssh(f"sinfo -h -R -n {shlex.quote(node)} -o '%E'", check=False).stdout.strip()
-    state = _sinfo(ctl, node)
-    return out if out and state.split("|")[0].startswith("drain") else None
-
-
 def test_reboot_keeps_identity_and_does_not_rerun_once_work(cloud):
     ctl, c1 = cloud["vms"]["ctl"], cloud["vms"]["c1"]
     ident = "cat /etc/machine-id; cat /etc/ssh/ssh_host_*_key.pub | sha256sum; hostname; " \
@@ -309,3 +300,22 @@ def test_reboot_keeps_identity_and_does_not_rerun_once_work(cloud):
     assert st["steps"]["hooks"]["status"] == "skipped"
     assert len(c1.ssh("cat /var/lib/lifecycle-ran").stdout.splitlines()) == 1
     _wait("c1 IDLE after reboot", lambda: _sinfo(ctl, "c1").startswith("idle|"), 180)
+
+
+def test_failing_extension_leaves_node_drained_with_reason(cloud):
+    ctl, c1, c2 = cloud["vms"]["ctl"], cloud["vms"]["c1"], cloud["vms"]["c2"]
+    c1.stop()  # frees ctl's link for c2
+    assert boot(cloud["vms"], ["c2"])["c2"] == "failed"
+    assert cloud["fronts"]["c2"].refused, "S3 never refused c2's request"
+    st = _state(c2)
+    assert st["status"] == "failed" and st["steps"]["hooks"]["status"] == "failed"
+    assert "AccessDenied" in st["steps"]["hooks"]["error"] or "403" in st["steps"]["hooks"]["error"]
+    assert c2.ssh("test -e /var/lib/lifecycle-ran", check=False).returncode != 0
+    reason = _wait("c2 drained with a reason", lambda: _drained(ctl, "c2"), 120)
+    assert "lifecycle" in reason, reason
+
+
+def _drained(ctl: VM, node: str) -> str | None:
+    out = ctl.ssh(f"sinfo -h -R -n {shlex.quote(node)} -o '%E'", check=False).stdout.strip()
+    state = _sinfo(ctl, node)
+    return out if out and state.split("|")[0].startswith("drain") else None
