@@ -248,7 +248,9 @@ def test_compute_configured_from_imds_runs_s3_extension_then_schedulable(cloud):
     assert "/latest/user-data" in paths
     assert "/latest/meta-data/public-keys/0/openssh-key" in paths
     creds = [p for p in paths if p.endswith(f"/iam/security-credentials/{ROLE}")]
-    assert len(creds) >= 2, f"role credentials fetched {len(creds)}x; expected refreshes"
+    # Refresh after expiry is proven in the unit tier (tests/unit/test_hooks_s3_cloud.py):
+    # here the three S3 calls fit in one credential set's life.
+    assert creds, "the role's credentials never came from the metadata service"
     assert not [e for e in log if e[2] == 401]
     # The extension came over TLS from S3, signed with IMDS-issued unexpired credentials.
     front = cloud["fronts"]["c1"]
