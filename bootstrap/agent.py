@@ -9,22 +9,26 @@ enabled), so the readiness gate is applied again before slurmd comes back after 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
+import os
+import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from nodeforge import redact
 from nodeforge.errors import NodeforgeError
-from nodeforge.fsutil import write_atomic
+from nodeforge.fsutil import restrict_mode, write_atomic
 
 from . import identity, metrics, munge
 from .host import Host
 from .node_roles import Early, RoleContext
-from .params import Params
+from .params import Params, ParamsError, is_ip, unusable_address
 from .params_sources import Loaded, SourceConfig, load_params
 from .paths import Paths
 from .readiness import Gate
@@ -43,8 +47,57 @@ def role_module(role: str) -> ModuleType:
     return importlib.import_module(f"{__package__}.node_roles.{role}")
 
 
+def restrict_outputs(paths: Paths) -> None:
+    """Narrow what holds params or errors to root-only: state.json, the params copy and the
+    logs under the log directory (an older agent, or a tool, may have left them wider)."""
+    for d in (paths.state_file.parent, paths.log_dir, paths.hooks_log_dir):
+        restrict_mode(d, 0o700)
+    for f in (paths.state_file, paths.params_json):
+        restrict_mode(f, 0o600)
+    for d in (paths.log_dir, paths.hooks_log_dir):
+        try:
+            names = sorted(os.listdir(d))[:LOGS_MAX]
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".log"):
+                restrict_mode(d / name, 0o600)
+
+
+LOGS_MAX = 4096  # log files narrowed per directory (bounded: a directory may be huge)
+
+
 class StepFailed(NodeforgeError):
     exit_code = 1
+
+
+class Stopped(NodeforgeError):
+    """SIGTERM while `node init` ran: systemd's start bound of nodeforge-init.service
+    (TimeoutStartSec, roles/node_agent) was reached, or someone stopped the unit."""
+
+    def __init__(self, signum: int):
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} (nodeforge-init.service start bound "
+            "TimeoutStartSec reached, or the unit was stopped)"
+        )
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While `node init` runs, SIGTERM fails the current step (Stopped) instead of killing the
+    process outright: the step records the reason, a compute/login node is left drained with
+    it, the hook being run is stopped with everything it started (proc.run_group), and the unit
+    ends failed. Only the first SIGTERM: the drain that follows must not be cut short."""
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signum, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @dataclass
@@ -71,6 +124,7 @@ class Agent:
 
     # -- main ---------------------------------------------------------------------------------
     def init(self) -> State:
+        restrict_outputs(self.paths)
         self.state = State.load(self.paths.state_file)
         st = self.state
         t0 = now()
@@ -148,7 +202,7 @@ class Agent:
         except Exception as exc:
             import traceback  # only on a crash
 
-            log.error("step %s crashed:\n%s", name, traceback.format_exc())
+            log.error("step %s crashed:\n%s", name, redact.text(traceback.format_exc()))
             self._fail(name, f"{type(exc).__name__}: {exc}")
             raise
         rec.detail = detail
@@ -157,6 +211,10 @@ class Agent:
         log.info("step %s: done in %.2fs", name, rec.duration or 0.0)
 
     def _fail(self, name: str, error: str, reason: str | None = None) -> None:
+        # A crash's message is not a NodeforgeError's (redacted when made): redact it here, as
+        # it goes to state.json, the log and the drain reason.
+        error = redact.text(error)
+        reason = redact.text(reason) if reason is not None else None
         self.state.end(name, now(), "failed", error)
         self._save(durable=True)
         log.error("step %s failed: %s", name, error)
@@ -187,6 +245,7 @@ class Agent:
         self.features = read_features(self.paths)
         current = self.hostname()
         self.node = identity.node_name(p, current)
+        self._refuse_local_broadcast()
         self.address = self._address()
         st.role, st.node, st.cluster, st.source = (
             p.role,
@@ -204,7 +263,7 @@ class Agent:
         if p.users_keypair is not None:
             # hooks get the PATH of the root-only private key, never the key itself
             public["users_keypair_file"] = str(identity.users_keypair_paths(self.paths)[0])
-        write_atomic(self.paths.params_json, json.dumps(public, indent=2) + "\n", 0o640)
+        write_atomic(self.paths.params_json, json.dumps(public, indent=2) + "\n", 0o600)
         return {
             "source": self.loaded.source,
             "role": p.role,
@@ -212,6 +271,20 @@ class Agent:
             "address": self.address,
             "metrics": metrics.apply(self.host, self.paths, p.metrics_listen, self.address),
         }
+
+    def _refuse_local_broadcast(self) -> None:
+        """A controller address that is the broadcast address of one of this node's subnets
+        (the prefix params cannot know). The kernel refuses a UDP connect to it
+        (EACCES), so the route probe comes back empty; only then are the subnets read (no
+        cost on the path to ready)."""
+        p = self.params
+        addr = p.controller.address if p.role != "controller" else ""
+        if not addr or not is_ip(addr) or ":" in addr or self.host.source_address(addr):
+            return  # no IPv4 controller address, or one the kernel routes to one host
+        why = unusable_address(addr, identity.local_networks(self.host))
+        if why is not None:
+            source = self.loaded.source if self.loaded else "params"
+            raise ParamsError(f"{source}: controller.address: {addr} is {why}")
 
     def _address(self) -> str:
         p = self.params

@@ -90,26 +90,17 @@ def _paths(root: Path):
 
 
 def _init(args: argparse.Namespace) -> int:
-    from .agent import Agent, StepFailed
+    from .agent import Agent, StepFailed, Stopped, stop_on_sigterm
     from .params_sources import IMDS_URL, SourceConfig
 
     paths = _paths(args.root)
-    paths.log_dir.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(paths.log_dir / "agent.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root_log = logging.getLogger("nodeforge")
-    root_log.addHandler(handler)
-    root_log.setLevel(logging.DEBUG)
-    root_log.propagate = False
-    console = logging.StreamHandler(sys.stderr)  # journald when run by nodeforge-init.service
-    console.setLevel(logging.INFO)
-    console.setFormatter(logging.Formatter("nodeforge: %(message)s"))
-    root_log.addHandler(console)
+    agent_logging(paths)
     imds = None if args.no_imds else (args.imds_url or IMDS_URL)
     agent = Agent(paths=paths, sources=SourceConfig(paths, imds_url=imds))
     try:
-        state = agent.init()
-    except StepFailed as exc:
+        with stop_on_sigterm():
+            state = agent.init()
+    except (StepFailed, Stopped) as exc:
         print(f"nodeforge: node init failed: {exc}", file=sys.stderr)
         print(
             "nodeforge: `nodeforge node status` shows the steps; fix and rerun `nodeforge node init`",
@@ -121,6 +112,36 @@ def _init(args: argparse.Namespace) -> int:
         f"(time-to-ready {state.time_to_ready or 0:.1f}s)"
     )
     return 0
+
+
+def agent_logging(paths) -> list[logging.Handler]:
+    """The agent's log: agent.log (root-only, 0600 in a 0700 directory) and stderr (journald),
+    both through the redacting formatter. Returns the handlers it added."""
+    from nodeforge import fsutil, redact
+
+    paths.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fsutil.restrict_mode(paths.log_dir, 0o700)
+    log_file = paths.log_dir / "agent.log"
+    try:  # created 0600 (or narrowed) before logging opens it; never through a symlink
+        fsutil.open_private_append(log_file).close()
+    except OSError as exc:
+        from nodeforge.errors import NodeforgeError
+
+        raise NodeforgeError(
+            f"{log_file}: cannot open the agent's log ({exc.strerror}); it must be a regular "
+            "file or absent (a symlink is refused)"
+        ) from None
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(redact.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root_log = logging.getLogger("nodeforge")
+    root_log.addHandler(handler)
+    root_log.setLevel(logging.DEBUG)
+    root_log.propagate = False
+    console = logging.StreamHandler(sys.stderr)  # journald when run by nodeforge-init.service
+    console.setLevel(logging.INFO)
+    console.setFormatter(redact.Formatter("nodeforge: %(message)s"))
+    root_log.addHandler(console)
+    return [handler, console]
 
 
 def _params_check(args: argparse.Namespace) -> int:
@@ -140,15 +161,19 @@ def _params_check(args: argparse.Namespace) -> int:
     elif args.user_data is not None:
         checked = pc.check_user_data(args.user_data, args.imds_guarded)
     elif args.cmdline is not None:
-        checked = pc.check_cmdline(args.cmdline, "kernel command line (--cmdline)")
+        from .params_sources import cmdline_bytes
+
+        # argparse turns `--cmdline=--` into [] (it drops a "--" value): give it back.
+        text = args.cmdline if isinstance(args.cmdline, str) else "--"
+        checked = pc.check_cmdline(cmdline_bytes(text), "kernel command line (--cmdline)")
     else:
         from .params_sources import read_cmdline
 
         try:
-            text = read_cmdline(args.cmdline_file)
+            raw = read_cmdline(args.cmdline_file)
         except OSError as exc:
             raise ParamsError(f"{args.cmdline_file}: cannot read: {exc.strerror}") from None
-        checked = pc.check_cmdline(text, f"kernel command line ({args.cmdline_file})")
+        checked = pc.check_cmdline(raw, f"kernel command line ({args.cmdline_file})")
     sys.stdout.write(pc.render(checked, args.json))
     return 0
 

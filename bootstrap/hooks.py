@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nodeforge import proc
+from nodeforge import fsutil, proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import UnsafeName, confined, safe_name
 
 from .params import Params
 from .paths import Paths
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("nodeforge.hooks")
 
 _NAME_OK = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-_S3_KEY_PART = re.compile(r"[A-Za-z0-9_.+=@,-]{1,255}")
 _SKIP_SUFFIXES = (".dpkg-old", ".dpkg-new", ".dpkg-dist", ".disabled", "~", ".swp", ".md")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FETCH_TIMEOUT = 60.0  # seconds without a byte
@@ -149,15 +149,37 @@ def _check_owner_mode(st: os.stat_result, what: str, path: Path) -> None:
         )
 
 
+def _check_dir_chain(paths: Paths, d: Path) -> bool:
+    """on-init.d and every directory above it (from the node's root): no symlink, owned by
+    root, not group/world-writable. Whoever can write an ancestor can swap on-init.d for a
+    directory of their own, and a symlinked on-init.d is only as safe as wherever it points.
+    False when on-init.d does not exist (no baked hooks)."""
+    d = Path(os.path.abspath(d))
+    root = Path(os.path.abspath(paths.root))
+    top = root if d.is_relative_to(root) else Path(d.anchor)
+    rel = d.relative_to(top).parts
+    chain = [top.joinpath(*rel[:i]) for i in range(len(rel) + 1)]
+    for p in chain:
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return False  # on-init.d (or a directory above it) is absent: no baked hooks
+        if stat.S_ISLNK(st.st_mode):
+            where = "" if p == d else f" (above {d})"
+            raise HookError(
+                f"hooks: {p}{where} is a symlink; refused: baked hooks are read only through "
+                f"real directories (replace the link with the directory it points to)"
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            raise HookError(f"hooks: {p} is not a directory; refused")
+        _check_owner_mode(st, "hooks", p)
+    return True
+
+
 def _baked(paths: Paths, params: Params) -> Iterator[Hook]:
     d = paths.on_init_d
-    try:
-        dst = os.stat(d)
-    except FileNotFoundError:
+    if not _check_dir_chain(paths, d):
         return
-    if not stat.S_ISDIR(dst.st_mode):
-        raise HookError(f"hooks: {d} is not a directory; refused")
-    _check_owner_mode(dst, "hooks", d)
     real_dir = d.resolve()
     for p in sorted(d.iterdir()):
         if p.name.startswith(".") or p.name.endswith(_SKIP_SUFFIXES):
@@ -191,10 +213,10 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
     hooks: list[tuple[str, int, Hook]] = [(h.name, 0, h) for h in _baked(paths, params)]
     for i, spec in enumerate(params.hooks):
         name = spec.name or spec.script or _uri_name(spec.uri)
-        if name in (".", "..") or not _NAME_OK.fullmatch(name):
+        if name.startswith(".") or not _NAME_OK.fullmatch(name):
             raise HookError(
                 f"hooks[{i}]: cannot use {name!r} from {_dl().display_url(spec.uri)} as a "
-                f"hook name; set hooks[{i}].name (A-Z a-z 0-9 _ . -, not . or ..)"
+                f"hook name; set hooks[{i}].name (A-Z a-z 0-9 _ . -, not starting with .)"
             )
         scheme = spec.uri.split("://", 1)[0]
         if scheme == "http" and spec.sha256 is None:
@@ -228,8 +250,30 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
                 "hook a distinct `name` in params"
             )
         seen[name] = _dl().display_url(h.origin) if h.origin != "baked" else "baked"
+    _check_cache_names([h for _, _, h in hooks if h.path is None])
     hooks.sort(key=lambda t: (t[0], t[1]))
     return [h for _, _, h in hooks]
+
+
+def cache_name(hook: Hook) -> str:
+    """The entry an extension hook owns in the hook cache: its name, or <name>.d for an S3
+    prefix. The runner's own temporaries there start with `.`, which no hook name does."""
+    return f"{hook.name}.d" if hook.script is not None else hook.name
+
+
+def _check_cache_names(ext: list[Hook]) -> None:
+    """Names are unique, so two entries can only meet as a hook named `<x>.d` beside the S3
+    prefix hook `<x>`, whose synced copy is `<x>.d/`."""
+    owner: dict[str, Hook] = {}
+    for h in ext:
+        other = owner.setdefault(cache_name(h), h)
+        if other is not h:
+            prefix, plain = (h, other) if h.script is not None else (other, h)
+            raise HookError(
+                f"hook {plain.name} refused: its cache entry {cache_name(plain)!r} is the one "
+                f"hook {prefix.name} ({_dl().display_url(prefix.origin)}) uses for its S3 "
+                "prefix; give one of them another `name` in params"
+            )
 
 
 def _uri_name(uri: str) -> str:
@@ -265,20 +309,21 @@ def fetch(hook: Hook, cache: Path) -> Path:
     Raises ShaMismatch (never run, not retried) or HookError (a failed attempt).
     """
     download = _dl()
-    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     uri = hook.origin
     label = f"hook {hook.name}"
     try:
+        cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+        dest = confined(cache, cache_name(hook), what=label)
+        _clear_stale(dest, want_dir=hook.script is not None)
         if uri.startswith("s3://"):
             if hook.script is not None:
-                return _sync_s3_prefix(hook, cache)
+                return _sync_s3_prefix(hook, cache, dest)
             bucket, key = _s3_split(hook, uri)
-            client = _s3_client(hook, cache)
-            return _s3_get(hook, client, bucket, key, cache / hook.name, hook.sha256)
+            return _s3_get(hook, _s3_client(hook, cache), bucket, key, dest, hook.sha256)
         if uri.startswith(("file://", "http://", "https://")):
             return download.fetch(
                 uri,
-                cache / hook.name,
+                dest,
                 label=label,
                 policy=_fetch_policy(),
                 sha256=hook.sha256,
@@ -292,7 +337,28 @@ def fetch(hook: Hook, cache: Path) -> Path:
         ) from exc
     except download.DownloadError as exc:
         raise HookError(f"{label}: {exc.reason}") from exc
+    except UnsafeName as exc:
+        raise HookError(str(exc)) from exc
+    except OSError as exc:  # the node's own disk (full, read-only): a failed attempt, no traceback
+        raise HookError(
+            f"{label}: cannot write into the hook cache {cache}: {exc.strerror or exc}"
+        ) from exc
     raise HookError(f"{label}: unsupported URI {download.display_url(uri)}")
+
+
+def _clear_stale(dest: Path, *, want_dir: bool) -> None:
+    """The cache is the runner's alone: an entry of the other kind, left by an earlier boot
+    whose params used this name differently (a file where a prefix's directory goes, or the
+    reverse), is removed rather than failing with a confusing rename error."""
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return
+    is_dir = stat.S_ISDIR(st.st_mode)
+    if is_dir and not want_dir:
+        shutil.rmtree(dest)
+    elif not is_dir and (want_dir or not stat.S_ISREG(st.st_mode)):
+        dest.unlink()
 
 
 def _s3_split(hook: Hook, uri: str) -> tuple[str, str]:
@@ -370,79 +436,121 @@ def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
 def _s3_get(hook: Hook, client, bucket: str, key: str, dest: Path, sha256: str | None) -> Path:
     download = _dl()
     uri = f"s3://{bucket}/{key}"
+    # botocore bounds each read (read_timeout), not their sum: the body's connection is watched
+    # by the same whole-attempt deadline as an https fetch, so a dripping body ends at it.
+    guard = download.Deadline(FETCH_DEADLINE)
     try:
-        obj = client.get_object(Bucket=bucket, Key=key)
-        body = obj["Body"]
-        length = obj.get("ContentLength")
-        chunks = iter(lambda: body.read(download.CHUNK), b"")
-        return download.save(
-            chunks,
-            dest,
-            label=f"hook {hook.name}",
-            url=uri,
-            expected_length=length,
-            sha256=sha256,
-            mode=0o700,
-            max_bytes=MAX_SCRIPT_BYTES,
-            deadline=time.monotonic() + FETCH_DEADLINE,
-        ).path
-    except download.DownloadError:
-        raise
+        with guard:
+            obj = client.get_object(Bucket=bucket, Key=key)
+            body = obj["Body"]
+            sock = download.stream_socket(body)
+            if sock is not None:
+                guard.watch(sock)
+            length = obj.get("ContentLength")
+            chunks = iter(lambda: body.read(download.CHUNK), b"")
+            return download.save(
+                chunks,
+                dest,
+                label=f"hook {hook.name}",
+                url=uri,
+                expected_length=length,
+                sha256=sha256,
+                mode=0o700,
+                max_bytes=MAX_SCRIPT_BYTES,
+                deadline=guard.at,
+            ).path
     except Exception as exc:  # botocore's errors are many; each is a failed attempt
+        if guard.expired:
+            raise HookError(
+                f"hook {hook.name}: cannot fetch {uri}: not finished within {FETCH_DEADLINE:g}s"
+            ) from exc
+        if isinstance(exc, download.DownloadError):
+            raise
         raise _s3_error(hook, uri, exc) from exc
 
 
-def _sync_s3_prefix(hook: Hook, cache: Path) -> Path:
+def _s3_listing(hook: Hook, bucket: str, prefix: str, objects: list[dict]) -> list[str]:
+    """The keys of *objects* below *prefix*, checked before anything is written: each a safe
+    relative path (no `..`, no absolute path, no odd characters), within the count and size
+    bounds, and no key that is also another key's folder (`a` and `a/b`: a file and a
+    directory cannot share a name on disk)."""
+    rels: list[str] = []
+    total = 0
+    for o in objects:
+        key = o.get("Key")
+        if not isinstance(key, str) or not key.startswith(prefix):
+            raise HookError(f"hook {hook.name}: s3://{bucket}/{prefix}: the listing holds {key!r}")
+        rel = key[len(prefix) :]
+        if not rel or rel.endswith("/"):
+            continue  # the "folder" marker objects consoles create
+        try:
+            safe_name(rel, what=f"hook {hook.name}: s3://{bucket}/{key}: key", nested=True)
+        except UnsafeName as exc:
+            raise HookError(f"{exc}; refused") from None
+        rels.append(rel)
+        total += int(o.get("Size", 0) or 0)
+        if len(rels) > MAX_PREFIX_OBJECTS or total > MAX_PREFIX_BYTES:
+            raise HookError(
+                f"hook {hook.name}: {hook.origin} holds more than "
+                f"{MAX_PREFIX_OBJECTS} objects or {MAX_PREFIX_BYTES} bytes"
+            )
+    files = set(rels)
+    for rel in rels:
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in files:
+                raise HookError(
+                    f"hook {hook.name}: s3://{bucket}/{prefix}{folder} is both an object and "
+                    f"the folder of s3://{bucket}/{prefix}{rel}; a file and a directory cannot "
+                    "share a name on the node: rename or delete one of them"
+                )
+    return rels
+
+
+def _sync_s3_prefix(hook: Hook, cache: Path, final: Path) -> Path:
     """HyperPod's shape: every object under the prefix into <cache>/<name>.d/, then the script.
 
     The new copy is built beside the old one and swapped in whole, so a failed sync never leaves
-    a mix of two versions. Keys are checked part by part: no `..`, no absolute paths."""
+    a mix of two versions. The whole listing is checked (_s3_listing) before the first object
+    is fetched, and each path is placed with the one confinement helper."""
     bucket, prefix = _s3_split(hook, hook.origin)
     client = _s3_client(hook, cache)
-    final = cache / f"{hook.name}.d"
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        objects = [o for page in pages for o in page.get("Contents", [])]
+    except Exception as exc:
+        raise _s3_error(hook, hook.origin, exc) from exc
+    rels = _s3_listing(hook, bucket, prefix, objects)
+    count = len(rels)
     work = Path(tempfile.mkdtemp(dir=cache, prefix=f".{hook.name}.d."))
     try:
-        total = count = 0
-        try:
-            pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-            objects = [o for page in pages for o in page.get("Contents", [])]
-        except Exception as exc:
-            raise _s3_error(hook, hook.origin, exc) from exc
-        for o in objects:
-            rel = o["Key"][len(prefix) :]
-            if not rel or rel.endswith("/"):
-                continue  # the "folder" marker objects consoles create
-            parts = rel.split("/")
-            if any(p in (".", "..") or not _S3_KEY_PART.fullmatch(p) for p in parts):
-                raise HookError(
-                    f"hook {hook.name}: s3://{bucket}/{o['Key']}: key {rel!r} is not "
-                    "a safe relative path; refused"
-                )
-            count += 1
-            total += int(o.get("Size", 0))
-            if count > MAX_PREFIX_OBJECTS or total > MAX_PREFIX_BYTES:
-                raise HookError(
-                    f"hook {hook.name}: {hook.origin} holds more than "
-                    f"{MAX_PREFIX_OBJECTS} objects or {MAX_PREFIX_BYTES} bytes"
-                )
-            dest = work.joinpath(*parts)
+        for rel in rels:
+            dest = confined(
+                work, rel, what=f"hook {hook.name}: s3://{bucket}/{prefix}", nested=True
+            )
             dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             _s3_get(
-                hook, client, bucket, o["Key"], dest, hook.sha256 if rel == hook.script else None
+                hook,
+                client,
+                bucket,
+                prefix + rel,
+                dest,
+                hook.sha256 if rel == hook.script else None,
             )
-        script = work / str(hook.script)
+        script = confined(work, str(hook.script), what=f"hook {hook.name}: script")
         if not script.is_file():
             raise HookError(
                 f"hook {hook.name}: {hook.origin} has no {hook.script!r} (found {count} objects)"
             )
-        old = cache / f".{hook.name}.d.old"
+        old = confined(cache, f".{hook.name}.d.old", what=f"hook {hook.name}")
         if old.exists():
             shutil.rmtree(old)
         if final.exists():
             final.rename(old)
         work.rename(final)
         shutil.rmtree(old, ignore_errors=True)
-        return final / str(hook.script)
+        return confined(final, str(hook.script), what=f"hook {hook.name}: script")
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
@@ -477,8 +585,10 @@ class Runner:
 
     def run_one(self, hook: Hook) -> HookResult:
         logdir = self.paths.hooks_log_dir
-        logdir.mkdir(parents=True, exist_ok=True)
-        logpath = logdir / f"{hook.name}.log"
+        # Hook logs carry fetch errors and hook output: root-only (narrowed if wider).
+        logdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fsutil.restrict_mode(logdir, 0o700)
+        logpath = confined(logdir, f"{hook.name}.log", what=f"hook {hook.name}")
         res = HookResult(hook.name, Status.OK, log=str(logpath))
         start = time.monotonic()
         attempts = hook.retries + 1
@@ -535,7 +645,7 @@ class Runner:
     ) -> proc.GroupResult:
         # An S3 prefix hook runs in its synced directory (lifecycle scripts use ./siblings).
         cwd = str(path.parent) if hook.script is not None else "/"
-        with open(logpath, "a") as out:
+        with fsutil.open_private_append(logpath) as out:
             out.write(
                 f"=== {_now()} {hook.name} attempt {attempt}/{attempts} "
                 f"(timeout {hook.timeout:g}s) {path}\n"
@@ -608,5 +718,5 @@ def _signame(sig: int) -> str:
 
 
 def _append(path: Path, text: str) -> None:
-    with open(path, "a") as f:
+    with fsutil.open_private_append(path) as f:
         f.write(text)

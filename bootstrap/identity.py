@@ -5,6 +5,7 @@ All of these are sealed out of the image; each is created only if absent, so a r
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -177,6 +178,24 @@ def _read(path: Path) -> str:
         return path.read_text().strip("\n") if path.name == "hostname" else path.read_text()
     except OSError:
         return ""
+
+
+def local_networks(host: Host) -> list[ipaddress.IPv4Network]:
+    """The IPv4 subnets of this node's interfaces (`ip -o -4 addr show`), for the broadcast
+    address of each; [] when `ip` is missing or says nothing."""
+    try:
+        cp = host.run(["ip", "-o", "-4", "addr", "show"], check=False, timeout=10)
+    except NodeforgeError:
+        return []
+    out = []
+    for line in (cp.stdout or "").splitlines()[:1024]:
+        words = line.split()
+        if "inet" in words[:-1]:
+            try:
+                out.append(ipaddress.ip_interface(words[words.index("inet") + 1]).network)
+            except ValueError:
+                continue
+    return [n for n in out if isinstance(n, ipaddress.IPv4Network)]
 
 
 def detect_address(host: Host, target: str) -> str:

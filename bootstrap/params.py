@@ -12,10 +12,11 @@ import binascii
 import ipaddress
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from nodeforge import scalars
+from nodeforge import redact, scalars
 from nodeforge.errors import NodeforgeError
 
 ROLES = ("controller", "compute", "login")
@@ -89,6 +90,47 @@ def is_node_name(s: str) -> bool:
     return bool(_NODE_RE.fullmatch(s))
 
 
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
+_BROADCAST = ipaddress.ip_address("255.255.255.255")
+
+
+def unusable_address(
+    s: str, networks: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()
+) -> str | None:
+    """Why a node cannot use *s* as the controller's or its own address or name, or None.
+
+    Refused: the name localhost (any case, a trailing dot, or a name under .localhost: each
+    machine resolves it to itself), the unspecified address (0.0.0.0 and 0.0.0.0/8, ::),
+    the limited broadcast 255.255.255.255, multicast, and the broadcast address of any of
+    *networks* (the subnets whose prefix is known). IPv4-mapped IPv6 forms count as IPv4.
+    """
+    name = s[:-1] if s.endswith(".") else s
+    if name.lower() == "localhost" or name.lower().endswith(".localhost"):
+        return (
+            "the name localhost, which every machine resolves to itself; give the node's own "
+            "name or IP address"
+        )
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(s)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_unspecified:
+        return "the unspecified address ('any host'), not one a node can be reached at"
+    if ip.version == 4 and ip in _THIS_NETWORK:
+        return "in 0.0.0.0/8 ('this network'), not an address a node can be reached at"
+    if ip == _BROADCAST:
+        return "the broadcast address, not one host"
+    if ip.is_multicast:
+        return "a multicast address, not one host"
+    for net in networks:
+        # /31 and /32 (RFC 3021) and IPv6 have no broadcast address.
+        if net.version == 4 and net.prefixlen < 31 and ip == net.broadcast_address:
+            return f"the broadcast address of {net}, not one host"
+    return None
+
+
 def control_char(s: str) -> str | None:
     m = _CONTROL_RE.search(s)
     return None if m is None else f"U+{ord(m.group()):04X}"
@@ -129,7 +171,7 @@ class HookSpec:
 @dataclass(frozen=True)
 class UsersKeypair:
     public: str
-    private: str
+    private: str = field(repr=False)  # never in a repr (a log line or a traceback)
 
 
 @dataclass(frozen=True)
@@ -139,7 +181,7 @@ class Params:
     controller: Controller
     node_name: str = ""  # "" = the hostname
     node_address: str = ""  # "" = the source address of the route to the controller
-    munge_key: str | None = None  # base64
+    munge_key: str | None = field(default=None, repr=False)  # base64; never in a repr
     munge_key_file: str | None = None
     features: tuple[str, ...] = ()
     gres: tuple[str, ...] = ()
@@ -184,6 +226,9 @@ class Params:
                 d[k] = "<redacted>"
         if self.users_keypair is not None:
             d["users_keypair"] = {"public": self.users_keypair.public, "private": "<redacted>"}
+        # The agent fetches the hooks; nothing downstream needs a URI's credentials or token.
+        for h in d["hooks"]:
+            h["uri"] = redact.url(h["uri"]) if "@" in h["uri"] or "?" in h["uri"] else h["uri"]
         return d
 
 
@@ -202,13 +247,14 @@ class _V:
             self.fail(path, f"expected a mapping, got {_tn(v)}")
         for k in v:
             if not isinstance(k, str):
-                self.fail(path, f"keys must be strings, got {k!r}")
+                self.fail(path, f"keys must be strings, got {redact.value(k)}")
         return v
 
     def unknown(self, d: dict[str, Any], allowed: set[str], path: str) -> None:
         extra = sorted(set(d) - allowed)
         if extra:
-            k = extra[0] if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", extra[0]) else repr(extra[0])
+            k = extra[0] if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", extra[0]) else None
+            k = redact.value(extra[0]) if k is None or redact.text(k) != k else k
             where = f"{path}.{k}" if path else k
             self.fail(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
@@ -219,16 +265,30 @@ class _V:
         pattern: re.Pattern[str] | None = None,
         what: str = "",
         max_len: int = 4096,
+        *,
+        secret: bool = False,
     ) -> str:
+        """A string field. A *secret* one is never shown in an error, whole or in part: the
+        error names the field and the rule (the value would reach logs and state.json)."""
         if not isinstance(v, str) or not v:
             self.fail(path, f"expected a non-empty string, got {_tn(v)}")
         if len(v) > max_len:
             self.fail(path, f"{len(v)} characters; at most {max_len}")
-        cc = control_char(v)
-        if cc is not None:
-            self.fail(path, f"{v!r} contains a control character ({cc}); remove it")
+        m = _CONTROL_RE.search(v)
+        if m is not None:
+            cc = f"U+{ord(m.group()):04X}"
+            if secret:
+                where = "at the end" if m.start() == len(v) - 1 else f"at character {m.start()}"
+                self.fail(
+                    path,
+                    f"contains a control character ({cc}) {where}; remove it (the value is a "
+                    "secret and is not shown; a YAML block scalar (|) adds a trailing newline: "
+                    "give the value as one quoted line)",
+                )
+            self.fail(path, f"{redact.value(v)} contains a control character ({cc}); remove it")
         if pattern is not None and not pattern.fullmatch(v):
-            self.fail(path, f"{v!r} is not {what or 'valid'}")
+            shown = "the value (a secret, not shown)" if secret else redact.value(v)
+            self.fail(path, f"{shown} is not {what or 'valid'}")
         return v
 
     def integer(self, v: Any, path: str, lo: int, hi: int) -> int:
@@ -280,7 +340,9 @@ class _V:
         if isinstance(v, str):
             cc = control_char(v)
             if cc is not None:
-                self.fail(path, f"{v[:40]!r} contains a control character ({cc}); remove it")
+                self.fail(
+                    path, f"{redact.value(v, 40)} contains a control character ({cc}); remove it"
+                )
             return v
         if isinstance(v, float) and not math.isfinite(v):
             self.fail(path, f"{v!r} is not a finite number")
@@ -292,8 +354,8 @@ class _V:
             out = {}
             for k, x in v.items():
                 if not isinstance(k, str):
-                    self.fail(path, f"keys must be strings, got {k!r}")
-                self.string(k, f"{path}.{k!r}", max_len=256)
+                    self.fail(path, f"keys must be strings, got {redact.value(k)}")
+                self.string(k, f"{path}.{redact.value(k, 40)}", max_len=256)
                 out[k] = self.plain(x, f"{path}.{k}", depth + 1, budget)
             return out
         self.fail(path, f"unsupported value of type {_tn(v)}")
@@ -342,6 +404,7 @@ def parse_params(data: Any, source: str) -> Params:
             "a node name (one hostname label: a-z, 0-9, inner '-', at most 63 characters, not "
             "all digits or 0x-hex, which resolvers read as an IPv4 address)",
         )
+        _usable(v, kw["node_name"], "node_name")
 
     if d.get("node_address") is not None:
         kw["node_address"] = _ip(v, d["node_address"], "node_address")
@@ -349,7 +412,7 @@ def parse_params(data: Any, source: str) -> Params:
     if d.get("munge_key") is not None and d.get("munge_key_file") is not None:
         v.fail("munge_key", "give munge_key or munge_key_file, not both")
     if d.get("munge_key") is not None:
-        key = v.string(d["munge_key"], "munge_key", max_len=2 * MUNGE_KEY_MAX)
+        key = v.string(d["munge_key"], "munge_key", max_len=2 * MUNGE_KEY_MAX, secret=True)
         if not _B64_RE.fullmatch(key):
             v.fail("munge_key", "not valid base64 (encode the key with: base64 -w0 munge.key)")
         try:
@@ -465,8 +528,15 @@ def _ip(v: _V, raw: Any, path: str) -> str:
     if "%" in s:
         v.fail(path, f"{s!r}: an IPv6 zone (%...) is not supported; give a global address")
     if not is_ip(s):
-        v.fail(path, f"{s!r} is not an IP address")
+        v.fail(path, f"{redact.value(s)} is not an IP address")
+    _usable(v, s, path)
     return s
+
+
+def _usable(v: _V, s: str, path: str) -> None:
+    why = unusable_address(s)
+    if why is not None:
+        v.fail(path, f"{redact.value(s)} is {why}")
 
 
 def _abs_path(v: _V, raw: Any, path: str) -> str:
@@ -477,6 +547,7 @@ def _abs_path(v: _V, raw: Any, path: str) -> str:
 
 
 def _host_or_address(v: _V, s: str, path: str) -> Controller:
+    _usable(v, s, path)
     if "%" in s:
         v.fail(path, f"{s!r}: an IPv6 zone (%...) is not supported; give a global address")
     if is_ip(s):
@@ -506,6 +577,7 @@ def _controller(v: _V, raw: Any, role: str) -> Controller:
     host = addr = ""
     if c.get("host") is not None:
         host = v.string(c["host"], "controller.host", max_len=253)
+        _usable(v, host, "controller.host")
         if host.endswith("."):
             v.fail("controller.host", f"{host!r}: drop the trailing dot")
         if not is_hostname(host):
@@ -569,10 +641,13 @@ def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
         if scheme not in _HOOK_SCHEMES:
             v.fail(
                 f"{path}.uri",
-                f"{uri!r}: scheme must be one of {', '.join(s + '://' for s in _HOOK_SCHEMES)}",
+                f"{redact.value(uri)}: scheme must be one of {', '.join(s + '://' for s in _HOOK_SCHEMES)}",
             )
         if not _URI_RE.fullmatch(uri):
-            v.fail(f"{path}.uri", f"{uri!r}: only printable ASCII without spaces (percent-encode)")
+            v.fail(
+                f"{path}.uri",
+                f"{redact.value(uri)}: only printable ASCII without spaces (percent-encode)",
+            )
         sha = None
         if h.get("sha256") is not None:
             sha = h["sha256"]
@@ -604,7 +679,9 @@ def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
                     "SourceS3Uri + OnCreate shape)",
                 )
         elif uri.endswith("/"):
-            v.fail(f"{path}.script", f"{uri!r} is a prefix; name the script to run in it")
+            v.fail(
+                f"{path}.script", f"{redact.value(uri)} is a prefix; name the script to run in it"
+            )
         out.append(HookSpec(uri, sha, timeout, retries, name, script))
     return tuple(out)
 
@@ -650,7 +727,7 @@ def _s3_endpoint(v: _V, raw: Any) -> str:
     url = v.string(raw, "s3_endpoint_url")
     m = _ENDPOINT.fullmatch(url)
     if m is None:
-        v.fail("s3_endpoint_url", f"{url!r} is not https://host[:port]")
+        v.fail("s3_endpoint_url", f"{redact.value(url)} is not https://host[:port]")
     host = m.group(2).strip("[]")
     if (
         m.group(1) == "http"
@@ -659,7 +736,7 @@ def _s3_endpoint(v: _V, raw: Any) -> str:
     ):
         v.fail(
             "s3_endpoint_url",
-            f"{url!r}: plain http:// is only accepted to this machine "
+            f"{redact.value(url)}: plain http:// is only accepted to this machine "
             "(127.0.0.1, ::1, localhost); use https://",
         )
     return url.rstrip("/")

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from nodeforge import redact
+
 from .params import Params, ParamsError, parse_params
 from .params_sources import (
     _params_url,
@@ -30,7 +32,8 @@ class Checked:
     source: str
 
     def public(self) -> dict[str, Any]:
-        return {"source": self.source, "params": self.params.public_dict()}
+        # A display: also a secret pasted into a free-form field (extra) is hidden here.
+        return redact.obj({"source": self.source, "params": self.params.public_dict()})
 
 
 def check_node_yaml(path: Path) -> Checked:
@@ -48,8 +51,9 @@ def check_user_data(path: Path, imds_guarded: bool) -> Checked:
     return Checked(parse_params(section, f"{path} nodeforge"), "user-data")
 
 
-def check_cmdline(text: str, label: str) -> Checked:
-    data = cmdline_params(text, label, url_reader=_offline_url)
+def check_cmdline(raw: bytes | str, label: str) -> Checked:
+    """*raw*: /proc/cmdline's bytes, or a string (made bytes the one way: cmdline_bytes)."""
+    data = cmdline_params(raw, label, url_reader=_offline_url)
     if data is None:
         raise ParamsError(f"{label}: no nodeforge.* arguments (e.g. nodeforge.role=compute)")
     return Checked(parse_params(data, label), "cmdline")
@@ -77,4 +81,4 @@ def render(checked: Checked, as_json: bool) -> str:
     if as_json:
         return json.dumps(checked.public(), indent=2) + "\n"
     head = f"valid node params ({checked.source}); secrets redacted\n"
-    return head + yaml.safe_dump(checked.params.public_dict(), sort_keys=False)
+    return head + yaml.safe_dump(checked.public()["params"], sort_keys=False)

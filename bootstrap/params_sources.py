@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -22,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from nodeforge import scalars, strict_json, strict_yaml
+from nodeforge import redact, scalars, strict_json, strict_yaml
 from nodeforge.errors import NodeforgeError
 
-from .params import SECRET_KEYS, Params, ParamsError, parse_params
+from .params import SECRET_KEYS, Params, ParamsError, is_ip, parse_params, unusable_address
 from .paths import Paths
 from .private_read import UnsafeFileError, read_private
 
@@ -127,7 +128,21 @@ def _yaml(text: str, label: str) -> Any:
     except strict_yaml.StrictYAMLError as exc:
         raise ParamsError(f"{label}: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise ParamsError(f"{label}: not valid YAML: {exc}") from exc
+        # from None: the parser's own text quotes the document (see _yaml_problem)
+        raise ParamsError(f"{label}: not valid YAML: {_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's reason and position, without the snippet of the document it prints: the line
+    may hold a secret (a munge key), and a snippet can cut it short of what redaction sees."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return type(exc).__name__
+    parts = []
+    for what, mark in ((exc.context, exc.context_mark), (exc.problem, exc.problem_mark)):
+        if what:
+            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            parts.append(f"{what}{at}")
+    return "; ".join(parts) or type(exc).__name__
 
 
 # -- 2. kernel command line ----------------------------------------------------------------------
@@ -194,14 +209,40 @@ def kernel_args(text: str) -> list[tuple[str, str | None]]:
         i = j + 1 if j < n else j
 
 
-def parse_cmdline(text: str, label: str = "kernel command line") -> dict[str, str]:
+def cmdline_bytes(text: str) -> bytes:
+    """A command line given as a string (`params check --cmdline`) as the bytes a kernel would
+    get: UTF-8, with the bytes that argv could not decode given back (surrogateescape)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no byte stands for: keep it non-ASCII
+        return text.encode("utf-8", "surrogatepass")
+
+
+def parse_cmdline(raw: bytes | str, label: str = "kernel command line") -> dict[str, str]:
     """The nodeforge.* arguments of a kernel command line (aliases resolved).
 
+    The one parser for /proc/cmdline (bytes) and `params check --cmdline` (a string, made
+    bytes by `cmdline_bytes`): words are split on the bytes exactly as the kernel splits them,
+    and a nodeforge.* word must be ASCII (any other byte, and so any invalid UTF-8, is refused
+    with the word named), so both readers always agree.
     A key given twice is an error: which of two values the operator meant is not ours to guess.
     """
+    if isinstance(raw, str):
+        raw = cmdline_bytes(raw)
     out: dict[str, str] = {}
-    for param, val in kernel_args(text):
-        if not param.startswith("nodeforge.") or val is None:
+    # latin-1 maps each byte to one character: the kernel's own view, byte for byte.
+    for param, val in kernel_args(raw.decode("latin-1")):
+        if not param.startswith("nodeforge."):
+            continue
+        word = param if val is None else f"{param}={val}"
+        if not word.isascii():
+            pos = next(i for i, ch in enumerate(word) if ord(ch) > 0x7F)
+            name = param if param.isascii() else ascii(param.encode("latin-1"))[2:-1]
+            raise ParamsError(
+                f"{label}: {name}: byte 0x{ord(word[pos]):02X} at offset {pos} of the word is "
+                "not ASCII; nodeforge.* arguments take ASCII only (percent-encode a URL)"
+            )
+        if val is None:
             continue
         k = param[len("nodeforge.") :]
         k = _CMDLINE_ALIASES.get(k, k)
@@ -211,25 +252,25 @@ def parse_cmdline(text: str, label: str = "kernel command line") -> dict[str, st
     return out
 
 
-def read_cmdline(path: Path) -> str:
-    # Bytes as the kernel sees them; latin-1 maps each byte to one character.
-    return path.read_bytes().decode("latin-1")
+def read_cmdline(path: Path) -> bytes:
+    """The kernel command line as bytes (parse_cmdline decodes them the kernel's way)."""
+    return path.read_bytes()
 
 
 CMDLINE_MAX = 65536
 
 
 def cmdline_params(
-    text: str,
+    raw: bytes | str,
     label: str = "kernel command line",
     url_reader: Callable[[str, str], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """The params mapping that a kernel command line gives, or None if it has no nodeforge.*."""
-    if len(text) > CMDLINE_MAX:  # the kernel's own limit is 2-4 KiB (COMMAND_LINE_SIZE)
+    if len(raw) > CMDLINE_MAX:  # the kernel's own limit is 2-4 KiB (COMMAND_LINE_SIZE)
         raise ParamsError(
-            f"{label}: {len(text)} characters; a kernel command line is at most {CMDLINE_MAX}"
+            f"{label}: {len(raw)} characters; a kernel command line is at most {CMDLINE_MAX}"
         )
-    kv = parse_cmdline(text, label)
+    kv = parse_cmdline(raw, label)
     if not kv:
         return None
     # /proc/cmdline is world-readable: a secret on it is public to every local user.
@@ -270,7 +311,7 @@ def _params_url(url: str, label: str) -> dict[str, Any]:
         text = _fetch_text(url, label)
         why = "a params URL can be fetched by every user who can reach it"
     else:
-        raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
+        raise ParamsError(f"{label}: {redact.value(url)}: use a file:// or http(s):// URL")
     data = _yaml(text, label) or {}
     if not isinstance(data, dict):
         raise ParamsError(f"{label}: expected a YAML mapping")
@@ -281,11 +322,11 @@ def _params_url(url: str, label: str) -> dict[str, Any]:
 
 def _from_cmdline(cfg: SourceConfig) -> Loaded | None:
     try:
-        text = read_cmdline(cfg.paths.cmdline)
+        raw = read_cmdline(cfg.paths.cmdline)
     except OSError:
         return None
     label = "kernel command line"
-    data = cmdline_params(text, label)
+    data = cmdline_params(raw, label)
     if data is None:
         return None
     return Loaded(parse_params(data, label), "cmdline")
@@ -307,7 +348,7 @@ def _params_url_policy() -> download.Policy:
 def _fetch_text(url: str, label: str) -> str:
     # file:// never gets here: it is read with the root-only checks (_read_params_file).
     if not url.startswith(("http://", "https://")):
-        raise ParamsError(f"{label}: {url!r}: use a file:// or http(s):// URL")
+        raise ParamsError(f"{label}: {redact.value(url)}: use a file:// or http(s):// URL")
     from nodeforge import download  # http/ssl/email: only when params come from a URL
 
     try:
@@ -579,24 +620,59 @@ def _json(path: Path) -> tuple[Any, str | None]:
     text, exposed = _read_params_file(path, str(path))
     try:
         strict_json.check(text)  # size, depth and values, before json.loads builds anything
-        return json.loads(
+        doc = json.loads(
             text,
-            parse_constant=_no_constant,
+            parse_constant=_NonFinite,
+            parse_float=_json_float,
             object_pairs_hook=_no_dup(path),
             parse_int=strict_json.bounded_int,
-        ), exposed
+        )
     except json.JSONDecodeError as exc:
         raise ParamsError(f"{path}: not valid JSON: {exc}") from exc
-    except ParamsError as exc:  # from the hooks; _no_constant does not know the file
+    except ParamsError as exc:  # from the hooks, which do not know the file
         if str(exc).startswith(f"{path}: "):
             raise
         raise ParamsError(f"{path}: {exc}") from None
     except (strict_json.BoundsError, RecursionError) as exc:
         raise ParamsError(f"{path}: {exc}") from None
+    _refuse_non_finite(doc, str(path))
+    return doc, exposed
 
 
-def _no_constant(name: str) -> Any:
-    raise ParamsError(f"{name} is not a JSON number; give a finite value")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class _NonFinite:
+    """Stands in for NaN, Infinity or a number that overflows to inf while the document is
+    parsed, so the refusal can name the field (the parser's hook does not know where it is)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _json_float(text: str) -> float | _NonFinite:
+    f = float(text)
+    return f if math.isfinite(f) else _NonFinite(text)
+
+
+def _refuse_non_finite(doc: Any, label: str) -> None:
+    """Raise, naming the file and the field, at the first NaN/Infinity in *doc* (iterative:
+    no recursion limit to hit)."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, _NonFinite):
+            shown = v.text if len(v.text) <= 24 else v.text[:24] + "…"
+            raise ParamsError(
+                f"{label}: {where or '(top level)'}: {shown} is not a finite JSON number; "
+                "give a finite value"
+            )
+        if isinstance(v, dict):
+            for k, x in reversed(v.items()):
+                k = k if _PLAIN_KEY.fullmatch(k) else redact.value(k, 40)
+                stack.append((f"{where}.{k}" if where else k, x))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
 
 
 def _no_dup(path: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
@@ -617,6 +693,15 @@ def _hp_str(v: Any, label: str, field: str, required: bool = True) -> str | None
     if not isinstance(v, str) or not v:
         raise ParamsError(f"{label}: {field}: expected a non-empty string, got {_tn(v)}")
     return v
+
+
+# The params that HyperPod's own fields give: a `nodeforge:` section may add other params, never
+# these (docs/agent.md "HyperPod").
+HYPERPOD_DECIDES = {
+    "role": "the instance group of this node in resource_config.json",
+    "controller": "the controller_group's instance address in resource_config.json",
+    "cluster_name": "cluster_name in provisioning_parameters.json, default 'hyperpod'",
+}
 
 
 def hyperpod_params(
@@ -691,6 +776,12 @@ def hyperpod_params(
             )
             iname = _hp_str(inst.get("InstanceName"), rc_label, f"{ipath}.InstanceName", False)
             if addr is not None:
+                why = None if is_ip(addr) else "not an IP address"
+                why = why or unusable_address(addr)
+                if why is not None:
+                    raise ParamsError(
+                        f"{rc_label}: {ipath}.CustomerIpAddress: {redact.value(addr)} is {why}"
+                    )
                 if addr in group_of_addr and group_of_addr[addr] != name:
                     raise ParamsError(
                         f"{rc_label}: {ipath}.CustomerIpAddress: {addr} is in two groups, "
@@ -751,10 +842,21 @@ def hyperpod_params(
         names = list(dict.fromkeys(partition_of.values()))
         data["partitions"] = [{"name": n, "default": i == 0} for i, n in enumerate(names)]
     for k, val in extra_section.items():
+        if k in HYPERPOD_DECIDES:
+            raise ParamsError(
+                f"{pp_label}: nodeforge.{k}: refused; HyperPod's own fields decide it "
+                f"({HYPERPOD_DECIDES[k]}), so a compute can never be turned into a controller "
+                "or sent to another controller; remove the key"
+            )
         if k == "extra":
             if not isinstance(val, dict):
                 raise ParamsError(
                     f"{pp_label}: nodeforge.extra: expected a mapping, got {_tn(val)}"
+                )
+            if "hyperpod" in val:
+                raise ParamsError(
+                    f"{pp_label}: nodeforge.extra.hyperpod: refused; the agent fills it from "
+                    "HyperPod's files (instance group, name, address); use another key"
                 )
             data["extra"].update(val)
         elif k == "features" and role == "compute":

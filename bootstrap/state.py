@@ -12,11 +12,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nodeforge import redact
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
 
 STEPS = ("params", "identity", "munge", "role", "hooks", "ready")
 VERSION = 1
+MODE = 0o600  # state.json holds errors: root-only (a wider file is narrowed on the next save)
 
 
 @dataclass
@@ -67,8 +69,9 @@ class State:
         return cls(steps=steps, **known)
 
     def save(self, path: Path, *, durable: bool = True) -> None:
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
-        write_atomic(path, text, 0o644, durable=durable)
+        # Root-only and redacted: it records errors, and an error may quote a value from params.
+        text = json.dumps(redact.obj(self.to_dict()), indent=2, sort_keys=False) + "\n"
+        write_atomic(path, text, MODE, durable=durable)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 
+from nodeforge import redact
+
 from .state import STEPS, State
 
 
 def as_json(state: State) -> str:
-    return json.dumps(state.to_dict(), indent=2)
+    # Redacted again here: a state.json written by an older agent may hold a secret.
+    return json.dumps(redact.obj(state.to_dict()), indent=2)
 
 
 def _ts(t: float | None) -> str:
@@ -49,4 +52,4 @@ def as_text(state: State) -> str:
             )
     if state.last_error:
         lines += ["", f"last error: {state.last_error}"]
-    return "\n".join(lines) + "\n"
+    return redact.text("\n".join(lines) + "\n")

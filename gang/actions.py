@@ -25,9 +25,27 @@ class ActionKind(str, Enum):  # noqa: UP042 - StrEnum would change str() of memb
     STRIKE = "strike"
     DRAIN = "drain"
     DRAIN_SKIPPED = "drain_skipped"
+    DEADLINE = "deadline"  # a job's own timeout request judged (gang/deadlines.py)
 
     def __str__(self) -> str:
         return self.value
+
+
+# The kinds that issue a Slurm command to the job (its address, slurm.job_address): one whose
+# job Slurm does not list now, or lists without an exact name, gets no command.
+JOB_COMMANDS = frozenset(
+    {
+        ActionKind.REQUEUE,
+        ActionKind.REQUEUEHOLD,
+        ActionKind.SET_START,
+        ActionKind.HOLD,
+        ActionKind.RELEASE,
+        ActionKind.CANCEL,
+        ActionKind.RECORD,
+        ActionKind.ANNOTATE,
+        ActionKind.DEADLINE,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -48,3 +66,5 @@ class Action:
     node: str = ""  # node actions (strike, drain, drain_skipped, note NodeResumed)
     cause: str = ""  # Kueue's underlying_cause of an eviction
     reissue: bool = False  # the same attempt again (already counted): not a new eviction
+    timeout: float | None = None  # deadline actions: the timeout that applies to this run
+    admin: str = ""  # deadline actions: the AdminComment token the user sees

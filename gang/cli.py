@@ -160,12 +160,18 @@ def _ready(args) -> int:
                 hint=f"probe.command in {args.config} failed on {os.uname().nodename}",
             )
         return 0
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
+    raw_id = os.environ.get("SLURM_JOB_ID", "")
+    if not raw_id:
         raise NodeforgeError(
             "`nodeforge gang ready` runs inside a Slurm job (SLURM_JOB_ID unset); "
             "call it from the batch script, or use --local on a node"
         )
+    if not (raw_id.isascii() and raw_id.isdigit() and len(raw_id) <= 10):
+        raise NodeforgeError(
+            f"SLURM_JOB_ID={raw_id[:40]!r} is not a Slurm job id (digits); "
+            "run `nodeforge gang ready` from the job's batch script"
+        )
+    job_id = int(raw_id)
     nnodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
     cmd = [
         "srun",
@@ -187,7 +193,11 @@ def _ready(args) -> int:
     job = slurm.show_job(job_id)
     if job is None:
         raise NodeforgeError(f"job {job_id} not found by scontrol; cannot record readiness")
+    if not job.address:
+        raise NodeforgeError(f"job {job_id}: Slurm's record names no single job; not marked")
     toks = [t for t in job.comment.split() if not t.startswith(READY_MARK)]
-    slurm.set_comment(job_id, " ".join(toks + [ready_marker(job.restarts)]))
+    # (by the job's address: for the array task that carries the array's id, JobId=<id>
+    # would mark every task of the array ready)
+    slurm.set_comment(job.address, " ".join(toks + [ready_marker(job.restarts)]))
     print(f"gang ready: job {job_id} ({nnodes} nodes) marked {ready_marker(job.restarts)}")
     return 0

@@ -30,6 +30,10 @@ class Requeuing:
     backoff_base_seconds: float = 60.0
     backoff_max_seconds: float = 3600.0
     backoff_limit_count: int | None = None  # None = requeue forever
+    # deactivate at a timeout this long after the gang's first admission; None = no limit
+    backoff_limit_seconds: float | None = None
+    # both limits set: deactivate when "any" of them is passed, or only when "all" are
+    backoff_limit_combine: str = "any"
     jitter: float = 0.0001  # fraction: delay * (1 + jitter * u), u in [0, 1)
 
 
@@ -49,6 +53,18 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Deadlines:
+    """Per-job readiness timeouts (docs/gang.md): a user asks with `<key>=<time>` in the job
+    field the operator allows; the value is bounded by min/max_seconds."""
+
+    field: str = "none"  # none | comment | extra: where users may ask (sbatch --comment/--extra)
+    key: str = "nfg-timeout"
+    min_seconds: float = 60.0
+    max_seconds: float = 3600.0
+    out_of_bounds: str = "refuse"  # refuse (the default timeout applies) | clamp
+
+
+@dataclass(frozen=True)
 class GangConfig:
     timeout: float = 300.0
     recovery_timeout: float = 0.0  # 0 (or false) disables; true = same as timeout
@@ -56,6 +72,7 @@ class GangConfig:
     requeuing: Requeuing = field(default_factory=Requeuing)
     gangs: Gangs = field(default_factory=Gangs)
     probe: Probe = field(default_factory=Probe)
+    deadlines: Deadlines = field(default_factory=Deadlines)
     not_requeueable: str = "record"  # record | cancel
     interval_seconds: float = 1.0
     command_timeout: float = 15.0
@@ -73,12 +90,16 @@ class GangConfig:
     node_strike_max_drained: int = 10
 
 
-# No leading zero: YAML 1.1 read `010` as 8, so a written 010 is ambiguous, not 10.
+# No leading zero: YAML 1.1 read `010` as 8, so a written 010 is ambiguous, not 10. ASCII
+# digits only (a regex \d takes other scripts' digits too).
 _DURATION = re.compile(r" *((?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,9})?) *(ms|s|m|h)? *")
 _ENUMS = {
     "requeuing.timestamp": ("eviction", "creation"),
     "probe.mode": ("none", "command"),
     "not_requeueable": ("record", "cancel"),
+    "requeuing.backoff_limit_combine": ("any", "all"),
+    "deadlines.field": ("none", "comment", "extra"),
+    "deadlines.out_of_bounds": ("refuse", "clamp"),
 }
 _DURATIONS = {
     "timeout",
@@ -89,6 +110,9 @@ _DURATIONS = {
     "requeuing.backoff_max_seconds",
     "probe.timeout",
     "node_strike_window_seconds",
+    "requeuing.backoff_limit_seconds",
+    "deadlines.min_seconds",
+    "deadlines.max_seconds",
 }
 _COUNTS = (
     "min_nodes",
@@ -99,6 +123,7 @@ _COUNTS = (
 )
 
 
+_DEADLINE_KEY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 MAX_SECONDS = 30 * 86400.0  # no duration knob makes sense beyond 30 days
 MAX_COUNT = 10**9
 
@@ -145,13 +170,18 @@ def _build(cls, data: Any, prefix: str, src: str):
         where = f"{src}: '{key}'"
         v = data[name]
         sub = (
-            {"requeuing": Requeuing, "gangs": Gangs, "probe": Probe}.get(name)
+            {"requeuing": Requeuing, "gangs": Gangs, "probe": Probe, "deadlines": Deadlines}.get(
+                name
+            )
             if not prefix
             else None
         )
         if sub is not None:
             kw[name] = _build(sub, v, name + ".", src)
         elif key in _DURATIONS:
+            if v is None and key == "requeuing.backoff_limit_seconds":
+                kw[name] = None
+                continue
             kw[name] = _duration(v, where)
         elif key in _ENUMS:
             if v not in _ENUMS[key]:
@@ -186,6 +216,11 @@ def _build(cls, data: Any, prefix: str, src: str):
                 raise ConfigError(f"{where}: expected a string, got {v!r}")
             if name == "comment_flag" and any(c.isspace() for c in v):
                 raise ConfigError(f"{where}: must not contain spaces, got {v!r}")
+            if key == "deadlines.key" and not _DEADLINE_KEY.fullmatch(v):
+                raise ConfigError(
+                    f"{where}: 1-32 characters of a-z, 0-9, '-' and '_', starting with a "
+                    f"letter, got {v!r}"
+                )
             kw[name] = v
     return cls(**kw)
 
@@ -210,6 +245,17 @@ def from_dict(data: Any, src: str = "<config>") -> GangConfig:
         raise ConfigError(
             f"{src}: 'requeuing.backoff_max_seconds' ({r.backoff_max_seconds}) must be >= "
             f"'requeuing.backoff_base_seconds' ({r.backoff_base_seconds})"
+        )
+    if r.backoff_limit_seconds is not None and r.backoff_limit_seconds <= 0:
+        raise ConfigError(
+            f"{src}: 'requeuing.backoff_limit_seconds' must be > 0 seconds (or null for no "
+            f"limit), got {r.backoff_limit_seconds}"
+        )
+    d = cfg.deadlines
+    if not 0 < d.min_seconds <= d.max_seconds:
+        raise ConfigError(
+            f"{src}: 'deadlines.min_seconds' ({d.min_seconds}) must be > 0 and <= "
+            f"'deadlines.max_seconds' ({d.max_seconds})"
         )
     if cfg.probe.mode == "command" and not cfg.probe.command:
         # `gang ready --local` with no command only proves the node runs a job step.

@@ -20,6 +20,7 @@ def encode_admin(
     next_eligible: float | None,
     restarts: int | None,
     why: str,
+    first_admitted: float | None = None,
 ) -> str:
     """Our token replaces any previous one; foreign AdminComment text is kept."""
     fields = [f"n={count}", f"phase={phase}"]
@@ -27,6 +28,8 @@ def encode_admin(
         fields.append(f"next={int(next_eligible)}")
     if restarts is not None:
         fields.append(f"r={restarts}")
+    if first_admitted is not None:
+        fields.append(f"f={int(first_admitted)}")
     if why:
         fields.append("why=" + "".join(c if c.isalnum() or c in "-_." else "_" for c in why)[:60])
     keep = [t for t in existing.split() if not t.startswith(TAG)]
@@ -35,7 +38,8 @@ def encode_admin(
 
 # Our token, full match: an AdminComment is operator-written text; anything else is ignored
 _TOKEN = re.compile(
-    r"nfg-gang:n=\d{1,6},phase=[a-z_]{1,20}(?:,next=\d{1,12})?(?:,r=\d{1,6})?"
+    r"nfg-gang:n=[0-9]{1,6},phase=[a-z_]{1,20}(?:,next=[0-9]{1,12})?(?:,r=[0-9]{1,6})?"
+    r"(?:,f=[0-9]{1,12})?"
     r"(?:,why=[A-Za-z0-9_.-]{0,60})?"
 )
 

@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 from nodeforge.errors import CommandError, NodeforgeError
 
-from . import metrics, policy, strikes
+from . import deadlines, metrics, policy, strikes
 from . import state as state_mod
-from .actions import ActionKind
+from .actions import JOB_COMMANDS, ActionKind
 from .collector import Collector
 from .config import GangConfig
 from .events import EventLog, encode_admin
-from .slurm import SlurmCli, Snapshot
+from .slurm import JobAddress, JobObs, SlurmCli, Snapshot
 from .state import GovState
 
 log = logging.getLogger("nodeforge.gang")
@@ -40,6 +40,9 @@ class Governor:
         self.retry_at = 0.0
         self._saved: state_mod.Saved | None = None  # what this process last wrote
         self.collector: Collector | None = None  # set while run() runs (collector.py)
+        # AdminComments this cycle wrote (job -> text): a second write in the same cycle
+        # starts from it, not from the snapshot's older text
+        self._written: dict[str, str] = {}
 
     # ---- one cycle ------------------------------------------------------------------------
     def cycle(self) -> list[policy.Action]:
@@ -63,6 +66,7 @@ class Governor:
         # A cycle that changed nothing writes nothing.
         self._saved = state_mod.save_if_changed(self.state, self.cfg.state_file, self._saved)
         if actions:
+            self._written = {}
             jobs = {j.job_id: j for j in snap.jobs}
             for a in actions:
                 self._execute(a, jobs.get(a.job_id))
@@ -105,18 +109,25 @@ class Governor:
                 ),
             )
 
-    def _admin(self, a: policy.Action, job, phase: str, why: str) -> None:
-        existing = job.admin_comment if job is not None else ""
+    def _admin(self, a: policy.Action, job, tgt: JobAddress, phase: str, why: str) -> None:
         rec = self.state.jobs.get(a.job_id)
         text = encode_admin(
-            existing,
+            self._existing_admin(a, job),
             count=a.count,
             phase=phase,
             next_eligible=a.start_at if a.start_at else (rec.next_eligible if rec else None),
             restarts=a.restarts,
             why=why,
+            first_admitted=rec.first_admitted_at if rec else None,
         )
-        self.slurm.set_admin_comment(_target(a, job), text)
+        self._set_admin(a, tgt, text)
+
+    def _existing_admin(self, a: policy.Action, job) -> str:
+        return self._written.get(a.job_id, job.admin_comment if job is not None else "")
+
+    def _set_admin(self, a: policy.Action, tgt: JobAddress, text: str) -> None:
+        self.slurm.set_admin_comment(tgt, text)
+        self._written[a.job_id] = text
 
     def _execute(self, a: policy.Action, job) -> None:
         ev = {
@@ -137,11 +148,18 @@ class Governor:
             ev["backoff_seconds"] = round(a.backoff, 3)
         if a.node:
             ev["node"] = a.node
+        if a.timeout is not None:
+            ev["timeout_seconds"] = round(a.timeout, 3)
         st = self.state
         try:
-            handler = self._handlers.get(ActionKind(a.kind))
+            kind = ActionKind(a.kind)
+            handler = self._handlers.get(kind)
+            # ("" for a kind that issues no job command: never passed to Slurm)
+            tgt = _target(a, job) if kind in JOB_COMMANDS else JobAddress("")
+            if tgt:
+                ev["address"] = tgt
             if handler is not None:
-                handler(a, job, _target(a, job), ev)
+                handler(a, job, tgt, ev)
         except NodeforgeError as exc:
             st.counters.requeue_errors += 1
             ev["error"] = str(exc)[-800:]
@@ -160,8 +178,8 @@ class Governor:
             )
 
     # ---- one handler per action kind ------------------------------------------------------
-    def _do_requeue(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
-        self._admin(a, job, "backoff", a.reason)
+    def _do_requeue(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
+        self._admin(a, job, tgt, "backoff", a.reason)
         self._requeue(tgt, a.hold, ev)
         ev["requeued_at"] = round(time.time(), 3)
         if a.deadline is not None:
@@ -175,10 +193,10 @@ class Governor:
         if a.hold:
             self.slurm.hold(tgt)  # block_admission: back in the queue under our admin hold
 
-    def _do_requeuehold(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+    def _do_requeuehold(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         """Deactivate: requeuehold, then an admin hold (the owner can release the hold that
         requeuehold leaves; not an admin hold). Counted once, not when re-closing."""
-        self._admin(a, job, "deactivated", a.reason)
+        self._admin(a, job, tgt, "deactivated", a.reason)
         self._requeue(tgt, True, ev)
         ev["requeued_at"] = round(time.time(), 3)
         if not a.reissue:
@@ -186,20 +204,20 @@ class Governor:
             self._count_eviction(a)
         self.slurm.hold(tgt)
 
-    def _do_set_start(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+    def _do_set_start(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         self.slurm.set_start_time(tgt, a.start_at or self.clock())
 
-    def _do_hold(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+    def _do_hold(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         self.slurm.hold(tgt)
         if a.reason == "Admission":
-            self._admin(a, job, "waiting_admission", "block_admission")
+            self._admin(a, job, tgt, "waiting_admission", "block_admission")
 
-    def _do_release(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+    def _do_release(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         self.slurm.release(tgt)
         self.state.counters.released += 1
 
-    def _do_not_requeueable(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
-        self._admin(a, job, "not_requeueable", "not_requeueable")
+    def _do_not_requeueable(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
+        self._admin(a, job, tgt, "not_requeueable", "not_requeueable")
         self.state.counters.not_requeueable += 1
         cancel = a.kind == ActionKind.CANCEL
         log.warning(
@@ -211,19 +229,23 @@ class Governor:
         if cancel:
             self.slurm.cancel(tgt)
 
-    def _do_annotate(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
-        self._admin(a, job, a.phase, a.reason)
+    def _do_annotate(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
+        self._admin(a, job, tgt, a.phase, a.reason)
 
-    def _do_strike(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+    def _do_deadline(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
+        """The verdict on the job's own timeout, where its owner sees it (scontrol show job)."""
+        self._set_admin(a, tgt, deadlines.with_token(self._existing_admin(a, job), a.admin))
+
+    def _do_strike(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         self.state.counters.node_strikes += 1
 
-    def _do_drain(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+    def _do_drain(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         self._drain(a, ev)
 
-    def _do_drain_skipped(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+    def _do_drain_skipped(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         _count_skip(self.state, a.reason)
 
-    def _do_note(self, a: policy.Action, job, tgt: str, ev: dict) -> None:
+    def _do_note(self, a: policy.Action, job, tgt: JobAddress, ev: dict) -> None:
         if a.reason == "PodsReady" and a.waited is not None:
             metrics.observe(self.state, "kueue_admitted_until_ready_wait_time_seconds", a.waited)
 
@@ -243,16 +265,17 @@ class Governor:
             K.DRAIN: self._do_drain,
             K.DRAIN_SKIPPED: self._do_drain_skipped,
             K.NOTE: self._do_note,
+            K.DEADLINE: self._do_deadline,
         }
 
-    def _requeue(self, job_id: str, hold: bool, ev: dict) -> None:
+    def _requeue(self, job: JobAddress, hold: bool, ev: dict) -> None:
         """requeue or requeuehold. The caller follows a requeuehold with an admin hold
         (`scontrol hold` as root): a hold the governor places is one the owner cannot release."""
         try:
             if hold:
-                self.slurm.requeuehold(job_id)
+                self.slurm.requeuehold(job)
             else:
-                self.slurm.requeue(job_id)
+                self.slurm.requeue(job)
         except CommandError as exc:
             # Slurm got there first. Draining a node that is being powered up makes slurmctld
             # requeue its jobs ("DRAIN/FAIL request for node X which is allocated and being
@@ -343,8 +366,19 @@ class Governor:
         self.stop_event.set()
 
 
-def _target(a: policy.Action, job) -> str:
-    return job.target if job is not None else a.job_id
+def _target(a: policy.Action, job: JobObs | None) -> JobAddress:
+    """The address of the job *a* was decided about, from this snapshot's record of it (never
+    from the key, a stored id or the job's text): no command when there is none."""
+    if job is None or job.job_id != a.job_id:
+        raise NodeforgeError(
+            f"gang {a.kind} for job {a.job_id}: slurmctld no longer lists it; no command issued"
+        )
+    if not job.address:
+        raise NodeforgeError(
+            f"gang {a.kind} for job {a.job_id}: Slurm's record names no single job "
+            "(an array record without task ids); no command issued"
+        )
+    return job.address
 
 
 def _count_skip(st: GovState, reason: str) -> None:

@@ -125,7 +125,7 @@ def render(
         (
             "nodeforge_gang_deactivated_total",
             c.deactivated,
-            "Gang jobs put in requeuehold over backoff_limit_count",
+            "Gang jobs put in requeuehold over backoff_limit_count/seconds",
         ),
         (
             "nodeforge_gang_admission_released_total",

@@ -29,7 +29,7 @@ from heapq import heapify, heappop, heappush
 from itertools import compress, filterfalse
 from operator import attrgetter, is_not, not_, or_
 
-from . import readiness, strikes
+from . import deadlines, readiness, strikes
 from .actions import Action, ActionKind
 from .config import GangConfig
 from .events import decode_admin
@@ -52,6 +52,9 @@ from .state import (
 DONE_KEEP_SECONDS = 3600.0
 REASON_TIMEOUT = "PodsReadyTimeout"
 REASON_RECOVERY = "RecoveryTimeout"
+# why a gang was deactivated (rec.why and the AdminComment's why)
+LIMIT_COUNT = "backoff_limit_count"
+LIMIT_SECONDS = "backoff_limit_seconds"
 # Kueue's PodsReady=False condition reasons, used as the eviction's underlying_cause
 CAUSE_START = "WaitForStart"
 CAUSE_RECOVERY = "WaitForRecovery"
@@ -119,6 +122,12 @@ def backoff_delay(cfg: GangConfig, job_id: str, n: int) -> float:
     return base
 
 
+def timeout_of(cfg: GangConfig, rec: GangRecord) -> float:
+    """The readiness timeout of the record's current run: its own (deadlines.py) or the
+    configured one."""
+    return cfg.timeout if rec.timeout is None else rec.timeout
+
+
 _new_rec = object.__new__
 
 
@@ -136,6 +145,7 @@ def _bootstrap(job: JobObs) -> GangRecord:
             rec.phase = ph if ph in PHASES else PENDING
             rec.next_eligible = float(d["next"]) if "next" in d else None
             rec.restarts_at_action = int(d["r"]) if "r" in d else None
+            rec.first_admitted_at = float(d["f"]) if "f" in d else None
         except ValueError:
             pass
         if rec.restarts_at_action is not None:
@@ -267,7 +277,7 @@ def _quiet_until(cfg: GangConfig, job: JobObs, old: GangRecord) -> float | None:
             and old.run_restarts == job.restarts
             and old.admitted_at is not None
         ):
-            return old.admitted_at + cfg.timeout
+            return old.admitted_at + timeout_of(cfg, old)
         return None
     elif ph == RECOVERING:
         if (
@@ -530,6 +540,7 @@ def _deactivated(c: _Cycle, rec: GangRecord, job: JobObs) -> bool:
 
 def _operator_release(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
     rec.phase, rec.count, rec.next_eligible, rec.why = PENDING, 0, None, "released by operator"
+    rec.first_admitted_at = None  # the time limit, like the count, starts again
     rec.released_by_us = rec.hold_ours = rec.hold_confirmed = False
     c.act(ActionKind.ANNOTATE, rec, job, "Released", rec.why, count=0, phase=PENDING)
 
@@ -605,6 +616,9 @@ def _admitted(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
         rec.run_restarts, rec.admitted_nodes = job.restarts, job.num_nodes
         rec.released_by_us = rec.hold_ours = False
         rec.why = ""
+        if rec.first_admitted_at is None:
+            rec.first_admitted_at = start
+        _own_deadline(c, rec, job)
     start = rec.admitted_at if rec.admitted_at is not None else now
     if rec.phase == ADMITTED:
         _wait_for_ready(c, rec, job, start)
@@ -633,14 +647,35 @@ def _admitted(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
             rec.why = why
 
 
+def _own_deadline(c: _Cycle, rec: GangRecord, job: JobObs) -> None:
+    """At an admission: the job's own timeout request for this run, judged within the
+    operator's bounds (gang/deadlines.py). A refused one leaves the configured timeout; every
+    verdict is recorded (event + the job's AdminComment), a job that asks for nothing is not."""
+    dec = deadlines.request(c.cfg.deadlines, c.cfg.timeout, job)
+    rec.timeout = None if dec is None else dec.timeout
+    if dec is None:
+        return
+    applied = timeout_of(c.cfg, rec)
+    c.act(
+        ActionKind.DEADLINE,
+        rec,
+        job,
+        dec.verdict.value,
+        dec.detail,
+        timeout=applied,
+        admin=deadlines.admin_token(dec, applied),
+    )
+
+
 def _wait_for_ready(c: _Cycle, rec: GangRecord, job: JobObs, start: float) -> None:
     ok, why = readiness.check(job, c.snap.nodes, c.cfg.probe.mode, rec.admitted_nodes)
+    deadline = start + timeout_of(c.cfg, rec)
     if ok:
         rec.phase, rec.ready_at, rec.why = READY, c.now, ""
         strikes.clear_on_ready(c.nodes, job)
         c.act(ActionKind.NOTE, rec, job, "PodsReady", "all nodes ready", waited=c.now - start)
-    elif c.now >= start + c.cfg.timeout:
-        _evict(c, rec, job, REASON_TIMEOUT, CAUSE_START, c.now - start, start + c.cfg.timeout)
+    elif c.now >= deadline:
+        _evict(c, rec, job, REASON_TIMEOUT, CAUSE_START, c.now - start, deadline)
     else:
         rec.why = why
 
@@ -664,11 +699,11 @@ def _evict(
     rec.last_evicted_at = now
     rec.restarts_at_action = job.restarts
     rec.released_by_us = False
-    limit = cfg.requeuing.backoff_limit_count
-    if limit is not None and n > limit:
+    over = over_limit(cfg, rec, n, now)
+    if over:
         rec.phase, rec.next_eligible = DEACTIVATED, None
         rec.hold_ours, rec.hold_confirmed = True, False
-        rec.why = f"{reason}; requeue {n} > backoff_limit_count {limit}: deactivated"
+        rec.why = f"{reason}; {over}: deactivated"
         c.act(ActionKind.REQUEUEHOLD, rec, job, reason, rec.why, **common)
         return
     delay = backoff_delay(cfg, job.job_id, n)
@@ -685,6 +720,30 @@ def _evict(
         hold=cfg.block_admission,
         **common,
     )
+
+
+def over_limit(cfg: GangConfig, rec: GangRecord, n: int, now: float) -> str:
+    """Why the *n*-th eviction deactivates the gang ("" = it does not): more than
+    backoff_limit_count requeues, and/or backoff_limit_seconds passed since its first
+    admission; with both set, backoff_limit_combine says whether any or all must be passed."""
+    r = cfg.requeuing
+    passed: list[str] = []
+    limits = 0
+    if r.backoff_limit_count is not None:
+        limits += 1
+        if n > r.backoff_limit_count:
+            passed.append(f"requeue {n} > {LIMIT_COUNT} {r.backoff_limit_count}")
+    if r.backoff_limit_seconds is not None:
+        limits += 1
+        first = rec.first_admitted_at
+        if first is not None and now - first >= r.backoff_limit_seconds:
+            passed.append(
+                f"{now - first:.0f}s since first admission >= {LIMIT_SECONDS} "
+                f"{r.backoff_limit_seconds:g}"
+            )
+    if not passed or (r.backoff_limit_combine == "all" and len(passed) < limits):
+        return ""
+    return " and ".join(passed)
 
 
 def _forget_gone(c: _Cycle) -> None:
@@ -771,7 +830,7 @@ def next_deadline(cfg: GangConfig, st: GovState, now: float) -> float | None:
 
 def _deadline_of(cfg: GangConfig, rec: GangRecord) -> float | None:
     if rec.phase == ADMITTED and rec.admitted_at is not None:
-        return rec.admitted_at + cfg.timeout
+        return rec.admitted_at + timeout_of(cfg, rec)
     if rec.phase == RECOVERING and rec.lost_at is not None and cfg.recovery_timeout > 0:
         return rec.lost_at + cfg.recovery_timeout
     return None

@@ -3,8 +3,11 @@ so no user-written text can shift or add a field), shaped into what the policy d
 and the scontrol commands it issues.
 
 Job identity: an array task is `ArrayJobId_TaskId`; the components of a heterogeneous job are
-one gang (readiness over all of them, commands to the leader's id). Commands always target
-Slurm's numeric id (`slurm_id`), never text taken from a job.
+one gang (readiness over all of them). Every command the governor issues names its job by
+job_address(), the one place that formats a job for a command, from the parsed identity:
+Slurm's own numeric id is the wrong name for an array task (the task that carries the array's
+id: `scontrol requeue <ArrayJobId>` requeues every task of the array) and for a het component
+(the leader's id is the whole het job). Never text taken from a job.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import cast
+from typing import NewType, cast
 
 from nodeforge import proc, slurm_records
 from nodeforge.errors import CommandError
@@ -29,6 +32,35 @@ from nodeforge.slurm_records import FINISHED, JobRecord, expand_hostlist  # noqa
 USER_HOLD = "JobHeldUser"
 ADMIN_HOLD = "JobHeldAdmin"
 HELD_REASONS = frozenset({USER_HOLD, ADMIN_HOLD, "job_requeued_in_held_state"})
+
+
+# What a command names a job by: built only by job_address() (mypy holds the commands to it).
+JobAddress = NewType("JobAddress", str)
+
+
+def job_address(r: JobRecord, *, whole_het: bool = False) -> JobAddress | None:
+    """The name Slurm's commands (scontrol requeue, requeuehold, hold, release, update JobId=,
+    scancel) take for exactly this job, on 22.05 and 24.11:
+    - an array task: `ArrayJobId_TaskId` (its own JobId is the ArrayJobId for one task, and
+      that id names the whole array);
+    - an array's record of tasks not started yet: `ArrayJobId_[ids]` (those tasks, not the
+      running ones);
+    - a het job component: `LeaderId+Offset`; with *whole_het*, for the leader's record, the
+      leader's id alone, which names every component (the governor's het gang);
+    - any other job: its JobId.
+    None when the record cannot be named exactly (an array record without task ids): the
+    caller issues no command rather than one that may hit other jobs."""
+    if r.array_job_id is not None:
+        if r.array_task_id is not None:
+            return JobAddress(f"{r.array_job_id}_{r.array_task_id}")
+        return JobAddress(f"{r.array_job_id}_[{r.array_tasks}]") if r.array_tasks else None
+    if r.het_job_id is not None:
+        if whole_het and r.het_job_offset == 0 and r.job_id == r.het_job_id:
+            return JobAddress(str(r.het_job_id))
+        if r.het_job_offset is None:
+            return None
+        return JobAddress(f"{r.het_job_id}+{r.het_job_offset}")
+    return JobAddress(str(r.job_id))
 
 
 @dataclass(slots=True)
@@ -42,6 +74,7 @@ class JobObs:  # treat as immutable
     qos: str = ""
     comment: str = ""
     admin_comment: str = ""
+    extra: str = ""  # sbatch --extra (24.11)
     start_time: float | None = None
     submit_time: float | None = None
     eligible_time: float | None = None
@@ -51,16 +84,13 @@ class JobObs:  # treat as immutable
     name: str = ""
     priority: int = 1
     admin_held: bool = False  # a hold only an operator (or the governor) can release
-    slurm_id: str = ""  # what commands target; "" = job_id
+    slurm_id: int = 0  # Slurm's numeric JobId: identity only, never a command's target
     components: int = 1  # het job: number of components merged into this observation
+    address: JobAddress | None = None  # what commands name it by (job_address); None: none
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED
-
-    @property
-    def target(self) -> str:
-        return self.slurm_id or self.job_id
 
 
 @dataclass(frozen=True)
@@ -84,6 +114,7 @@ def obs_from_record(r: JobRecord) -> JobObs:
         qos=r.qos,
         comment=r.comment,
         admin_comment=r.admin_comment,
+        extra=r.extra,
         start_time=r.start_time,
         submit_time=r.submit_time,
         eligible_time=r.eligible_time,
@@ -93,13 +124,15 @@ def obs_from_record(r: JobRecord) -> JobObs:
         name=r.name,
         priority=1 if r.priority is None else r.priority,
         admin_held=held and r.reason == ADMIN_HOLD,
-        slurm_id=str(r.job_id),
+        slurm_id=r.job_id,
+        address=job_address(r),
     )
 
 
-def _merge_het(leader: JobObs, parts: list[JobObs]) -> JobObs:
+def _merge_het(leader: JobObs, parts: list[JobObs], address: JobAddress | None) -> JobObs:
     """One observation for a het job: ready only when every component is; the leader's
-    Restarts, times and id (a requeue of the leader requeues the whole het job)."""
+    Restarts, times and id; *address* names the whole het job (a requeue of the leader's
+    id requeues every component)."""
     states = {p.state for p in parts}
     if "PENDING" in states:
         state = "PENDING"
@@ -124,6 +157,7 @@ def _merge_het(leader: JobObs, parts: list[JobObs]) -> JobObs:
             "num_nodes": sum(p.num_nodes for p in parts),
             "requeue": all(p.requeue for p in parts),
             "components": len(parts),
+            "address": address,
         }
     )
 
@@ -161,7 +195,7 @@ def jobs_from_records(
         if lead is None:
             continue  # the leader is not listed (purged): nothing to command
         parts = [obs_from_record(r) for r in recs]
-        out.append(_merge_het(parts[recs.index(lead)], parts))
+        out.append(_merge_het(parts[recs.index(lead)], parts, job_address(lead, whole_het=True)))
     if len(set(map(_KEY, out))) != len(out):
         keys: set[str] = set()
         for o in out:
@@ -355,9 +389,12 @@ class SlurmCli:
         n = parse_nodes(cp.stdout, " ".join(argv)).get(name)
         return None if n is None else (n.flags, n.reason)
 
-    def show_job(self, job_id: str) -> JobObs | None:
+    def show_job(self, job_id: int) -> JobObs | None:
+        """The job whose numeric JobId is *job_id* (SLURM_JOB_ID inside a job): matched by
+        that id, never by a key, so the array task that carries the array's id is that task
+        (Slurm lists every task of the array for it)."""
         all_argv, _ = self.commands()
-        jobs_argv = self._one(all_argv, job_id)
+        jobs_argv = self._one(all_argv, str(job_id))
         cp = self._run(*jobs_argv, check=False)
         if cp.returncode != 0 and all_argv[0] == "squeue":  # a filter 22.05 refuses: read all
             jobs_argv = all_argv
@@ -365,36 +402,35 @@ class SlurmCli:
         if cp.returncode != 0:
             raise CommandError(jobs_argv, cp.returncode, cp.stdout or "")
         for j in parse_jobs(cp.stdout, " ".join(jobs_argv)):
-            if j.job_id == job_id or j.target == job_id:
+            if j.slurm_id == job_id:
                 return j
         return None
 
     def drain_node(self, name: str, reason: str) -> None:
         self._run("scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
 
-    def set_admin_comment(self, job_id: str, text: str) -> None:
-        self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={text}")
+    # Job commands: each takes the job's JobAddress (job_address), nothing else.
+    def set_admin_comment(self, job: JobAddress, text: str) -> None:
+        self._run("scontrol", "update", f"JobId={job}", f"AdminComment={text}")
 
-    def set_comment(self, job_id: str, text: str) -> None:
-        self._run("scontrol", "update", f"JobId={job_id}", f"Comment={text}")
+    def set_comment(self, job: JobAddress, text: str) -> None:
+        self._run("scontrol", "update", f"JobId={job}", f"Comment={text}")
 
-    def requeue(self, job_id: str) -> None:
-        self._run("scontrol", "requeue", job_id)
+    def requeue(self, job: JobAddress) -> None:
+        self._run("scontrol", "requeue", job)
 
-    def requeuehold(self, job_id: str) -> None:
-        self._run("scontrol", "requeuehold", job_id)
+    def requeuehold(self, job: JobAddress) -> None:
+        self._run("scontrol", "requeuehold", job)
 
-    def set_start_time(self, job_id: str, ts: float) -> None:
-        self._run(
-            "scontrol", "update", f"JobId={job_id}", f"StartTime={start_spec(ts, self.clock())}"
-        )
+    def set_start_time(self, job: JobAddress, ts: float) -> None:
+        self._run("scontrol", "update", f"JobId={job}", f"StartTime={start_spec(ts, self.clock())}")
 
-    def hold(self, job_id: str) -> None:
+    def hold(self, job: JobAddress) -> None:
         """An admin hold when run as root/SlurmUser: the job's owner cannot release it."""
-        self._run("scontrol", "hold", job_id)
+        self._run("scontrol", "hold", job)
 
-    def release(self, job_id: str) -> None:
-        self._run("scontrol", "release", job_id)
+    def release(self, job: JobAddress) -> None:
+        self._run("scontrol", "release", job)
 
-    def cancel(self, job_id: str) -> None:
-        self._run("scancel", job_id)
+    def cancel(self, job: JobAddress) -> None:
+        self._run("scancel", job)

@@ -78,6 +78,8 @@ class GangRecord:
     slurm_reason: str = ""  # Slurm's pending Reason at the last observation
     eligible_at: float | None = None  # Slurm's EligibleTime at the last observation
     hold_asked_at: float | None = None  # deactivation: when we last asked for the admin hold
+    timeout: float | None = None  # this run's timeout from the job's own request; None = config
+    first_admitted_at: float | None = None  # first admission (backoff_limit_seconds runs from it)
 
 
 # Node drain states (NodeRecord.drain); "" = not drained by this governor.

@@ -10,8 +10,11 @@ powered-off disk (loop-mounted on the host):
 1. the same post-stop items as the local target (images/seal.py), each logged with its reason;
 2. the secret scanner (images/scan.py); any finding fails the build;
 3. /etc/nodeforge/image.json written from the build's manifest and the disk's dpkg database;
-4. the kernel and initrd copied out for direct boot (the disk has no boot loader);
-5. free blocks discarded (fstrim), so nothing deleted can be recovered from the image, then
+4. the kernel and initrd copied out for direct boot;
+5. on nodeforge's own GPT layout (images/bootdisk.py), the image's boot loader installed for
+   BIOS and UEFI (a cloud image given as base_disk keeps its own), and the scanner run on
+   every partition;
+6. free blocks discarded (fstrim), so nothing deleted can be recovered from the image, then
    the disk is rewritten as a compact qcow2 in place.
 
 Usage (internal): python -m nodeforge.images.disk_seal --disk D --manifest-stub F --boot-out DIR --result F
@@ -25,14 +28,13 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 
-from . import export, seal
+from . import bootdisk, export, seal
 from . import manifest as manifest_mod
 
 
@@ -51,20 +53,13 @@ def root_partition(raw: Path) -> tuple[int, int] | None:
     return int(best["start"]) * sector, int(best["size"]) * sector
 
 
-@contextmanager
 def loop_mounted(raw: Path, mountpoint: Path):
-    mountpoint.mkdir(parents=True, exist_ok=True)
+    """The root filesystem of *raw* (the disk, or its largest partition) loop-mounted."""
     opts = "loop"
     part = root_partition(raw)
     if part is not None:
         opts += f",offset={part[0]},sizelimit={part[1]}"
-    proc.run(["mount", "-o", opts, raw, mountpoint], timeout=120)
-    try:
-        yield mountpoint
-    finally:
-        cp = proc.run(["umount", mountpoint], check=False, timeout=120)
-        if cp.returncode != 0:  # something still holds it: do not leave the mount behind
-            proc.run(["umount", "--lazy", mountpoint], check=False, timeout=120)
+    return bootdisk.mounted(raw, mountpoint, opts)
 
 
 def seal_tree(tree: Path, stub: dict, boot_out: Path, logfile: IO[str], started: float) -> dict:
@@ -84,22 +79,42 @@ def seal_disk(disk: Path, stub: dict, boot_out: Path, logfile: IO[str]) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     try:
         proc.run([proc.require_tool("qemu-img"), "convert", "-O", "raw", disk, raw], timeout=1800)
-        with loop_mounted(raw, work / "mnt") as tree:
-            image = seal_tree(tree, stub, boot_out, logfile, started)
-            # ext4 frees deleted blocks only when the journal commits: commit first, or
-            # fstrim sees them still in use and the deleted data stays on the disk.
-            proc.run(["sync", "--file-system", tree], timeout=600)
-            trimmed = proc.run([proc.require_tool("fstrim"), "-v", tree], timeout=600).stdout
-            logfile.write(
-                f"seal: discard free blocks — deleted files must not be recoverable: "
-                f"{trimmed.strip()}\n"
-            )
+        layout = bootdisk.read_table(raw, str(stub.get("arch", "amd64")))
+        if layout is not None:
+            image = seal_own_layout(raw, layout, stub, boot_out, logfile, started, work)
+        else:
+            with loop_mounted(raw, work / "mnt") as tree:
+                image = seal_tree(tree, stub, boot_out, logfile, started)
+                export.discard_free_blocks(tree, logfile)
         tmp = disk.with_name(disk.name + ".sealed")
         proc.run([proc.require_tool("qemu-img"), "convert", "-O", "qcow2", raw, tmp], timeout=1800)
         os.replace(tmp, disk)
         return image
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def seal_own_layout(
+    raw: Path,
+    layout: bootdisk.Layout,
+    stub: dict,
+    boot_out: Path,
+    logfile: IO[str],
+    started: float,
+    work: Path,
+) -> dict:
+    """Seal the root partition, then the boot loader, the scan of every partition and the
+    discard (export.finish_disk); the result carries the disk's partitions."""
+    found: dict = {}
+    with bootdisk.attached(raw) as dev:
+        fs_uuid = bootdisk.fs_uuid(bootdisk.part_dev(dev, layout.part("root")))
+
+        def seal_root(tree: Path) -> None:
+            found["image"] = seal_tree(tree, stub, boot_out, logfile, started)
+
+        export.finish_disk(dev, layout, fs_uuid, work, logfile, seal_root=seal_root)
+    parts = bootdisk.partition_sums(raw, layout)
+    return {**found["image"], "disk": export.disk_manifest(layout, fs_uuid, parts, True)}
 
 
 def main(argv: list[str] | None = None) -> int:

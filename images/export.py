@@ -1,23 +1,30 @@
-"""Export a sealed tree: root filesystem archive, bootable ext4 disk (+ kernel/initrd), manifest."""
+"""Export a sealed tree: root filesystem archive, firmware-bootable disk (+ kernel/initrd), manifest."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
+import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_json
 
+from . import bootdisk
+
 ROOTFS = "rootfs.tar.zst"
 DISK = "disk.qcow2"
 KERNEL = "vmlinuz"
 INITRD = "initrd.img"
-FS_LABEL = "nodeforge-root"
+FS_LABEL = bootdisk.FS_LABEL
 # ext4 sizing: content plus headroom for first-boot state, logs and a few small containers.
 DISK_HEADROOM = 1.35
 DISK_EXTRA_MIB = 1024
@@ -30,12 +37,13 @@ def no_step(name: str) -> AbstractContextManager:
     return nullcontext()
 
 
-# The raw ext4 image exists only to be converted to qcow2. On disk it is ~1.2 GB written
+# The raw disk exists only to be converted to qcow2. On disk it is ~1.2 GB written
 # (and waited for: mkfs.ext4 fsyncs it) only to be deleted, so it is made in memory (tmpfs)
 # when that holds it with room to spare.
 SHM_DIR = Path("/dev/shm")
 RAM_SPARE = 2 << 30  # memory left for everything else while the raw image is held
-RAW_OVERHEAD = 256 << 20  # ext4 metadata and journal beyond the files' blocks
+# ext4 metadata and journal beyond the files' blocks, the ESP and the boot loader.
+RAW_OVERHEAD = 320 << 20
 
 
 def raw_fits_in_memory(content_bytes: int, shm_free: int, mem_available: int) -> bool:
@@ -103,10 +111,12 @@ def tree_size_bytes(tree: Path) -> int:
 
 
 def write_fstab(tree: Path) -> None:
-    """The VM boots the disk by label; nspawn ignores the root entry."""
+    """Root by label; nspawn ignores the root entry. x-systemd.growfs: systemd-growfs grows
+    the filesystem online after systemd-repart (roles/base: /etc/repart.d) grew the
+    partition to the disk's end (the generated unit is ordered after it)."""
     (tree / "etc/fstab").write_text(
         "# nodeforge: the root filesystem of the exported disk image\n"
-        f"LABEL={FS_LABEL} / ext4 defaults,errors=remount-ro 0 1\n"
+        f"LABEL={FS_LABEL} / ext4 defaults,errors=remount-ro,x-systemd.growfs 0 1\n"
     )
 
 
@@ -135,28 +145,58 @@ def export_rootfs(tree: Path, dest: Path) -> None:
     )
 
 
-def export_disk(
-    tree: Path, dest_dir: Path, size_mib: int | None = None, step: Step = no_step
-) -> list[Path]:
-    """ext4 disk made with `mkfs.ext4 -d` (no loop devices or mounts needed), converted to
-    qcow2, and the kernel + initrd beside it for direct boot.
+@dataclass(frozen=True)
+class DiskExport:
+    files: list[Path]  # disk.qcow2, and the kernel + initrd beside it
+    disk: dict  # the manifest's `disk`: table, size, partitions (GPT facts + sha256)
 
-    *size_mib* fixes the filesystem size (the qemu build's base disk must hold everything
-    the playbook installs: the disk has no partition table, so growing the qcow2 alone
-    would not grow the filesystem); by default it is the content plus headroom."""
+
+def disk_fits_mib(content_bytes: int) -> int:
+    """MiB of root filesystem that *content_bytes* of files need."""
+    return (int(content_bytes * DISK_HEADROOM) >> 20) + 1
+
+
+def export_disk(
+    tree: Path,
+    dest_dir: Path,
+    size_mib: int | None = None,
+    step: Step = no_step,
+    *,
+    arch: str = "amd64",
+    loader: bool = True,
+    logfile: IO[str] | None = None,
+) -> DiskExport:
+    """A GPT disk (images/bootdisk.py) whose root is *tree*, with the image's own boot
+    loader for BIOS and UEFI (*loader*: False for the qemu target's base disk, whose tree
+    has no loader yet: Packer boots its kernel directly), converted to qcow2, and the
+    kernel + initrd beside it for direct boot.
+
+    *size_mib* is the whole disk (the qemu build's base disk must hold everything the
+    playbook installs); by default the content plus headroom. A disk too small for the
+    tree is refused before anything is written."""
+    log = logfile or io.StringIO()
     with step("export.disk_size"):
         content = tree_size_bytes(tree)
-        fits = (int(content * DISK_HEADROOM) >> 20) + 1
-    if size_mib is not None and size_mib < fits:
-        raise NodeforgeError(
-            f"disk_size {size_mib} MiB is smaller than the base tree needs ({fits} MiB): "
-            "raise disk_size in the var file"
-        )
-    size_mib = size_mib or fits + DISK_EXTRA_MIB
-    mkfs, qemu_img = proc.require_tool("mkfs.ext4"), proc.require_tool("qemu-img")
-    with unnamed_file(raw_scratch_dir(content, dest_dir), size_mib << 20) as raw:
-        with step("export.mkfs"):
-            proc.run([mkfs, "-q", "-F", "-L", FS_LABEL, "-d", tree, raw], timeout=1800)
+        fits = disk_fits_mib(content)
+        disk_mib = size_mib or fits + DISK_EXTRA_MIB + bootdisk.overhead_mib(arch)
+        layout = bootdisk.plan(arch, disk_mib, fits)
+    fs_uuid = str(uuid.uuid4())
+    qemu_img = proc.require_tool("qemu-img")
+    with (
+        tempfile.TemporaryDirectory(prefix="nodeforge-disk-") as scratch_s,
+        unnamed_file(raw_scratch_dir(content, dest_dir), layout.disk_bytes) as raw,
+    ):
+        scratch = Path(scratch_s)
+        with step("export.partition"):
+            bootdisk.write_table(raw, layout)
+        with bootdisk.attached(raw) as dev:
+            with step("export.mkfs"):
+                bootdisk.make_root(dev, layout, tree, fs_uuid)
+            if loader:
+                with step("export.loader"):
+                    finish_disk(dev, layout, fs_uuid, scratch, log)
+        with step("export.partition_sha256"):
+            parts = bootdisk.partition_sums(raw, layout)
         with step("export.qcow2"):
             proc.run(
                 [qemu_img, "convert", "-f", "raw", "-O", "qcow2", raw, dest_dir / DISK],
@@ -164,7 +204,66 @@ def export_disk(
             )
     with step("export.boot_files"):
         boot = copy_boot_files(tree, dest_dir)
-    return [dest_dir / DISK, *boot]
+    return DiskExport([dest_dir / DISK, *boot], disk_manifest(layout, fs_uuid, parts, loader))
+
+
+def disk_manifest(layout: bootdisk.Layout, fs_uuid: str, parts: list[dict], loader: bool) -> dict:
+    return {
+        "table": "gpt",
+        "bytes": layout.disk_bytes,
+        "boot": ["bios", "uefi"] if loader and layout.arch == "amd64" else
+                ["uefi"] if loader else [],
+        "root_fs_uuid": fs_uuid,
+        "partitions": parts,
+    }  # fmt: skip
+
+
+def finish_disk(
+    dev: str,
+    layout: bootdisk.Layout,
+    fs_uuid: str,
+    scratch: Path,
+    logfile: IO[str],
+    seal_root: Callable[[Path], None] | None = None,
+) -> None:
+    """On the attached disk: mount root (*seal_root* runs on it first: the qemu target's
+    sealing), install the boot loader, scan every partition, discard free blocks."""
+    from . import scan
+
+    root_dev = bootdisk.part_dev(dev, layout.part("root"))
+    with bootdisk.mounted(root_dev, scratch / "root") as root:
+        if seal_root is not None:
+            seal_root(root)
+        esp = bootdisk.install_loader(dev, layout, root, fs_uuid, scratch, logfile)
+        found = {"root": scan.scan(root), "esp": scan.scan(esp)}
+        if layout.arch == "amd64":
+            bios = scratch / "bios-boot"
+            bios.mkdir()
+            p = layout.part("bios")
+            with open(dev, "rb") as f:
+                f.seek(p.start)
+                (bios / "core.img").write_bytes(f.read(p.bytes))
+            found["bios"] = scan.scan(bios)
+        bad = [f"{part}: {x}" for part, xs in found.items() for x in xs]
+        if bad:
+            raise NodeforgeError(
+                "the secret scanner found on the disk: "
+                + "; ".join(bad)
+                + " — nothing was exported; see images/sealed.yaml"
+            )
+        logfile.write(f"disk: scanned partitions {', '.join(found)}: no finding\n")
+        discard_free_blocks(root, logfile)
+
+
+def discard_free_blocks(root: Path, logfile: IO[str]) -> None:
+    """fstrim the mounted filesystem, so nothing deleted can be read back from the disk."""
+    # ext4 frees deleted blocks only when the journal commits: commit first, or
+    # fstrim sees them still in use and the deleted data stays on the disk.
+    proc.run(["sync", "--file-system", root], timeout=600)
+    trimmed = proc.run([proc.require_tool("fstrim"), "-v", root], timeout=600).stdout
+    logfile.write(
+        f"seal: discard free blocks — deleted files must not be recoverable: {trimmed.strip()}\n"
+    )
 
 
 def copy_boot_files(tree: Path, dest_dir: Path) -> list[Path]:

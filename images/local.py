@@ -527,7 +527,9 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 manifest["gpu"] = json.loads((tree / "etc/nodeforge/gpu.json").read_text())
             manifest["phases"] = dict(phases.durations)
             export.write_image_json(tree, manifest)
-            sums = export_parallel(tree, s.partial, phases.step)
+            sums, manifest["disk"] = export_parallel(
+                tree, s.partial, phases.step, arch=inp.arch, logfile=logfile
+            )
         manifest["phases"] = dict(phases.durations)
         manifest["steps"] = dict(phases.steps)
         manifest["cache"] = {
@@ -567,10 +569,18 @@ def cached_wheel(wheels: Path, sources: str, work: Path, logfile) -> Path:
     return d / built.name
 
 
-def export_parallel(tree: Path, dest: Path, step: export.Step = export.no_step) -> dict[str, dict]:
+def export_parallel(
+    tree: Path,
+    dest: Path,
+    step: export.Step = export.no_step,
+    *,
+    arch: str = "amd64",
+    logfile=None,
+) -> tuple[dict[str, dict], dict]:
     """The rootfs archive (zstd on all cores) and the disk image are made at the same time:
     both only read the sealed tree. Each job then sums its own files while they are still
-    in the page cache (and while the other job runs): the manifest's artifacts entries."""
+    in the page cache (and while the other job runs): the manifest's artifacts entries.
+    Returns them and the disk's layout (the manifest's `disk`)."""
 
     def rootfs() -> dict[str, dict]:
         with step("export.rootfs"):
@@ -578,10 +588,13 @@ def export_parallel(tree: Path, dest: Path, step: export.Step = export.no_step) 
         with step("export.rootfs_sha256"):
             return manifest_mod.file_sums([dest / export.ROOTFS])
 
+    layout: dict = {}
+
     def disk() -> dict[str, dict]:
-        files = export.export_disk(tree, dest, step=step)
+        made = export.export_disk(tree, dest, step=step, arch=arch, logfile=logfile)
+        layout.update(made.disk)
         with step("export.disk_sha256"):
-            return manifest_mod.file_sums(files)
+            return manifest_mod.file_sums(made.files)
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="export") as pool:
         jobs = [pool.submit(rootfs), pool.submit(disk)]
@@ -589,4 +602,4 @@ def export_parallel(tree: Path, dest: Path, step: export.Step = export.no_step) 
     for e in errors:
         if e is not None:
             raise e if isinstance(e, NodeforgeError) else NodeforgeError(f"export failed: {e}")
-    return {name: s for j in jobs for name, s in j.result().items()}
+    return {name: s for j in jobs for name, s in j.result().items()}, layout

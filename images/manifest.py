@@ -80,6 +80,8 @@ def check(m: dict, *, outer: bool = True) -> list[str]:
             errs.append(f"'inputs.{name}.pinned' must be true or false")
     if not m["packages"]:
         errs.append("'packages' is empty (dpkg versions were not read)")
+    if "disk" in m:
+        errs += _disk_problems(m["disk"])
     if outer:
         arts = m.get("artifacts")
         if not isinstance(arts, dict) or not arts:
@@ -92,6 +94,31 @@ def check(m: dict, *, outer: bool = True) -> list[str]:
                     errs.append(f"'artifacts.{f}.bytes' must be a positive integer")
         if "export" not in m["phases"]:
             errs.append("'phases.export' is missing")
+    return errs
+
+
+_GUID = re.compile(r"^[0-9A-F]{8}-(?:[0-9A-F]{4}-){3}[0-9A-F]{12}$")
+
+
+def _disk_problems(disk: object) -> list[str]:
+    """The disk's layout (images/bootdisk.py): a GPT with each partition's facts and sum."""
+    if not isinstance(disk, dict) or disk.get("table") != "gpt":
+        return ["'disk.table' must be 'gpt'"]
+    parts = disk.get("partitions")
+    if not isinstance(parts, list) or not parts:
+        return ["'disk.partitions' must be a non-empty list"]
+    errs = []
+    for i, p in enumerate(parts):
+        if not isinstance(p, dict):
+            errs.append(f"'disk.partitions[{i}]' must be a mapping")
+            continue
+        for k in ("type", "partuuid"):
+            if not _GUID.match(str(p.get(k, ""))):
+                errs.append(f"'disk.partitions[{i}].{k}' must be an upper-case GUID")
+        if not _SHA.match(str(p.get("sha256", ""))):
+            errs.append(f"'disk.partitions[{i}].sha256' must be a sha256")
+        if not isinstance(p.get("bytes"), int) or p["bytes"] <= 0:
+            errs.append(f"'disk.partitions[{i}].bytes' must be a positive integer")
     return errs
 
 

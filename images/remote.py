@@ -113,11 +113,13 @@ def disk_size_mib(value: str) -> int:
 
 
 def make_base_disk(
-    base_tar: Path, dest: Path, key_pub: str, size_mib: int
+    base_tar: Path, dest: Path, key_pub: str, size_mib: int, arch: str = "amd64"
 ) -> tuple[Path, Path, Path]:
-    """A bootable qcow2 (+ kernel, initrd) from the base tarball, reachable by the build key.
+    """A partitioned qcow2 (+ kernel, initrd) from the base tarball, reachable by the build
+    key. The base has no boot loader yet (the playbook installs it; images/disk_seal.py puts
+    it on the sealed disk): Packer boots its kernel directly.
 
-    Its filesystem is made at the full *size_mib* (sparse, so the qcow2 stays small)."""
+    The disk is made at the full *size_mib*, root filling it (sparse: the qcow2 stays small)."""
     tree = dest / "tree"
     from .sandbox import extract
 
@@ -134,7 +136,7 @@ def make_base_disk(
         proc.run(["systemctl", f"--root={tree}", "enable", "systemd-networkd.service"])
         (tree / "etc/hostname").write_text("nodeforge-build\n")
         export.write_fstab(tree)
-        export.export_disk(tree, dest, size_mib=size_mib)
+        export.export_disk(tree, dest, size_mib=size_mib, arch=arch, loader=False)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     return dest / export.DISK, dest / export.KERNEL, dest / export.INITRD
@@ -146,7 +148,10 @@ def check_target(target: str, user_vars: dict[str, object]) -> int:
     for tool in ("packer", "ansible-playbook", "ssh-keygen"):
         proc.require_tool(tool)
     if target == "qemu":
-        for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "fstrim", "mount", "sfdisk"):
+        for tool in (
+            "qemu-system-x86_64", "qemu-img", "mkfs.ext4", "fstrim", "mount", "sfdisk",
+            "losetup", "partx", "blkid", "mkfs.vfat", "mcopy",
+        ):  # fmt: skip
             proc.require_tool(tool)
     if target == "amazon-ebs" and user_vars.get("encrypt_boot") is False:
         # the template's post-check that the AMI really is unencrypted (HyperPod) runs them
@@ -202,7 +207,7 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                     )
                     base_key = spec.key()
                     disk, kernel, initrd = make_base_disk(
-                        tar, work / "base", pub.read_text(), size_mib
+                        tar, work / "base", pub.read_text(), size_mib, inp.arch
                     )
                     values.update(base_disk=disk, kernel=kernel, initrd=initrd)
                 else:
@@ -298,6 +303,8 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 # Packer ran before packing the box.
                 image = json.loads(sealed.read_text())
                 manifest.update(components=image["components"], packages=image["packages"])
+                if "disk" in image:  # the layout images/disk_seal.py gave the sealed disk
+                    manifest["disk"] = image["disk"]
                 shutil.move(
                     str(Path(values["output_directory"]) / "nodeforge.qcow2"), partial / export.DISK
                 )

@@ -11,10 +11,13 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
 from nodeforge.errors import NodeforgeError
+
+from .scan_content import Check, blocks
 
 SEALED_FILE = Path(__file__).with_name("sealed.yaml")
 ACTIONS = ("remove", "truncate", "replace", "keep")
@@ -22,6 +25,7 @@ FINDS = ("exists", "nonempty", "match", "never")
 TYPES = ("any", "file")  # file: regular files only (not directories, links or devices)
 _CLASS = re.compile(r"\[([A-Za-z0-9_.-]+)\]")  # a glob character class, e.g. [0-9]
 SKIP_TOP = frozenset({"proc", "sys", "dev", "run"})  # never part of an image tree
+_MD5 = re.compile(r"[0-9a-f]{32}")
 CONFIG_SUFFIXES = (".conf", ".cnf", ".ini", ".yaml", ".yml", ".env", ".json", ".credentials")
 
 
@@ -38,6 +42,7 @@ class SealItem:
     live: bool = False  # the Ansible seal role removes it during the build too
     type: str = "any"
     regex: re.Pattern[str] | None = None  # all of `paths`, compiled
+    archived: bool = False  # also a finding as a member of an archive in the tree
 
     def matches(self, rel: str) -> bool:
         assert self.regex is not None
@@ -51,12 +56,21 @@ class SealItem:
 @dataclass(frozen=True)
 class ContentRule:
     id: str
-    files: str  # any | config
+    files: str  # any | config | listed
     pattern: re.Pattern[bytes]
     reason: str
+    paths: re.Pattern[str] | None = None  # globs it also applies to, compiled
+    needles: tuple[bytes, ...] = ()  # literals every match holds (lower case if `fold`)
+    fold: bool = False  # the pattern ignores case
 
-    def applies_to(self, name: str) -> bool:
-        return self.files == "any" or name.endswith(CONFIG_SUFFIXES)
+    def applies_to(self, name: str, rel: str = "") -> bool:
+        """Whether the rule reads the file *name* at *rel* (relative to the image root)."""
+        if self.files == "any" or (self.files == "config" and name.endswith(CONFIG_SUFFIXES)):
+            return True
+        return self.paths is not None and self.paths.fullmatch(rel) is not None
+
+    def check(self) -> Check:
+        return Check(self.id, self.pattern, self.reason, self.needles, self.fold)
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,7 @@ def glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def _fail(path: Path, where: str, msg: str) -> None:
+def _fail(path: Path, where: str, msg: str) -> NoReturn:
     raise NodeforgeError(f"{path}: {where}: {msg}")
 
 
@@ -116,6 +130,7 @@ def load(path: Path = SEALED_FILE) -> SealList:
             "owned",
             "live",
             "type",
+            "archived",
         }
         if unknown:
             _fail(path, w, f"unknown keys {sorted(unknown)}")
@@ -154,23 +169,67 @@ def load(path: Path = SEALED_FILE) -> SealList:
                 owned=bool(it.get("owned", False)),
                 live=bool(it.get("live", False)),
                 type=it.get("type", "any"),
-                regex=re.compile("|".join(f"(?:{glob_regex(p)})" for p in paths)),
+                regex=_globs(paths),
+                archived=bool(it.get("archived", False)),
             )
         )
     rules = []
     for n, r in enumerate(raw.get("content_rules") or []):
+        globs = r.get("paths") if isinstance(r, dict) else None
         if (
             not isinstance(r, dict)
-            or r.get("files") not in ("any", "config")
-            or not r.get("pattern")
+            or set(r) - {"id", "files", "pattern", "reason", "paths", "needles"}
+            or not _needles_ok(r.get("needles", []))
+            or r.get("files") not in ("any", "config", "listed")
+            or not isinstance(r.get("pattern"), str)
             or not r.get("reason")
             or not r.get("id")
+            or (globs is not None and not _glob_list(globs))
+            or (r.get("files") == "listed" and not globs)
         ):
-            _fail(path, f"content_rules[{n}]", "expected {id, files: any|config, pattern, reason}")
+            _fail(
+                path,
+                f"content_rules[{n}]",
+                "expected {id, files: any|config|listed, pattern, reason, paths (globs; "
+                "required for listed), needles (non-empty strings)}",
+            )
+        try:
+            pattern = re.compile(r["pattern"].encode())
+        except re.error as exc:
+            _fail(path, f"{r['id']}.pattern", f"not a regex: {exc}")
         rules.append(
-            ContentRule(r["id"], r["files"], re.compile(r["pattern"].encode()), r["reason"])
+            ContentRule(
+                r["id"],
+                r["files"],
+                pattern,
+                r["reason"],
+                paths=_globs(globs) if globs else None,
+                needles=tuple(
+                    (n.lower() if pattern.flags & re.IGNORECASE else n).encode()
+                    for n in r.get("needles", [])
+                ),
+                fold=bool(pattern.flags & re.IGNORECASE),
+            )
         )
     return SealList(tuple(items), tuple(rules))
+
+
+def _needles_ok(needles: object) -> bool:
+    return isinstance(needles, list) and all(
+        isinstance(n, str) and n.isascii() and n for n in needles
+    )
+
+
+def _glob_list(globs: object) -> bool:
+    return (
+        isinstance(globs, list)
+        and bool(globs)
+        and all(isinstance(p, str) and p and not p.startswith("/") for p in globs)
+    )
+
+
+def _globs(paths: list[str]) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{glob_regex(p)})" for p in paths))
 
 
 def dpkg_owned(tree: Path) -> set[str]:
@@ -181,6 +240,33 @@ def dpkg_owned(tree: Path) -> set[str]:
         for lst in info.glob("*.list"):
             owned.update(lst.read_text(errors="replace").splitlines())
     return owned
+
+
+def dpkg_shipped(tree: Path) -> dict[str, str]:
+    """The md5 dpkg recorded for every file a package ships (absolute path inside the image):
+    the packages' md5sums, and the conffiles' sums from the status file."""
+    sums: dict[str, str] = {}
+    info = tree / "var/lib/dpkg/info"
+    if info.is_dir():
+        for f in info.glob("*.md5sums"):
+            for line in f.read_text(errors="replace").splitlines():
+                digest, sep, rel = line.partition("  ")
+                if sep and _MD5.fullmatch(digest):
+                    sums["/" + rel.lstrip("/")] = digest
+    status = tree / "var/lib/dpkg/status"
+    if status.is_file():
+        in_conffiles = False
+        for line in status.read_text(errors="replace").splitlines():
+            if line.startswith("Conffiles:"):
+                in_conffiles = True
+            elif in_conffiles and line.startswith(" "):
+                # " /etc/x.conf <md5>" or " /etc/x.conf <md5> obsolete"
+                parts = line.split()
+                if len(parts) >= 2 and _MD5.fullmatch(parts[1]):
+                    sums[parts[0]] = parts[1]
+            else:
+                in_conffiles = False
+    return sums
 
 
 def walk(tree: Path) -> Iterator[tuple[str, Path, bool]]:
@@ -204,22 +290,11 @@ def walk(tree: Path) -> Iterator[tuple[str, Path, bool]]:
             yield rel_dir + f, Path(dirpath, f), False
 
 
-def read_chunks(path: Path, size: int = 1 << 20, overlap: int = 256) -> Iterator[bytes]:
-    """Blocks of a file of ANY size, each starting with the last *overlap* bytes of the one
-    before, so a pattern across a block boundary is still seen (no file is skipped as too big)."""
-    with open(path, "rb") as f:
-        tail = b""
-        while True:
-            block = f.read(size)
-            if not block:
-                return
-            yield tail + block
-            tail = block[-overlap:]
-
-
 def content_matches(path: Path, pattern: re.Pattern[bytes]) -> re.Match[bytes] | None:
-    for chunk in read_chunks(path):
-        m = pattern.search(chunk)
-        if m:
-            return m
+    """The first match of *pattern* in the file, read whole in blocks (scan_content.blocks)."""
+    with open(path, "rb") as f:
+        for block in blocks(f):
+            m = pattern.search(block)
+            if m:
+                return m
     return None

@@ -272,7 +272,7 @@ def _qemu(b: hcl2.Builder) -> None:
             'var.kernel == "" ? '
             '[["-smbios", "type=1,serial=ds=nocloud-net;s=http://{{ .HTTPIP }}:{{ .HTTPPort }}/"]] : '
             '[["-kernel", var.kernel], ["-initrd", var.initrd], '
-            '["-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0"]])}'
+            '["-append", "root=LABEL=nodeforge-root rw console=ttyS0 net.ifnames=0"]])}'
         ),
     )
     build = b.block("build", name=q("nodeforge-qemu"), sources=[q("source.qemu.node")])

@@ -20,7 +20,7 @@ import yaml
 
 from nodeforge import download, strict_yaml
 from nodeforge.errors import NodeforgeError
-from nodeforge.fsutil import write_atomic
+from nodeforge.fsutil import UnsafeName, confined, safe_name, write_atomic
 
 log = logging.getLogger("nodeforge.versions")
 
@@ -157,12 +157,17 @@ def load(path: Path | None = None) -> Versions:
                     f"{path}: {wa}.sha256 must be 64 lowercase hex characters or null "
                     f"(unpinned), got {sha!r}"
                 )
+            file = _req(e, "file", wa, path)
+            try:  # it names a file in the download and mirror directories: a bare name only
+                safe_name(file, what=f"{path}: {wa}.file")
+            except UnsafeName as exc:
+                raise NodeforgeError(f"{exc}; give the artifact's bare file name") from None
             by_arch[arch] = Artifact(
                 name=name,
                 component=_req(a, "component", w, path),
                 version=_req(a, "version", w, path),
                 arch=arch,
-                file=_req(e, "file", wa, path),
+                file=file,
                 url=_req(e, "url", wa, path),
                 sha256=sha,
                 variant=variant,
@@ -179,12 +184,20 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _in(base: Path, art: Artifact) -> Path:
+    """Where *art*'s file goes in (or comes from) *base*: checked again at every use, because an
+    Artifact need not come from load()."""
+    return confined(base, art.file, what=f"artifact {art.name} ({art.arch}) file")
+
+
 def _source(art: Artifact, mirror: str | None) -> str:
     if not mirror:
         return art.url
     if re.match(r"^[a-z][a-z0-9+.-]*://", mirror):
+        # the grammar alone: a bare name cannot leave the mirror's URL path (no / ? # %)
+        safe_name(art.file, what=f"artifact {art.name} ({art.arch}) file")
         return mirror.rstrip("/") + "/" + art.file
-    return str(Path(mirror) / art.file)
+    return str(_in(Path(mirror), art))
 
 
 def _label(art: Artifact) -> str:
@@ -266,7 +279,7 @@ def fetch(
     dest_dir.mkdir(parents=True, exist_ok=True)
     seen: dict[str, str] = {}
     for art in arts:
-        dest = dest_dir / art.file
+        dest = _in(dest_dir, art)
         if dest.exists() and art.pinned and sha256_file(dest) == art.sha256:
             seen[art.name] = art.sha256
             continue
@@ -356,7 +369,7 @@ def lock(
     results: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="nodeforge-lock-") as tmp:
         for art in lock_targets(versions, arch=arch, variant=variant, only_missing=only_missing):
-            dest = Path(tmp) / art.file
+            dest = _in(Path(tmp), art)
             results[art.url] = _download(
                 _source(art, mirror),
                 dest,

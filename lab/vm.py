@@ -21,8 +21,15 @@ What this module guarantees:
 * Every wait is bounded; `VM.stop()` (also on context exit, interpreter exit and SIGTERM when
   used as a context manager) kills qemu and deletes the overlay.
 
-Injection (the sealed image has no authorized_keys and may carry no params): everything goes
-on the kernel command line, nothing is written into the disk:
+Boot modes (`VMConfig.boot`): ``uefi`` (OVMF, the default), ``bios`` (SeaBIOS, qemu's
+own), ``uefi-secureboot`` (OVMF's Secure Boot build with Microsoft's keys enrolled, q35 +
+SMM: the disk's signed shim, grub and kernel must verify) and ``kernel`` (qemu ``-kernel``
+with the vmlinuz/initrd beside the disk). The firmware modes boot the disk's own loader.
+
+Injection (the sealed image has no authorized_keys and may carry no params): systemd
+credentials, nothing is written into the disk. With a firmware boot they are SMBIOS type 11
+strings (``io.systemd.credential.binary:NAME=BASE64``, imported by PID 1 in a VM, systemd
+>= 254); with ``kernel`` they go on the kernel command line. What is injected:
 
 * root's SSH key as the systemd credential ``ssh.authorized_keys.root`` (systemd >= 252 ships
   tmpfiles.d/provision.conf, which writes /root/.ssh/authorized_keys from it);
@@ -35,6 +42,11 @@ on the kernel command line, nothing is written into the disk:
 * optionally (``compat_keygen``) a ``ssh-keygen -A`` unit (``systemd.extra-unit.*`` credential,
   systemd >= 256) for images without their own first-boot host-key unit. Debian's
   sshd-keygen.service is no help: it has ConditionFirstBoot=yes, which is false here.
+
+A unit the harness pulls in is ``systemd.wants=`` on a kernel command line, and a
+``systemd.unit-dropin.multi-user.target`` credential (``Wants=``, systemd >= 256) with a
+firmware boot. Kernel command line params (`VMConfig.cmdline_params`, ``extra_append``)
+exist only with ``boot="kernel"``: a firmware boot refuses them.
 
 A debugfs -w edit was considered and rejected: debugfs cannot write through a qcow2 overlay
 (only raw images), and converting the overlay to raw copies the whole disk.
@@ -62,12 +74,25 @@ from typing import Any
 
 from nodeforge import proc
 from nodeforge.errors import CommandError, NodeforgeError
+from nodeforge.images.bootdisk import FS_LABEL
 
 log = logging.getLogger("nodeforge.lab.vm")
 
 QEMU = "qemu-system-x86_64"
 # x86 COMMAND_LINE_SIZE; the kernel silently truncates beyond it.
 CMDLINE_MAX = 2048
+BOOT_MODES = ("uefi", "bios", "uefi-secureboot", "kernel")
+# Debian's ovmf package: (code, vars template) per firmware boot mode. The 4M builds; the
+# secure-boot code needs SMM, its ".ms" vars have Microsoft's keys (Debian's shim is signed
+# by Microsoft's UEFI CA) with Secure Boot on.
+OVMF_DIR = Path("/usr/share/OVMF")
+FIRMWARE = {
+    "uefi": ("OVMF_CODE_4M.fd", "OVMF_VARS_4M.fd"),
+    "uefi-secureboot": ("OVMF_CODE_4M.secboot.fd", "OVMF_VARS_4M.ms.fd"),
+}
+# SMBIOS type 11 strings: qemu takes them on its command line, where ',' must be doubled;
+# base64 has none. Bounded so a runaway credential fails here, not in the firmware.
+SMBIOS_CREDENTIAL_MAX = 48 * 1024
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
 
 # ---------------------------------------------------------------------------- small helpers
@@ -261,6 +286,27 @@ ExecStart=/usr/bin/ssh-keygen -A
 """
 
 
+_CRED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@~-]{0,200}")
+
+
+def smbios_credential(name: str, value: bytes) -> list[str]:
+    """qemu arguments that hand *name*=*value* to the guest's systemd as a credential."""
+    if not _CRED_NAME.fullmatch(name):
+        raise NodeforgeError(f"VM credential name {name!r} is not [A-Za-z0-9._@~-]")
+    text = f"io.systemd.credential.binary:{name}={base64.b64encode(value).decode()}"
+    if len(text) > SMBIOS_CREDENTIAL_MAX:
+        raise NodeforgeError(
+            f"VM credential {name} is {len(value)} bytes, over the SMBIOS limit of "
+            f"{SMBIOS_CREDENTIAL_MAX} encoded: shorten node_yaml / extra_files"
+        )
+    return ["-smbios", f"type=11,value={text}"]
+
+
+def wants_dropin(units: Sequence[str]) -> bytes:
+    """A multi-user.target drop-in that pulls *units* in (firmware boot: no systemd.wants=)."""
+    return ("[Unit]\nWants=" + " ".join(units) + "\n").encode()
+
+
 def cmdline_from_params(params: dict[str, Any]) -> list[str]:
     """``nodeforge.<key>=<value>`` words for the agent's kernel command line source."""
     words = []
@@ -342,6 +388,11 @@ class VMConfig:
     memory_mb: int = 2048
     cpus: int = 2
     accel: str = "auto"  # auto | kvm | tcg
+    boot: str = "uefi"  # uefi | bios | uefi-secureboot | kernel (BOOT_MODES)
+    # The overlay's size when larger than the image's disk (a cloud's bigger volume): the
+    # image grows root into it at first boot. None: the image's own size.
+    disk_size_mib: int | None = None
+    ovmf_dir: Path = OVMF_DIR
     node_yaml: str | None = None  # written as /etc/nodeforge/node.yaml
     cmdline_params: dict[str, Any] | None = None  # nodeforge.* kernel command line params
     authorized_key: str | None = None  # None: generate a key pair in workdir
@@ -431,13 +482,28 @@ class VM:
             signal.signal(signal.SIGTERM, self._prev_term)
 
     def check_inputs(self) -> None:
-        for tool in (self.cfg.qemu, "qemu-img"):
+        cfg = self.cfg
+        if cfg.boot not in BOOT_MODES:
+            raise NodeforgeError(f"VM boot mode {cfg.boot!r} is not one of {', '.join(BOOT_MODES)}")
+        if cfg.boot != "kernel" and (cfg.cmdline_params or cfg.extra_append):
+            raise NodeforgeError(
+                f"VM {cfg.name}: cmdline_params/extra_append go on a kernel command line, "
+                f"which a {cfg.boot} boot does not take: use boot='kernel', or node_yaml"
+            )
+        for tool in (cfg.qemu, "qemu-img"):
             proc.require_tool(tool)
-        for p in (self.cfg.disk, self.cfg.kernel, self.cfg.initrd):
+        need = [cfg.disk] + ([cfg.kernel, cfg.initrd] if cfg.boot == "kernel" else [])
+        for p in need:
             if not p.is_file():
                 raise NodeforgeError(
                     f"VM image: {p} is missing; point at a `nodeforge build` output directory "
                     "(disk.qcow2, vmlinuz, initrd.img)"
+                )
+        for name in FIRMWARE.get(cfg.boot, ()):
+            if not (cfg.ovmf_dir / name).is_file():
+                raise NodeforgeError(
+                    f"VM boot {cfg.boot}: firmware {cfg.ovmf_dir / name} is missing; "
+                    "install Debian's ovmf package (apt-get install ovmf)"
                 )
 
     def start(self) -> None:
@@ -445,13 +511,16 @@ class VM:
         self.check_inputs()
         self.workdir.mkdir(parents=True, exist_ok=True)
         _LIVE.add(self)
-        if cfg.accel == "auto":
+        if cfg.accel == "auto" and cfg.kernel.is_file():
             self.accel = probe_accel(cfg.kernel, cfg.initrd, self.workdir, bound=cfg.probe_bound)
+        elif cfg.accel == "auto":
+            self.accel = AccelDecision("tcg", "no kernel beside the disk to probe KVM with")
         else:
             self.accel = AccelDecision(cfg.accel, "chosen by the caller")
+        size = [f"{cfg.disk_size_mib}M"] if cfg.disk_size_mib else []
         self.run(
             ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(cfg.disk.resolve()),
-             "-F", "qcow2", str(self.overlay)],
+             "-F", "qcow2", str(self.overlay), *size],
             timeout=60,
         )  # fmt: skip
         pub = self.ensure_key()
@@ -486,33 +555,40 @@ class VM:
                       f"nodeforge-vm-{cfg.name}", "-f", str(self.key)], timeout=30)  # fmt: skip
         return (self.key.with_suffix(".pub")).read_text().strip()
 
-    def kernel_append(self, pubkey: str) -> str:
+    def injection(self, pubkey: str) -> tuple[list[tuple[str, bytes]], list[str]]:
+        """(credentials, units to pull in) for the guest's systemd, whatever carries them."""
         cfg = self.cfg
-        words = ["root=/dev/vda", "rw", "console=ttyS0"]
-        if cfg.inject_key:
-            words.append(credential_arg("ssh.authorized_keys.root", (pubkey + "\n").encode()))
+        creds = []
+        if cfg.inject_key:  # a cloud-style boot takes the key from IMDS public-keys instead
+            creds.append(("ssh.authorized_keys.root", (pubkey + "\n").encode()))
+        wants: list[str] = []
         lines = []
         if cfg.node_yaml is not None:
             lines.append(tmpfiles_write_line("/etc/nodeforge/node.yaml", cfg.node_yaml.encode()))
         for path, content in cfg.extra_files.items():
             lines.append(tmpfiles_write_line(path, content))
         if lines:
-            words.append(credential_arg("tmpfiles.extra", ("\n".join(lines) + "\n").encode()))
+            creds.append(("tmpfiles.extra", ("\n".join(lines) + "\n").encode()))
         if cfg.compat_net:
-            words.append(credential_arg("network.network.50-nodeforge-vm", VM_NETWORK))
+            creds.append(("network.network.50-nodeforge-vm", VM_NETWORK))
             # systemd-network-generator copies network.network.* credentials to /run/systemd/network.
-            words.append("systemd.wants=systemd-network-generator.service")
-            words.append("systemd.wants=systemd-networkd.service")
+            wants += ["systemd-network-generator.service", "systemd-networkd.service"]
         if cfg.link_ip:
             net = f"[Match]\nMACAddress={cfg.link_mac}\n\n[Network]\nAddress={cfg.link_ip}\n"
-            words.append(credential_arg("network.network.05-nodeforge-link", net.encode()))
+            creds.append(("network.network.05-nodeforge-link", net.encode()))
             if not cfg.compat_net:
-                words.append("systemd.wants=systemd-network-generator.service")
+                wants.append("systemd-network-generator.service")
         if cfg.compat_keygen:
-            words.append(
-                credential_arg("systemd.extra-unit.nodeforge-vm-keygen.service", VM_KEYGEN_UNIT)
-            )
-            words.append("systemd.wants=nodeforge-vm-keygen.service")
+            creds.append(("systemd.extra-unit.nodeforge-vm-keygen.service", VM_KEYGEN_UNIT))
+            wants.append("nodeforge-vm-keygen.service")
+        return creds, wants
+
+    def kernel_append(self, pubkey: str) -> str:
+        cfg = self.cfg
+        words = [f"root=LABEL={FS_LABEL}", "rw", "console=ttyS0"]
+        creds, wants = self.injection(pubkey)
+        words += [credential_arg(name, value) for name, value in creds]
+        words += [f"systemd.wants={u}" for u in wants]
         if cfg.cmdline_params:
             words += cmdline_from_params(cfg.cmdline_params)
         words += list(cfg.extra_append)
@@ -524,18 +600,47 @@ class VM:
             )
         return text
 
+    def firmware_argv(self, pubkey: str) -> list[str]:
+        """The firmware (OVMF flash: read-only code, this VM's own copy of the vars) and
+        the credentials as SMBIOS type 11 strings."""
+        cfg = self.cfg
+        argv: list[str] = []
+        if cfg.boot in FIRMWARE:
+            code, vars_template = (cfg.ovmf_dir / n for n in FIRMWARE[cfg.boot])
+            vars_copy = self.workdir / "OVMF_VARS.fd"
+            shutil.copyfile(vars_template, vars_copy)
+            if cfg.boot == "uefi-secureboot":
+                argv += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
+            argv += [
+                "-drive", f"if=pflash,format=raw,unit=0,file={code},readonly=on",
+                "-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}",
+            ]  # fmt: skip
+        creds, wants = self.injection(pubkey)
+        if wants:
+            creds.append(("systemd.unit-dropin.multi-user.target", wants_dropin(wants)))
+        for name, value in creds:
+            argv += smbios_credential(name, value)
+        return argv
+
     def qemu_argv(self, pubkey: str) -> list[str]:
         cfg = self.cfg
         assert self.accel is not None and self.port is not None
         accel = self.accel.accel
+        # Secure Boot's OVMF keeps its variables in SMM: the machine needs it.
+        smm = ",smm=on" if cfg.boot == "uefi-secureboot" else ""
         argv = [
             cfg.qemu, "-name", cfg.name,
-            "-machine", f"q35,accel={accel}", "-cpu", "host" if accel == "kvm" else "max",
+            "-machine", f"q35,accel={accel}{smm}", "-cpu", "host" if accel == "kvm" else "max",
             "-m", str(cfg.memory_mb), "-smp", str(cfg.cpus),
             "-nodefaults", "-display", "none", "-vga", "none",
             "-serial", f"file:{self.console}",
-            "-kernel", str(cfg.kernel), "-initrd", str(cfg.initrd),
-            "-append", self.kernel_append(pubkey),
+        ]  # fmt: skip
+        if cfg.boot == "kernel":
+            argv += ["-kernel", str(cfg.kernel), "-initrd", str(cfg.initrd),
+                     "-append", self.kernel_append(pubkey)]  # fmt: skip
+        else:
+            argv += self.firmware_argv(pubkey)
+        argv += [
             "-drive", f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe",
             "-netdev", ",".join(["user", "id=n0", f"hostfwd=tcp:127.0.0.1:{self.port}-:22",
                                  *(cfg.metadata.netdev_options() if cfg.metadata else [])]),
@@ -650,6 +755,7 @@ class VM:
             "key": str(self.key) if self.cfg.authorized_key is None else None,
             "accel": self.accel.accel if self.accel else None,
             "accel_reason": self.accel.reason if self.accel else None,
+            "boot": self.cfg.boot,
             "console": str(self.console),
             "overlay": str(self.overlay),
             "image_dir": str(self.cfg.image_dir),

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from . import __version__
+from . import __version__, redact
 from .errors import NodeforgeError
 
 # Packages whose cli module is optional on a node (the image's agent ships without images/
@@ -110,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     light = light_module(sys.argv[1:] if argv is None else argv)
     parser = build_parser((light,)) if light else build_parser()
     args = parser.parse_args(argv)
+    stderr_log = logging.StreamHandler()  # every line redacted (nodeforge/redact.py)
+    stderr_log.setFormatter(redact.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[stderr_log]
     )
     try:
         rc = args.func(args)

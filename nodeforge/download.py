@@ -1,14 +1,21 @@
 """The one place nodeforge downloads files: `versions lock`, artifact fetch, hook fetch, params URL.
 
 Standard library only (it ships to nodes). What every download gets:
-- a body shorter (or longer) than its Content-Length is rejected, never kept;
+- a body shorter (or longer) than its Content-Length is rejected, never kept (after the
+  declared length the connection must end; bytes that follow within EXTRA_WAIT refuse it);
 - the bytes land in a temp file in the destination's directory, are checked (size, sha256),
   fsynced, and only then renamed into place, so a reader never sees a partial or wrong file;
 - bounded retries with exponential backoff (the sleep is injected) for what can heal: network
   errors, DNS, timeouts, truncated bodies, HTTP 5xx/408/429; never for 4xx or a wrong checksum;
-- a total deadline per attempt, so a server that drips one byte at a time cannot hang us;
-- redirects: at most MAX_REDIRECTS, never from https to anything else (a downgrade would let a
-  network attacker swap the body);
+- a total deadline per attempt over everything (DNS, connect, TLS, headers, redirects, body): a
+  watchdog shuts the attempt's sockets when it passes, so a server that drips one byte at a
+  time, in the headers or in the body, cannot hang us; `fetch` as a whole is bounded by
+  attempts x deadline + the backoffs;
+- redirects: at most MAX_REDIRECTS, only to http(s) with a host and no userinfo, never from
+  https to anything else (a downgrade would let a network attacker swap the body). The opener
+  has only the HTTP(S) handlers: urllib's FTP, file and data handlers are not in it;
+- file:// (a mirror directory, a hook on the node): a regular file only, opened without
+  blocking; a FIFO, device, socket or directory is refused (a FIFO would block forever);
 - an optional progress callback (bytes done, total or None).
 Messages name the label (artifact, hook, params source), the URL (credentials and query
 redacted) and the reason.
@@ -21,7 +28,9 @@ import http.client
 import os
 import socket
 import ssl
+import stat
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -30,10 +39,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import redact
 from .errors import NodeforgeError
 
 CHUNK = 1 << 16
 MAX_REDIRECTS = 5
+MAX_URL = 8192
+# After a body of its Content-Length, how long to look for more: a server that honours our
+# `Connection: close` ends at once; bytes that follow mean the length lied.
+EXTRA_WAIT = 1.0
 USER_AGENT = "nodeforge"
 
 Progress = Callable[[int, int | None], None]
@@ -84,14 +98,9 @@ class Result:
 
 
 def display_url(url: str) -> str:
-    """*url* without user:password@ and with the query's values hidden (pre-signed tokens)."""
-    try:
-        u = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = u.netloc.rsplit("@", 1)[-1] if "@" in u.netloc else u.netloc
-    query = "&".join(f"{k}=…" for k, _ in urllib.parse.parse_qsl(u.query, keep_blank_values=True))
-    return urllib.parse.urlunsplit((u.scheme, netloc, u.path, query, ""))
+    """*url* without user:password@ and with the query's values hidden (pre-signed tokens):
+    the one redaction helper's rule (nodeforge/redact.py)."""
+    return redact.url(url)
 
 
 def _scrub(text: str, url: str) -> str:
@@ -114,26 +123,216 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     def __init__(self, label: str):
         self.label = label
 
+    def http_error_302(self, req, fp, code, msg, headers):
+        # Checked here, before urllib's own handling (which would name ftp:// acceptable and
+        # refuse file:// with a message about "redirection"), on the raw Location.
+        location = headers.get("location") or headers.get("uri")
+        if location is not None:
+            self._check(req, urllib.parse.urljoin(req.full_url, location))
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        old = urllib.parse.urlsplit(req.full_url).scheme
-        new = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, newurl)).scheme
-        if old == "https" and new != "https":
+        self._check(req, urllib.parse.urljoin(req.full_url, newurl))
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    def _check(self, req, target: str) -> None:
+        why = _bad_redirect(req.full_url, target)
+        if why:
             raise DownloadError(
                 self.label,
                 req.full_url,
-                f"redirect from https to {new}:// ({display_url(newurl)}) refused",
+                f"redirect to {display_url(target)} refused: {why}",
                 retryable=False,
             )
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _opener(label: str, context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
-    # file:// is read by us (same checks); urllib's FTP/data handlers are never reached because
-    # the scheme is checked first.
-    handlers: list[urllib.request.BaseHandler] = [_Redirects(label)]
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    return urllib.request.build_opener(*handlers)
+def _bad_redirect(old_url: str, new_url: str) -> str:
+    """Why *new_url* is no place to follow a redirect to ("" when it is)."""
+    if len(new_url) > MAX_URL:
+        return f"longer than {MAX_URL} characters"
+    try:
+        u = urllib.parse.urlsplit(new_url)
+        host = u.hostname
+        u.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError:
+        return "not a valid URL"
+    old = urllib.parse.urlsplit(old_url).scheme
+    if u.scheme not in ("http", "https"):
+        return f"only http:// and https:// are followed, not {u.scheme or 'a scheme-less'}://"
+    if old == "https" and u.scheme != "https":
+        return f"a downgrade from https to {u.scheme}://"
+    if not host:
+        return "no host"
+    if "@" in u.netloc:
+        return "credentials in a redirect target"
+    return ""
+
+
+class Deadline:
+    """One attempt's bound in time over everything it does.
+
+    Socket timeouts bound each read, not their sum, and not the name lookup: a server sending a
+    header byte every few seconds never trips them. So every socket the attempt opens is
+    registered here, and a timer shuts them all down when the deadline passes: the blocked read
+    returns at once and the attempt reports the deadline. The lookup runs in a thread that is
+    waited on no longer than what is left.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            for s in self._socks:
+                s.close()
+            self._socks.clear()
+
+    def left(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        # A duplicate of the descriptor: shutdown(2) through it reaches the same connection
+        # even after ssl has taken the original socket object over.
+        # os.dup, not sock.dup(): an SSLSocket (boto3's connection to an https S3) refuses dup().
+        dup = socket.socket(fileno=os.dup(sock.fileno()))
+        with self._lock:
+            self._socks.append(dup)
+            if self.expired:
+                _shutdown(dup)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for s in self._socks:
+                _shutdown(s)
+
+    def resolve(self, host: str, port: int) -> list:
+        box: dict[str, object] = {}
+
+        def lookup() -> None:
+            try:
+                box["r"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                box["e"] = exc
+
+        t = threading.Thread(target=lookup, daemon=True, name="nodeforge-dns")
+        t.start()
+        t.join(self.left())
+        if t.is_alive():
+            self._expire()
+            raise TimeoutError("deadline")
+        if "e" in box:
+            raise box["e"]  # type: ignore[misc]
+        return box["r"]  # type: ignore[return-value]
+
+    def connect(self, address: tuple[str, int], timeout, source_address=None) -> socket.socket:
+        """socket.create_connection, with the lookup and each connect inside the deadline."""
+        host, port = address
+        if not isinstance(timeout, int | float):
+            timeout = None  # socket._GLOBAL_DEFAULT_TIMEOUT: the deadline alone bounds it
+        err: OSError | None = None
+        for family, type_, proto, _, sa in self.resolve(host, port):
+            if self.left() <= 0:
+                self._expire()
+                raise TimeoutError("deadline")
+            sock = socket.socket(family, type_, proto)
+            try:
+                limit = self.left() if timeout is None else min(timeout, self.left())
+                sock.settimeout(limit)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(sa)
+                sock.settimeout(timeout)
+                self.watch(sock)
+                return sock
+            except OSError as exc:
+                sock.close()
+                err = exc
+        raise err or OSError(f"no address for {host}")
+
+
+def stream_socket(resp: object) -> socket.socket | None:
+    """The socket an http.client response (or botocore's StreamingBody around urllib3's around
+    http.client's) reads from, or None: http.client keeps it only through its file object once
+    the connection object has let go of it (`Connection: close`)."""
+    for name in ("_raw_stream", "_fp"):  # botocore StreamingBody, urllib3 HTTPResponse
+        resp = getattr(resp, name, resp)
+    raw = getattr(getattr(resp, "fp", None), "raw", None)  # socket.SocketIO
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the other side
+
+
+def _connection(base: type[http.client.HTTPConnection], guard: Deadline):
+    class Connection(base):  # type: ignore[valid-type,misc]
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self._create_connection = guard.connect
+
+    return Connection
+
+
+class _HTTP(urllib.request.HTTPHandler):
+    def __init__(self, guard: Deadline):
+        super().__init__()
+        self.guard = guard
+
+    def http_open(self, req):
+        return self.do_open(_connection(http.client.HTTPConnection, self.guard), req)
+
+
+class _HTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, guard: Deadline, context: ssl.SSLContext | None):
+        super().__init__(context=context)
+        self.guard, self.context = guard, context
+
+    def https_open(self, req):
+        return self.do_open(
+            _connection(http.client.HTTPSConnection, self.guard),
+            req,
+            context=self.context,
+        )
+
+
+def _opener(
+    label: str, context: ssl.SSLContext | None, guard: Deadline
+) -> urllib.request.OpenerDirector:
+    """Only what an HTTP(S) download needs. build_opener would add urllib's FTP, file and data
+    handlers, and a redirect to ftp:// was followed through them; here UnknownHandler refuses
+    any scheme but http(s), and _Redirects names the reason first. Proxies from the
+    environment are kept for http and https only (an ftp_proxy would add an ftp opener)."""
+    proxies = {k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https")}
+    opener = urllib.request.OpenerDirector()
+    for h in (
+        urllib.request.ProxyHandler(proxies),
+        urllib.request.UnknownHandler(),
+        _HTTP(guard),
+        _HTTPS(guard, context),
+        urllib.request.HTTPDefaultErrorHandler(),
+        _Redirects(label),
+        urllib.request.HTTPErrorProcessor(),
+    ):
+        opener.add_handler(h)
+    return opener
 
 
 def _reason(exc: BaseException) -> tuple[str, bool]:
@@ -235,14 +434,73 @@ def save(
     return Result(dest, got, n, url)
 
 
-def _read_chunks(resp, deadline: float) -> Iterable[bytes]:
+def _read_chunks(resp, deadline: float, guard: Deadline | None = None) -> Iterable[bytes]:
     while True:
         if time.monotonic() > deadline:
             raise TimeoutError("deadline")
         chunk = resp.read1(CHUNK)  # what has arrived: read() would wait for all CHUNK bytes
         if not chunk:
+            if guard is not None and guard.expired:
+                raise TimeoutError("deadline")  # the watchdog ended it, not the server
             return
         yield chunk
+
+
+def _read_exact(resp, length: int, guard: Deadline) -> Iterable[bytes]:
+    """A body of a declared *length*, then a look for more.
+
+    http.client stops at Content-Length and closes, so a longer body would be cut silently and
+    the cut file pinned. Here the body is read from the connection itself; after *length* bytes
+    the server must end the connection (we sent `Connection: close`): a byte within EXTRA_WAIT
+    means the length lied. A server that keeps the connection open is let go after the wait.
+    """
+    fp, left = resp.fp, length
+    while left:
+        chunk = fp.read1(min(CHUNK, left))
+        if not chunk:
+            if guard.expired:
+                raise TimeoutError("deadline")
+            return  # short: save() reports the truncation
+        left -= len(chunk)
+        yield chunk
+    sock = stream_socket(resp)
+    if sock is None:
+        return
+    try:
+        sock.settimeout(min(EXTRA_WAIT, max(guard.left(), 0.01)))
+        extra = fp.read1(1)
+    except OSError:  # timeout, reset, or a TLS close without notify: nothing more came
+        return
+    if extra:
+        yield extra  # save() refuses it: longer than its Content-Length
+
+
+def _open_regular(src: Path) -> int:
+    """A descriptor of the regular file *src*, never blocking: stat first (opening a device can
+    act on it, a FIFO blocks until a writer comes), then open O_NONBLOCK and check that what
+    was opened is still a regular file (it may have been swapped in between)."""
+    st = os.stat(src)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(0, f"not a regular file ({_kind(st.st_mode)})")
+    fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(0, f"not a regular file ({_kind(st.st_mode)})")
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return f"file type {stat.S_IFMT(mode):o}"
 
 
 def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Result:
@@ -251,7 +509,7 @@ def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Resul
     if scheme == "file":
         src = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
         try:
-            with open(src, "rb") as fh:
+            with os.fdopen(_open_regular(src), "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 return save(
                     iter(lambda: fh.read(CHUNK), b""),
@@ -272,8 +530,9 @@ def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Resul
             label, url, "only file://, http:// and https:// can be downloaded", retryable=False
         )
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
+    guard = Deadline(policy.deadline)
     try:
-        with _opener(label, policy.context).open(req, timeout=policy.timeout) as resp:
+        with guard, _opener(label, policy.context, guard).open(req, timeout=policy.timeout) as resp:
             cl = resp.headers.get("Content-Length")
             length: int | None = None
             if cl is not None:
@@ -287,8 +546,12 @@ def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Resul
                         f"Content-Length {length} is over the limit of {policy.max_bytes} bytes",
                         retryable=False,
                     )
+            if length is not None and resp.length == length:
+                body = _read_exact(resp, length, guard)
+            else:  # chunked (its decoded size is still held to a Content-Length) or to the close
+                body = _read_chunks(resp, deadline, guard)
             res = save(
-                _read_chunks(resp, deadline),
+                body,
                 dest,
                 label=label,
                 url=url,
@@ -302,8 +565,8 @@ def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Resul
         raise
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         reason, retry = _reason(exc)
-        if isinstance(exc, TimeoutError) and str(exc) == "deadline":
-            reason = f"not finished within {policy.deadline:g}s"
+        if guard.expired or (isinstance(exc, TimeoutError) and str(exc) == "deadline"):
+            reason, retry = f"not finished within {policy.deadline:g}s", True
         elif reason == "timed out":
             reason = f"timed out (no data for {policy.timeout:g}s)"
         raise DownloadError(label, url, reason, retryable=retry) from exc

@@ -1,10 +1,19 @@
 """Errors a user can act on. Every message names the field, file or artifact and says how to fix it."""
 
+from . import redact
+
 
 class NodeforgeError(Exception):
     """An error with a message meant for the operator (printed without a traceback)."""
 
     exit_code = 2
+
+    def __init__(self, *args: object) -> None:
+        # The message reaches stderr, logs, state.json and `node status`: whatever built it,
+        # a URL's credentials and anything shaped like a key never do (nodeforge/redact.py).
+        if len(args) == 1 and isinstance(args[0], str):
+            args = (redact.text(args[0]),)
+        super().__init__(*args)
 
 
 class CommandError(NodeforgeError):

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from .errors import NodeforgeError
 
 
 def write_atomic(
@@ -74,6 +78,51 @@ def write_json(
     return write_atomic(path, text, mode)
 
 
+# One component of a name that came from outside (a versions file, a mirror, an S3 listing, a
+# hook name): no separator, no `.`/`..`, nothing a shell, a URL or a terminal reads specially.
+NAME_PART = re.compile(r"[A-Za-z0-9_.+=@,-]{1,255}")
+MAX_NAME = 1024
+
+
+class UnsafeName(NodeforgeError):
+    """*name* cannot be placed under its base; the message says why (never a traceback)."""
+
+
+def safe_name(name: object, *, what: str, nested: bool = False) -> list[str]:
+    """The parts of the untrusted relative *name*, each a full match of NAME_PART (with
+    *nested*, several separated by single `/`); `.`, `..`, absolute and empty never match."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+        raise UnsafeName(f"{what}: {name!r} is not a relative file name")
+    parts = name.split("/") if nested else [name]
+    for part in parts:
+        if part in (".", "..") or not NAME_PART.fullmatch(part):
+            sep = ", parts separated by /" if nested else ""
+            raise UnsafeName(
+                f"{what}: {name!r} is not a safe relative name (A-Z a-z 0-9 _ . + = @ , -{sep}; "
+                "no '.', '..', absolute path or empty part)"
+            )
+    return parts
+
+
+def confined(base: Path, name: str, *, what: str, nested: bool = False) -> Path:
+    """*base* joined with the untrusted relative *name*, refused unless it stays inside *base*.
+
+    The one helper for every path built from outside input (safe_name's grammar first). The
+    result is then resolved (symlinks followed) and must still lie strictly under the resolved
+    *base*, so a link planted inside *base* cannot lead out of it either. *what* names the
+    field for the error (`artifacts.x.arch.amd64.file`).
+    """
+    joined = Path(base).joinpath(*safe_name(name, what=what, nested=nested))
+    try:
+        root = Path(base).resolve()
+        real = joined.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise UnsafeName(f"{what}: {name!r} cannot be resolved under {base}: {exc}") from None
+    if real == root or not real.is_relative_to(root):
+        raise UnsafeName(f"{what}: {name!r} leads out of {base} (to {real}); refused")
+    return joined
+
+
 def fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
@@ -87,3 +136,38 @@ def fsync_dir(d: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def restrict_mode(path: str | os.PathLike[str], mode: int) -> bool:
+    """Narrow *path*'s permission bits to at most *mode* (never widen them); True if changed.
+
+    For files written by an older version, or by a tool, with a wider mode (a 0644 state.json
+    that holds an error). A missing path or a symlink is left alone (the link's target is not
+    ours to change); the chmod goes through a descriptor opened without following links.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP):
+            return False
+        raise
+    try:
+        cur = stat.S_IMODE(os.fstat(fd).st_mode)
+        if not cur & ~mode:
+            return False
+        os.fchmod(fd, cur & mode)
+        return True
+    finally:
+        os.close(fd)
+
+
+def open_private_append(path: str | os.PathLike[str]) -> TextIO:
+    """Open *path* for appending text, created 0600 and narrowed to 0600 if it is wider."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "a")

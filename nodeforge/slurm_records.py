@@ -34,6 +34,11 @@ from nodeforge.errors import NodeforgeError
 from nodeforge.slurm import has
 
 _INT_MAX = 2**63 - 1
+_U32_NO_VAL = 0xFFFFFFFE  # Slurm's NO_VAL (and INFINITE above it) in a uint32 field
+# an array's pending task ids as Slurm prints them (bit_fmt, then "%N" for a run limit)
+_TASK_RANGE = r"[0-9]{1,10}(?:-[0-9]{1,10}(?::[0-9]{1,10})?)?"  # ([0-9]: no Unicode digits)
+_ARRAY_TASKS = re.compile(rf"{_TASK_RANGE}(?:,{_TASK_RANGE})*")
+_DIGITS = re.compile(r"[0-9]{1,10}")
 _STATE_WORD = re.compile(r"[A-Z][A-Z_]*")
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _HOSTLIST = re.compile(r"[A-Za-z0-9._\-\[\],]*")
@@ -98,6 +103,9 @@ class JobRecord:
     array_task_id: int | None = None
     het_job_id: int | None = None
     het_job_offset: int | None = None
+    # an array's record of tasks not started yet (array_task_id unset): their ids, e.g.
+    # "2-9" or "1,3,5-7:2" (Slurm's "%N" run limit taken off); "" otherwise
+    array_tasks: str = ""
     user_id: int | None = None
     # Free text: written by users (name, comment) or admins (admin_comment). Kept as data,
     # never used to find another field.
@@ -105,6 +113,7 @@ class JobRecord:
     comment: str = ""
     admin_comment: str = ""
     state_description: str = ""
+    extra: str = ""  # sbatch --extra (>= 23.02; 22.05 has no such field)
 
     @property
     def key(self) -> str:
@@ -259,6 +268,16 @@ def job_from_json(d: object) -> JobRecord:
     nodelist = _str(d.get("nodes"), what, "nodes", _HOSTLIST)
     array_job = _num(d.get("array_job_id"), what, "array_job_id", zero_is_unset=True)
     array_task = _num(d.get("array_task_id"), what, "array_task_id")
+    if array_task is not None and array_task >= _U32_NO_VAL:
+        array_task = None  # Slurm's NO_VAL/INFINITE: the array's record of pending tasks
+    tasks = ""
+    if array_job is not None and array_task is None:
+        # (a string this grammar does not know leaves the record without a task list: the
+        # governor then cannot name it and issues no command to it, rather than guessing)
+        raw = d.get("array_task_string")
+        spec, pct, limit = raw.partition("%") if isinstance(raw, str) else ("", "", "")
+        ok = _ARRAY_TASKS.fullmatch(spec) and (not pct or _DIGITS.fullmatch(limit))
+        tasks = spec if ok else ""
     het_job = _num(d.get("het_job_id"), what, "het_job_id", zero_is_unset=True)
     return JobRecord(
         job_id=jid,
@@ -283,11 +302,13 @@ def job_from_json(d: object) -> JobRecord:
         het_job_offset=_num(d.get("het_job_offset"), what, "het_job_offset")
         if het_job is not None
         else None,
+        array_tasks=tasks,
         user_id=_num(d.get("user_id"), what, "user_id"),
         name=_free_text(d.get("name"), what, "name"),
         comment=_free_text(d.get("comment"), what, "comment"),
         admin_comment=_free_text(d.get("admin_comment"), what, "admin_comment"),
         state_description=_free_text(d.get("state_description"), what, "state_description"),
+        extra=_free_text(d.get("extra"), what, "extra"),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.server
 import json
 import os
@@ -68,6 +69,27 @@ def build_image(output: Path, mirror: Path, versions: Path, *extra: str) -> tupl
     return json.loads(cp.stdout), time.monotonic() - t0
 
 
+def fake_image_tree(tmp_path: Path) -> Path:
+    """The least an image tree has for the sealer and the scanner: dpkg's info dir and an
+    empty machine-id."""
+    t = tmp_path / "tree"
+    (t / "var/lib/dpkg/info").mkdir(parents=True)
+    (t / "etc").mkdir(exist_ok=True)
+    (t / "etc/machine-id").write_text("")
+    return t
+
+
+def dpkg_ship(tree: Path, package: str, *rels: str) -> None:
+    """Record files of an image tree as shipped by *package*, as dpkg does: the .list and the
+    md5sums of their content now (the scanner treats them as public while unchanged)."""
+    info = tree / "var/lib/dpkg/info"
+    info.mkdir(parents=True, exist_ok=True)
+    with open(info / f"{package}.list", "a") as lst, open(info / f"{package}.md5sums", "a") as md5:
+        for rel in rels:
+            lst.write(f"/{rel}\n")
+            md5.write(f"{hashlib.md5((tree / rel).read_bytes()).hexdigest()}  {rel}\n")
+
+
 def process_running(pid: int) -> bool:
     """Alive and not a zombie (an orphan's zombie may linger where PID 1 does not reap)."""
     from nodeforge.proc import pid_alive
@@ -91,15 +113,20 @@ def qemu_image_manifest(**phases: float) -> dict:
 
 
 def debugfs_read(disk: Path, work: Path, request: str) -> str:
-    """Run one debugfs request (`cat /etc/x`, `ls /root/.ssh`) on a qcow2 disk, no mount.
+    """Run one debugfs request (`cat /etc/x`, `ls /root/.ssh`) on a qcow2 disk's root
+    filesystem (the disk itself, or its largest partition), no mount.
     debugfs reports a missing path on stderr and exits 0: callers check the text."""
+    from nodeforge.images.disk_seal import root_partition
+
     raw = work / "inspect.raw"
     subprocess.run(
         ["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True, timeout=600
     )
     try:
+        part = root_partition(raw)  # a partitioned disk: its root filesystem (the largest)
+        where = str(raw) if part is None else f"{raw}?offset={part[0]}"
         return subprocess.run(
-            ["debugfs", "-R", request, str(raw)],
+            ["debugfs", "-R", request, where],
             capture_output=True,
             text=True,
             timeout=120,

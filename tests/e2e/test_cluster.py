@@ -373,9 +373,13 @@ def test_hook_setsid_daemon_is_stopped_with_its_scope(cluster, tmp_path):
     assert "processes it left running were stopped (scope)" in log, log
 
 
-@pytest.mark.parametrize("case", ["fails", "hangs", "bad-sha256"])
+@pytest.mark.parametrize("case", ["fails", "hangs", "bad-sha256", "not-a-file"])
 def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
-    if case == "fails":
+    if case == "not-a-file":  # a device (a FIFO blocked the boot forever): refused, not read
+        scripts = {}
+        hook = {"uri": "file:///dev/zero", "name": "50-dev"}
+        expect = "hook 50-dev could not be fetched: cannot read /dev/zero: not a regular file"
+    elif case == "fails":
         scripts = {"20-fail.sh": "#!/bin/sh\necho failing on purpose >&2\nexit 3\n"}
         hook = {"uri": "file:///opt/e2e-hooks/20-fail.sh"}
         expect = "hook 20-fail.sh failed (exit 3)"
@@ -401,6 +405,73 @@ def test_broken_hook_leaves_node_drained_with_reason(cluster, tmp_path, case):
     reasons = cx("ctl", "sinfo", "-R", "-h", "-o", "%n|%E")
     assert any(line.startswith(name + "|") and expect in line for line in reasons.splitlines())
     assert status()[name]["agent"] == "failed"
+
+
+def _sh(node: str, script: str) -> str:
+    return cx(node, "sh", "-c", script + " || true").strip()
+
+
+def test_unit_stopped_at_its_bound_leaves_node_drained_with_the_reason(cluster, tmp_path):
+    """What TimeoutStartSec does at its bound, done at once with `systemctl stop` (the same
+    SIGTERM): the hook is stopped, the node stays drained with the reason, the agent failed."""
+    scripts = {"70-hang.sh": "#!/bin/sh\necho $$ > /run/e2e-hang.pid\nsleep 600\n"}
+    hook = {"uri": "file:///opt/e2e-hooks/70-hang.sh", "timeout": 300}
+    name = add_node(tmp_path, [hook], scripts, wait=False)
+    wait_for(
+        f"{name} running its hook",
+        lambda: (
+            _sh(name, "test -s /run/e2e-hang.pid && echo yes") == "yes"
+            and "running hooks" in node_state(name)[1]
+        ),
+        timeout=240,
+        every=0.5,
+    )
+    cx(name, "systemctl", "stop", "nodeforge-init.service", timeout=150)
+    st, reason = node_state(name)
+    assert "drain" in st, (st, reason)
+    assert reason.startswith("nodeforge: hooks step failed: stopped by SIGTERM"), reason
+    pid = cx(name, "cat", "/run/e2e-hang.pid").strip()
+    assert _sh(name, f"test -e /proc/{pid} && echo alive") == "", "the hook outlived the stop"
+    assert status()[name]["agent"] == "failed"
+
+
+def test_uri_secrets_never_echoed_and_outputs_root_only(cluster, tmp_path):
+    """Issue 23 item 1 on a real node: a hook URI with user:password@ and a presigned query
+    fails to fetch (loopback port 1); the drain reason, state.json, `node status`, the agent's
+    and the hook's logs and the journal name the hook without the secrets, and every file
+    that holds params or errors is root-only."""
+    pw, sig = "E2ePassw0rdXq7", "E2eSig5f2b9c0d11"
+    uri = f"http://nfuser:{pw}@127.0.0.1:1/x.sh?X-Amz-Signature={sig}&X-Amz-Credential=AKIA0"
+    name = add_node(tmp_path, [{"uri": uri, "sha256": "a" * 64}], {}, wait=False)
+    st = wait_for(
+        f"{name} drained with a reason",
+        lambda: (lambda s: s if "drain" in s[0] and "nodeforge: hook" in s[1] else None)(
+            node_state(name)
+        ),
+        timeout=240,
+    )
+    assert "hook x.sh could not be fetched" in st[1], st
+    texts = {
+        "sinfo -R": cx("ctl", "sinfo", "-R", "-h", "-o", "%n|%E"),
+        "state.json": cx(name, "cat", "/var/lib/nodeforge/state.json"),
+        "node status": cx(name, "nodeforge", "node", "status", check=False),
+        "node status --json": cx(name, "nodeforge", "node", "status", "--json", check=False),
+        "logs": cx(name, "sh", "-c", "cat /var/log/nodeforge/*.log /var/log/nodeforge/hooks/*.log"),
+        "journal": cx(name, "journalctl", "-u", "nodeforge-init", "--no-pager", check=False),
+        "params.json": cx(name, "cat", "/var/lib/nodeforge/params.json"),
+    }
+    assert (
+        "x.sh" in texts["logs"]
+        and "http://127.0.0.1:1/x.sh?X-Amz-Signature=" in texts["params.json"]
+    ), texts
+    for where, text in texts.items():
+        assert pw not in text and sig not in text, f"secret in {where}: {text}"
+    modes = cx(name, "stat", "-c", "%a %n", "/var/lib/nodeforge", "/var/lib/nodeforge/state.json",
+               "/var/lib/nodeforge/params.json", "/var/log/nodeforge", "/var/log/nodeforge/agent.log",
+               "/var/log/nodeforge/hooks", "/var/log/nodeforge/hooks/x.sh.log")  # fmt: skip
+    got = dict(reversed(line.split(" ", 1)) for line in modes.splitlines())
+    for path, mode in got.items():
+        assert mode == ("700" if path.count(".") == 0 else "600"), got
 
 
 def test_malformed_params_name_the_field_and_keep_node_out(cluster, tmp_path):

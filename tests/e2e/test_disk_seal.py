@@ -1,8 +1,9 @@
-"""The qemu target's host-side disk seal on a real ext4 disk (loop mount: needs root).
+"""The qemu target's host-side disk seal on a real disk (loop mount: needs root).
 
-A small tree stands in for the build VM's disk; what is checked is what an operator
-would check of a published qcow2: no host key, no build access key, an image.json, and
-nothing deleted that can be read back out of the disk's free blocks.
+The built image's tree (or, where no boot loader is needed, a small tree) stands in for
+the build VM's disk; what is checked is what an operator would check of a published qcow2:
+no host key, no build access key, an image.json, the boot loader on the disk, and nothing
+deleted that can be read back out of the disk's free blocks.
 """
 
 from __future__ import annotations
@@ -38,13 +39,23 @@ def _tree(tmp_path, marker: bytes):
     return t
 
 
-def _disk(tmp_path, marker: bytes):
-    """A bare ext4 disk, as the qemu target makes from the mmdebstrap base."""
-    t = _tree(tmp_path, marker)
+def _disk(tmp_path, marker: bytes, tree: Path | None = None):
+    """The qemu target's disk as Packer hands it over: nodeforge's GPT layout, no boot
+    loader on the disk yet (the tree may carry the loader's packages)."""
+    t = tree or _tree(tmp_path, marker)
     out = tmp_path / "disk"
     out.mkdir()
-    export.export_disk(t, out, size_mib=256)
+    export.export_disk(t, out, size_mib=None if tree else 256, loader=False)
     return out / export.DISK
+
+
+@pytest.fixture
+def provisioned_tree(image_tree, tmp_path):
+    """The built image's tree (it has its boot loader's packages) with what a build VM
+    leaves behind: a host key that must not survive, the build's access key."""
+    t = tmp_path / "tree"
+    subprocess.run(["cp", "-a", f"{image_tree}/.", str(t)], check=True, timeout=600)
+    return t
 
 
 EFI_MARK = b"NODEFORGE-EFI-PARTITION-UNTOUCHED"
@@ -106,10 +117,16 @@ def _raw_bytes(qcow2, tmp_path) -> bytes:
     return data
 
 
-def test_sealed_disk_has_no_identity_and_nothing_recoverable(tmp_path, root_required):
-    require_tools("qemu-img", "mkfs.ext4", "fstrim", "debugfs", "mount")
+def test_sealed_disk_has_no_identity_and_nothing_recoverable(
+    tmp_path, root_required, provisioned_tree
+):
+    require_tools("qemu-img", "mkfs.ext4", "fstrim", "debugfs", "mount", "mcopy", "mkfs.vfat")
     marker = f"NODEFORGE-HOSTKEY-{uuid.uuid4()}".encode()
-    disk = _disk(tmp_path, marker)
+    t = provisioned_tree
+    (t / "etc/ssh/ssh_host_ed25519_key").write_bytes(marker * (16384 // len(marker)))
+    (t / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+    (t / "root/.ssh/authorized_keys").write_text(make_keypair(tmp_path, "build")[0] + "\n")
+    disk = _disk(tmp_path, marker, tree=t)
     assert marker in _raw_bytes(disk, tmp_path), "control: the key is on the disk before sealing"
     boot = tmp_path / "boot-out"
     boot.mkdir()
@@ -122,9 +139,17 @@ def test_sealed_disk_has_no_identity_and_nothing_recoverable(tmp_path, root_requ
     assert "ssh_host_" not in listing
     assert "authorized_keys" not in debugfs_read(disk, tmp_path, "ls -l /root/.ssh")
     inside = json.loads(debugfs_read(disk, tmp_path, "cat /etc/nodeforge/image.json"))
-    assert inside == image and inside["packages"] == {"slurmd": "24.11.5-1"}
-    assert (boot / "vmlinuz").read_bytes() == b"kernel"
-    assert "discard free blocks" in (tmp_path / "seal.log").read_text()
+    disk_layout = image.pop("disk")
+    assert inside == image and "slurmd" in inside["packages"]
+    assert (boot / "vmlinuz").read_bytes() == sorted((t / "boot").glob("vmlinuz-*"))[
+        -1
+    ].read_bytes()
+    log = (tmp_path / "seal.log").read_text()
+    assert "discard free blocks" in log and "scanned partitions root, esp, bios" in log
+    # The seal put the image's boot loader on the disk: grub finds root by UUID.
+    cfg = debugfs_read(disk, tmp_path, "cat /boot/grub/grub.cfg")
+    assert f"root=UUID={disk_layout['root_fs_uuid']}" in cfg and "/dev/vda" not in cfg
+    assert [p["role"] for p in disk_layout["partitions"]] == ["bios", "esp", "root"]
     # No loop device or mount is left behind.
     mounts = Path("/proc/mounts").read_text()
     assert str(disk.parent) not in mounts
@@ -135,7 +160,8 @@ def test_sealed_disk_has_no_identity_and_nothing_recoverable(tmp_path, root_requ
 
 
 def test_deleting_without_discard_would_leave_the_key_readable(tmp_path, root_required):
-    """Why the seal discards free blocks: a plain delete on ext4 leaves the data in place."""
+    """Why the seal discards free blocks: a plain delete on ext4 leaves the data in place
+    (here on the root partition of nodeforge's layout)."""
     require_tools("qemu-img", "mkfs.ext4", "mount")
     marker = f"NODEFORGE-HOSTKEY-{uuid.uuid4()}".encode()
     disk = _disk(tmp_path, marker)

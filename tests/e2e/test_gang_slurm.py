@@ -711,3 +711,150 @@ def test_array_tasks_are_tracked_as_arrayjob_task(lab, gov):
     a = lab.sbatch("--array=1-2%1", "-N2", "-w", "gn3,gn4")
     wait_for(lambda: g.events(f"{a}_1", "requeue"), 25, "task 1 requeued under its key")
     assert f"{a}_1" in g.gov.state.jobs
+
+
+def _array_of_two_gangs(lab, unready: str) -> tuple[int, int, int]:
+    """An array of two 2-node gangs (tasks 0 and 1, both running at once); one task never
+    signals ready: the one that carries the array's own JobId (*unready* "own": Slurm keeps
+    that id for one task, and as a bare id it names the whole array) or the other ("other").
+    -> (array id, the unready task, its ready sibling), once both run."""
+    own = '[ "$SLURM_JOB_ID" = "$SLURM_ARRAY_JOB_ID" ]'
+    cond = own if unready == "own" else f"! {own}"
+    script = (
+        f"#!/bin/sh\nif {cond}; then sleep 120; exit 0; fi\n"
+        f"{lab.nodeforge_cmd} gang ready --timeout 20 || true\nsleep 120\n"
+    )
+    extra = ["-x", ",".join(lab.cloud_names)] if lab.cloud_names else []
+    a = lab.sbatch("--array=0-1", "-N2", *extra, script=script)
+
+    def both_run() -> bool:
+        return all(lab.job(f"{a}_{t}").get("JobState") == "RUNNING" for t in (0, 1))
+
+    wait_for(
+        both_run, 30, "both array tasks RUNNING", lambda: [lab.job(f"{a}_{t}") for t in (0, 1)]
+    )
+    carrier = [t for t in (0, 1) if lab.job(f"{a}_{t}")["JobId"] == str(a)]
+    assert len(carrier) == 1, [lab.job(f"{a}_{t}") for t in (0, 1)]
+    bad = carrier[0] if unready == "own" else 1 - carrier[0]
+    return a, bad, 1 - bad
+
+
+def test_array_gang_timeout_requeues_only_its_own_task(lab, gov):
+    """Issue 24: the task carrying the array's id never signals ready; at each of its
+    timeouts only that task is requeued (`scontrol requeue <ArrayJobId>` requeued the whole
+    array, the ready sibling included). Then an operator requeues the sibling (a requeue
+    that is Slurm's, not the governor's): the governor records it for the sibling only, and
+    its next requeue of the unready task still leaves the sibling alone. Checked in Slurm's
+    own view: Restarts, JobState, JobId and StartTime of each task."""
+    g = gov(timeout=4, probe={"mode": "command"}, requeuing={"backoff_base_seconds": 2}).start()
+    a, bad, sib = _array_of_two_gangs(lab, "own")
+    bad_key, sib_key = f"{a}_{bad}", f"{a}_{sib}"
+    before = lab.job(sib_key)
+    wait_for(
+        lambda: len(g.events(bad_key, "requeue")) >= 2,
+        60,
+        "two requeues of the unready task",
+        lambda: (g.events(), lab.job(bad_key), lab.job(sib_key)),
+    )
+    after = lab.job(sib_key)
+    assert after["Restarts"] == "0" and after["JobState"] == "RUNNING", after
+    assert (after["JobId"], after["StartTime"]) == (before["JobId"], before["StartTime"])
+    assert int(lab.job(bad_key)["Restarts"]) >= 2
+    assert any(e["reason"] == "PodsReady" for e in g.events(sib_key, "note"))
+    acted = [e for e in g.events(sib_key) if e["action"] != "note"]
+    assert acted == [], acted
+    # every command went to the unready task by its ArrayJobId_TaskId
+    cmds = [e for e in g.events(bad_key) if e["action"] not in ("note", "strike")]
+    assert cmds and {e.get("address") for e in cmds} == {bad_key}, cmds
+
+    # Slurm's own requeue of the sibling (an operator's): recorded, not acted on
+    lab.run("scontrol", "requeue", sib_key)
+    wait_for(
+        lambda: any(e["reason"] == "RequeuedBySlurm" for e in g.events(sib_key, "note")),
+        15,
+        "the governor notes Slurm's requeue of the sibling",
+    )
+    n = len(g.events(bad_key, "requeue"))
+    wait_for(lambda: len(g.events(bad_key, "requeue")) > n, 40, "the next requeue of bad")
+    assert lab.job(sib_key)["Restarts"] == "1", lab.job(sib_key)
+    assert [e for e in g.events(sib_key) if e["action"] != "note"] == []
+
+
+def test_array_task_with_the_arrays_id_marks_only_itself_ready(lab, gov):
+    """The other way round: the task carrying the array's id signals ready (`nodeforge gang
+    ready`, SLURM_JOB_ID = the array's id), the sibling never does. The mark lands on that
+    task only (Comment by ArrayJobId_TaskId; JobId=<array id> marked every task, so the
+    sibling looked ready and was never requeued), and the sibling is requeued alone."""
+    g = gov(timeout=4, probe={"mode": "command"}).start()
+    a, bad, good = _array_of_two_gangs(lab, "other")
+    bad_key, good_key = f"{a}_{bad}", f"{a}_{good}"
+    wait_for(
+        lambda: g.events(bad_key, "requeue"),
+        30,
+        "the unready sibling requeued",
+        lambda: (g.events(), lab.job(bad_key), lab.job(good_key)),
+    )
+    assert "nfg-ready=0" in lab.job(good_key).get("Comment", "")
+    assert "nfg-ready" not in lab.job(bad_key).get("Comment", "")
+    assert lab.job(good_key)["Restarts"] == "0" and lab.job(good_key)["JobState"] == "RUNNING"
+
+
+def test_own_deadlines_judged_and_shown_to_the_owner(lab, gov):
+    """Per-job deadlines (deadlines.field: comment, 2..8 s, default timeout 4 s), three jobs
+    of an unprivileged owner that never become ready: one asks for 8 s (set), one for NaN
+    (refused: governed with the default), one in its name only (refused: not the allowed
+    field). The owner reads each verdict in `scontrol show job`; the deadlines Slurm's
+    StartTime and the requeues show are 8, 4 and 4 s."""
+    g = gov(
+        timeout=4,
+        probe={"mode": "command"},  # the jobs never run `gang ready`: never ready
+        deadlines={"field": "comment", "min_seconds": 2, "max_seconds": 8},
+        requeuing={"backoff_base_seconds": 30, "backoff_max_seconds": 30},
+    ).start()
+
+    def submit(node_pair: str, *extra: str) -> str:
+        out = lab.as_user(
+            "sbatch", "--parsable", "-N2", "-w", node_pair,
+            f"--output={lab.base}/log/u-%j.out", *extra, "--wrap", "sleep 60",
+        ).stdout.strip()  # fmt: skip
+        assert out.isdigit(), out
+        return out
+
+    own = submit("gn1,gn2", "--comment=nfg-timeout=8s")
+    nan = submit("gn3,gn4", "--comment=nfg-timeout=nan")
+    wait_for(lambda: g.events(nan, "requeue"), 20, "the NaN job requeued at the default")
+    named = submit("gn3,gn4", "--job-name=nfg-timeout=8s")
+    for j in (own, named):
+        wait_for(lambda j=j: g.events(j, "requeue"), 20, f"job {j} requeued")
+
+    def shown(j: str) -> str:
+        out = lab.as_user("scontrol", "show", "job", j).stdout
+        return next((w for w in out.split() if w.startswith("AdminComment=")), "")
+
+    assert "nfg-deadline:set,t=8,why=ok" in shown(own), shown(own)
+    assert "nfg-deadline:refused,t=4,why=malformed" in shown(nan), shown(nan)
+    assert "nfg-deadline:refused,t=4,why=field_not_allowed" in shown(named), shown(named)
+    for j, secs in ((own, 8), (nan, 4), (named, 4)):
+        (ev,) = g.events(j, "deadline")
+        req = g.events(j, "requeue")[0]
+        assert ev["timeout_seconds"] == secs, ev
+        # requeued once the job had waited its own timeout (from admission), not another
+        assert secs <= req["waited"] < secs + 2, req
+
+
+def test_time_limit_deactivates_after_t_seconds(lab, gov):
+    """backoff_limit_seconds: 5 and no count limit: requeued at its first timeout (3 s after
+    the first admission), deactivated at the next one (>= 5 s after it)."""
+    g = gov(
+        timeout=3,
+        probe={"mode": "command"},
+        requeuing={"backoff_base_seconds": 1, "backoff_limit_seconds": 5},
+    ).start()
+    j = lab.sbatch("-N2", "-w", "gn3,gn4", script="#!/bin/sh\nsleep 60\n")
+    wait_for(lambda: g.events(j, "requeuehold"), 40, "deactivation by time")
+    (rq,) = g.events(j, "requeue")
+    (rh,) = g.events(j, "requeuehold")
+    assert "since first admission >= backoff_limit_seconds 5" in rh["detail"], rh
+    assert rq["count"] == 1 and rh["count"] == 2
+    wait_for(lambda: lab.job_json(j).get("state_reason") == "JobHeldAdmin", 15, "admin hold (JSON)")
+    assert decode_admin(lab.job(j)["AdminComment"])["phase"] == "deactivated"

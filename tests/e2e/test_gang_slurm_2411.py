@@ -11,6 +11,9 @@ Cases that stay on 22.05 only, and why:
 - test_slurmctld_restart: the lab stops and starts its own slurmctld process,
 - test_cli_run_once_and_status: it runs the host's `nodeforge gang run` against the lab's
   SLURM_CONF; the host's 22.05 clients cannot talk to 24.11,
+- test_array_task_with_the_arrays_id_marks_only_itself_ready: its jobs run the image's own
+  `nodeforge gang ready` (the cases here use the built image's install, the 22.05 lab this
+  checkout's): it holds here once the image is built from a tree with the fix,
 - test_prolog_fails: its expectations are what 22.05 without ForceRequeueOnFail does; the
   image's config sets PrologFlags=ForceRequeueOnFail, which changes Slurm's own reaction (not
   covered here yet).
@@ -30,6 +33,7 @@ from clusterlab import ClusterLab
 from test_gang_slurm import (  # noqa: F401  (fixtures and cases collected here too)
     clean,
     gov,
+    test_array_gang_timeout_requeues_only_its_own_task,
     test_array_tasks_are_tracked_as_arrayjob_task,
     test_block_admission_not_stalled_by_a_gang_waiting_for_its_dependency,
     test_block_admission_serializes,
@@ -40,10 +44,12 @@ from test_gang_slurm import (  # noqa: F401  (fixtures and cases collected here 
     test_governor_restart_mid_countdown,
     test_happy_path_with_app_probe,
     test_not_requeueable_is_recorded,
+    test_own_deadlines_judged_and_shown_to_the_owner,
     test_probe_never_signals_backoff_steps,
     test_prolog_hangs,
     test_real_node_output_is_read_node_by_node_through_the_cache,
     test_retry_limit_requeuehold_then_release_resets,
+    test_time_limit_deactivates_after_t_seconds,
     wait_for,
 )
 
@@ -108,6 +114,9 @@ def test_het_job_is_one_gang_requeued_by_its_leader(lab, gov):  # noqa: F811 (th
     assert not [e for e in g.events(leader, "note") if e["reason"] == "PodsReady"], seen
     rec = g.rec(leader)
     assert rec is not None and rec.count == 1, rec
+    # every command named the whole het job by the leader's id (not a component's)
+    cmds = [e for e in g.events(leader) if e["action"] not in ("note", "strike")]
+    assert cmds and {e.get("address") for e in cmds} == {leader}, cmds
     # one gang, keyed by the leader: no record for the second component's own id (Slurm
     # numbers the components leader, leader+1)
     assert str(int(leader) + 1) not in g.gov.state.jobs, sorted(g.gov.state.jobs)

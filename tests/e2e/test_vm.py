@@ -286,3 +286,15 @@ def test_overlay_is_copy_on_write(vm, vm_image):
     info = proc.run(["qemu-img", "info", "-U", str(vm.overlay)]).stdout
     assert "backing file:" in info and str(vm_image.resolve() / "disk.qcow2") in info, info
     assert vm.describe()["ssh"].startswith("ssh://root@127.0.0.1:")
+
+
+def test_cluster_booted_from_uefi_with_params_by_smbios(cluster):
+    """The VMs boot as a cloud boots them: OVMF, the disk's own loader, no -kernel; the
+    params and key came as SMBIOS credentials, not on the kernel command line."""
+    for v in cluster.values():
+        assert v.describe()["boot"] == "uefi"
+        out = v.ssh("cat /proc/cmdline; test -d /sys/firmware/efi && echo firmware=efi").stdout
+        assert "firmware=efi" in out and "root=UUID=" in out, out
+        assert "set_credential" not in out and "nodeforge." not in out, out
+        creds = v.ssh("systemd-creds --system list --no-legend").stdout
+        assert "tmpfiles.extra" in creds and "ssh.authorized_keys.root" in creds, creds

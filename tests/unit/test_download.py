@@ -240,7 +240,10 @@ def test_https_to_http_redirect_refused(tls_pair, tmp_path):
         tls.other = plain_base
         pol = Policy(attempts=3, timeout=5, context=client_ctx)
         assert _dl(tls_base + "/ok", tmp_path, policy=pol, sha256=SHA).size == len(BODY)
-        with pytest.raises(DownloadError, match=r"redirect from https to http:// .* refused") as ei:
+        with pytest.raises(
+            DownloadError,
+            match=r"redirect to http://\S+/ok refused: a downgrade from https to http://",
+        ) as ei:
             _dl(tls_base + "/redirect-to-http", tmp_path, policy=pol)
         assert not ei.value.retryable and "/ok" not in plain.counts
         # An untrusted certificate is a TLS error, not a silent fallback.

@@ -273,9 +273,18 @@ def _gov(tmp_path, slurm, t):
 
 
 def _timed_out_gang():
-    from nodeforge.gang.slurm import JobObs, Snapshot
+    from nodeforge.gang.slurm import JobAddress, JobObs, Snapshot
 
-    j = JobObs("9", "CONFIGURING", "None", ("gn1", "gc1"), 2, partition="main", start_time=1e9)
+    j = JobObs(
+        "9",
+        "CONFIGURING",
+        "None",
+        ("gn1", "gc1"),
+        2,
+        partition="main",
+        start_time=1e9,
+        address=JobAddress("9"),
+    )
     booting = frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})
     return Snapshot([j], nodes={"gn1": frozenset({"ALLOCATED"}), "gc1": booting})
 

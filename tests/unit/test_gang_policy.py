@@ -854,6 +854,8 @@ def _walk_job(rng, jid: str, prev: JobObs | None, t: float) -> JobObs:
         held=held,
         admin_held=admin,
         priority=0 if held else rng.randint(1, 5),
+        # a job's own timeout request (deadlines.field: comment), in or out of bounds
+        comment=rng.choice(["", "", "nfg-timeout=5s", "nfg-timeout=1:00", "nfg-timeout=x"]),
     )
 
 
@@ -864,9 +866,11 @@ def _walk_job(rng, jid: str, prev: JobObs | None, t: float) -> JobObs:
     recovery=hst.sampled_from([0, 4]),
     limit=hst.sampled_from([None, 1]),
     node_churn=hst.sampled_from([0.05, 0.3]),
+    own=hst.sampled_from(["none", "refuse", "clamp"]),
+    tlimit=hst.sampled_from([None, 20]),
 )
 def test_quiet_shortcut_decides_what_the_full_path_decides(
-    seed, block, recovery, limit, node_churn
+    seed, block, recovery, limit, node_churn, own, tlimit
 ):
     """decide() skips a job whose observation is the same object as last cycle's while its
     phase would not change, and with the same node map and config it looks only at the jobs
@@ -881,7 +885,13 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
     c = cfg(
         block_admission=block,
         recovery_timeout=recovery,
-        requeuing={"backoff_limit_count": limit},
+        requeuing={"backoff_limit_count": limit, "backoff_limit_seconds": tlimit},
+        deadlines={
+            "field": "none" if own == "none" else "comment",
+            "out_of_bounds": "clamp" if own == "clamp" else "refuse",
+            "min_seconds": 3,
+            "max_seconds": 30,
+        },
     )
     flag_sets = [
         OK,

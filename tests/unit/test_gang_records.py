@@ -190,9 +190,9 @@ def test_array_task_and_het_identity():
     )
     by = {j.job_id: j for j in jobs}
     assert set(by) == {"10_3", "20"}
-    assert by["10_3"].target == "11"
+    assert by["10_3"].address == "10_3" and by["10_3"].slurm_id == 11
     het = by["20"]
-    assert (het.nodes, het.num_nodes, het.state, het.target, het.components) == (
+    assert (het.nodes, het.num_nodes, het.state, het.address, het.components) == (
         ("gn1", "gn3"),
         2,
         "CONFIGURING",

@@ -13,7 +13,7 @@ from hypothesis import strategies as st_
 from nodeforge.gang import config as gcfg
 from nodeforge.gang import policy
 from nodeforge.gang.governor import Governor
-from nodeforge.gang.slurm import JobObs, Snapshot
+from nodeforge.gang.slurm import JobAddress, JobObs, Snapshot
 from nodeforge.gang.state import ADMITTED, READY, RECOVERING, GangRecord, GovState
 
 pytestmark = pytest.mark.unit
@@ -37,7 +37,7 @@ class Slurm:
 
     def snapshot(self) -> Snapshot:
         j = JobObs("9", "CONFIGURING", "None", ("gn1", "gn2"), 2, partition="main",
-                   start_time=START)  # fmt: skip
+                   start_time=START, address=JobAddress("9"))  # fmt: skip
         booting = frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})
         return Snapshot([j], nodes={"gn1": frozenset({"ALLOCATED"}), "gn2": booting})
 
@@ -161,7 +161,7 @@ def test_a_gang_admitted_in_a_later_cycle_is_woken_for(tmp_path):
             state = "PENDING" if clock.t < START else "CONFIGURING"
             nodes = () if state == "PENDING" else ("gn1", "gn2")
             j = JobObs("9", state, "None", nodes, 2, partition="main",
-                       start_time=START if nodes else None)  # fmt: skip
+                       start_time=START if nodes else None, address=JobAddress("9"))  # fmt: skip
             booting = frozenset({"ALLOCATED", "CLOUD", "POWERING_UP"})
             return Snapshot([j], nodes={"gn1": frozenset({"ALLOCATED"}), "gn2": booting})
 

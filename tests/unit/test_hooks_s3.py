@@ -7,15 +7,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import time
 
 import pytest
 
 boto3 = pytest.importorskip("boto3", reason="dev extra: pip install -e '.[dev]' (boto3, moto)")
 moto_server = pytest.importorskip("moto.server", reason="dev extra: moto[server]")
 
+from nodeforge.bootstrap import hooks as hooks_mod
 from nodeforge.bootstrap.hooks import HookEnv, Runner, discover
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.bootstrap.paths import Paths
+from tests.helpers import QuietHandler, http_server
 
 pytestmark = pytest.mark.unit
 
@@ -154,9 +157,68 @@ def test_prefix_without_the_script_or_with_unsafe_keys(s3, paths):
     client.put_object(Bucket=bucket, Key="lc2/a/../../escape.sh", Body=b"true\n")
     p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lc2/", "script": "on_create.sh"}])
     res = runner(paths).run_all(discover(paths, p)).failure
-    assert "is not a safe relative path; refused" in res.reason
+    assert (
+        f"s3://{bucket}/lc2/a/../../escape.sh: key: 'a/../../escape.sh' is not a safe" in res.reason
+    )
+    assert res.reason.endswith("; refused")
     assert not (paths.hook_cache / "on_create.sh.d").exists()
     assert not (paths.hook_cache.parent / "escape.sh").exists()
+
+
+@pytest.mark.parametrize("order", [("a", "a/b"), ("a/b", "a")])
+def test_prefix_with_a_key_that_is_also_a_folder_is_a_clear_error(s3, paths, order):
+    """`lc/a` and `lc/a/b` cannot both be files on the node: this crashed the runner with an
+    OSError traceback half-way through the sync. Now refused from the listing, before any
+    object is fetched, naming both keys; the previous copy stays as it was."""
+    client, bucket, endpoint = s3
+    client.put_object(Bucket=bucket, Key="lc/on_create.sh", Body=b"#!/bin/sh\ntrue\n")
+    p = params(endpoint, hooks=[{"uri": f"s3://{bucket}/lc/", "script": "on_create.sh"}])
+    assert runner(paths).run_all(discover(paths, p)).ok
+    for key in order:
+        client.put_object(Bucket=bucket, Key=f"lc/{key}", Body=b"x\n")
+    res = runner(paths).run_all(discover(paths, p)).failure
+    assert res is not None and res.status == "fetch-failed"
+    assert res.reason == (
+        f"hook on_create.sh could not be fetched: s3://{bucket}/lc/a is both an object and the "
+        f"folder of s3://{bucket}/lc/a/b; a file and a directory cannot share a name on the "
+        "node: rename or delete one of them"
+    )
+    synced = paths.hook_cache / "on_create.sh.d"
+    assert sorted(x.name for x in synced.iterdir()) == ["on_create.sh"]  # the old copy, whole
+    assert [x.name for x in paths.hook_cache.iterdir() if x.name.startswith(".")] == []
+
+
+class _DripS3(QuietHandler):
+    """An S3-compatible endpoint whose object body arrives one byte every 0.1 s: each read is
+    well inside boto3's read_timeout, the whole is not."""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "60")
+        self.send_header("Content-Type", "binary/octet-stream")
+        self.end_headers()
+        try:
+            for _ in range(60):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass
+
+
+def test_a_dripping_s3_body_ends_at_the_fetch_deadline(s3, paths, monkeypatch):
+    monkeypatch.setattr(hooks_mod, "FETCH_DEADLINE", 0.5)
+    with http_server(_DripS3) as endpoint:
+        p = params(endpoint, hooks=["s3://bucket/drip.sh"])
+        t = time.monotonic()
+        res = runner(paths).run_all(discover(paths, p)).failure
+        took = time.monotonic() - t
+    assert took < 3, took
+    assert res is not None and res.reason == (
+        "hook drip.sh could not be fetched: cannot fetch s3://bucket/drip.sh: "
+        "not finished within 0.5s"
+    )
+    assert not (paths.hook_cache / "drip.sh").exists()
 
 
 def test_missing_object_is_a_retried_fetch_failure(s3, paths):

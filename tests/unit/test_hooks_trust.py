@@ -74,7 +74,8 @@ def test_https_to_http_redirect_is_a_failed_fetch(paths, tmp_path, monkeypatch):
         with http_server(Redirect, server_tls) as tls:
             res = runner(paths).run_all(discover(paths, params(hooks=[f"{tls}/x.sh"]))).failure
     assert res.status == "fetch-failed"
-    assert res.reason.startswith("hook x.sh could not be fetched: redirect from https to http://")
+    assert res.reason.startswith("hook x.sh could not be fetched: redirect to http://")
+    assert res.reason.endswith("refused: a downgrade from https to http://")
     assert not (paths.hook_cache / "x.sh").exists()
 
 

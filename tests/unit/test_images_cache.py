@@ -729,7 +729,7 @@ def test_parallel_export_runs_both_and_reports_a_failure(tmp_path, monkeypatch):
 
     def disk(tree, dest, **kw):
         ran.append("disk")
-        return []
+        return export.DiskExport([], {})
 
     monkeypatch.setattr(export, "export_rootfs", rootfs)
     monkeypatch.setattr(export, "export_disk", disk)
@@ -749,11 +749,12 @@ def test_parallel_export_sums_what_it_wrote(tmp_path, monkeypatch):
 
     def disk(tree, dest, **kw):
         (dest / "disk.qcow2").write_bytes(b"disk")
-        return [dest / "disk.qcow2"]
+        return export.DiskExport([dest / "disk.qcow2"], {"table": "gpt"})
 
     monkeypatch.setattr(export, "export_rootfs", rootfs)
     monkeypatch.setattr(export, "export_disk", disk)
-    sums = local.export_parallel(tmp_path, tmp_path)
+    sums, layout = local.export_parallel(tmp_path, tmp_path)
+    assert layout == {"table": "gpt"}
     assert sums == {
         "rootfs.tar.zst": {"sha256": hashlib.sha256(b"archive").hexdigest(), "bytes": 7},
         "disk.qcow2": {"sha256": hashlib.sha256(b"disk").hexdigest(), "bytes": 4},

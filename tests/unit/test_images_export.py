@@ -131,8 +131,9 @@ def test_unnamed_file_without_o_tmpfile_uses_a_named_file_it_removes(tmp_path, m
 
 
 def test_export_disk_makes_the_raw_image_unnamed_and_converts_it(tmp_path, monkeypatch):
-    """The commands the disk export runs (mkfs.ext4, qemu-img stand-ins record them): the
-    raw image is an unnamed file both see, and nothing but the artifacts is left."""
+    """The commands the disk export runs (stand-ins record them): the raw image is an
+    unnamed file that sfdisk, losetup and qemu-img all see, root is made on its loop
+    partition, the loop device is released, and nothing but the artifacts is left."""
     tree = tmp_path / "tree"
     (tree / "boot").mkdir(parents=True)
     (tree / "boot/vmlinuz-6.12.0").write_bytes(b"kernel")
@@ -144,32 +145,61 @@ def test_export_disk_makes_the_raw_image_unnamed_and_converts_it(tmp_path, monke
     def run(argv, **kw):
         argv = [str(a) for a in argv]
         calls.append(argv)
-        if argv[0].endswith("mkfs.ext4"):
-            with open(argv[-1], "r+b") as fh:
-                fh.write(b"SUPERBLOCK")
-        elif argv[0].endswith("qemu-img"):
+        if argv[0].endswith("losetup") and "--show" in argv:
+            return subprocess.CompletedProcess(argv, 0, "/dev/loop7\n")
+        if argv[0].endswith("qemu-img"):
             with open(argv[argv.index("qcow2") + 1], "rb") as src:
+                src.seek(65 << 20)  # root: after 1 MiB lead, BIOS boot and the ESP
                 Path(argv[-1]).write_bytes(src.read(10))
+        return subprocess.CompletedProcess(argv, 0, "")
 
+    def mkfs(dev, layout, tree_, fs_uuid):
+        calls.append(["mkfs", dev, str(tree_)])
+        with open(raw_seen[0], "r+b") as fh:
+            fh.seek(layout.part("root").start)
+            fh.write(b"SUPERBLOCK")
+
+    raw_seen: list[str] = []
     monkeypatch.setattr(export, "tree_size_bytes", lambda t: 10 << 20)
     monkeypatch.setattr(export.proc, "run", run)
+    monkeypatch.setattr(export.bootdisk.proc, "run", run)
+    monkeypatch.setattr(export.bootdisk, "make_root", mkfs)
     monkeypatch.setattr(export.proc, "require_tool", lambda tool: f"/usr/sbin/{tool}")
     monkeypatch.setattr(export, "raw_scratch_dir", lambda content, fallback: tmp_path)
+    real_table = export.bootdisk.write_table
+    monkeypatch.setattr(
+        export.bootdisk,
+        "write_table",
+        lambda raw, layout: (raw_seen.append(str(raw)), real_table(raw, layout))[1],
+    )
     steps: list[str] = []
 
     def step(name):
         steps.append(name)
         return export.no_step(name)
 
-    files = export.export_disk(tree, dest, step=step)
-    assert [f.name for f in files] == ["disk.qcow2", "vmlinuz", "initrd.img"]
+    made = export.export_disk(tree, dest, step=step, loader=False)
+    assert [f.name for f in made.files] == ["disk.qcow2", "vmlinuz", "initrd.img"]
     assert (dest / "disk.qcow2").read_bytes() == b"SUPERBLOCK"
-    mkfs, convert = calls
-    assert mkfs[:6] == ["/usr/sbin/mkfs.ext4", "-q", "-F", "-L", "nodeforge-root", "-d"]
-    assert mkfs[-1].startswith(f"/proc/{os.getpid()}/fd/")
-    assert convert[1:5] == ["convert", "-f", "raw", "-O"] and convert[-2] == mkfs[-1]
+    raw = raw_seen[0]
+    assert raw.startswith(f"/proc/{os.getpid()}/fd/")
+    tools = [Path(c[0]).name for c in calls]
+    assert tools == ["sfdisk", "losetup", "partx", "mkfs", "partx", "losetup", "qemu-img"]
+    assert calls[1][-1] == raw and calls[3][1] == "/dev/loop7"
+    assert calls[4][1:] == ["--delete", "/dev/loop7"] and calls[5][1:] == ["--detach", "/dev/loop7"]
+    assert calls[-1][1:5] == ["convert", "-f", "raw", "-O"] and calls[-1][-2] == raw
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tree"]
-    assert steps == ["export.disk_size", "export.mkfs", "export.qcow2", "export.boot_files"]
+    assert steps == [
+        "export.disk_size",
+        "export.partition",
+        "export.mkfs",
+        "export.partition_sha256",
+        "export.qcow2",
+        "export.boot_files",
+    ]
+    roles = [p["role"] for p in made.disk["partitions"]]
+    assert roles == ["bios", "esp", "root"] and made.disk["boot"] == []
+    assert made.disk["bytes"] == sum(p["bytes"] for p in made.disk["partitions"]) + (2 << 20)
 
 
 def test_rootfs_archive_is_zstd_and_extracts_to_the_same_tree(tmp_path):

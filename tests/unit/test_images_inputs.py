@@ -11,6 +11,7 @@ import pytest
 from nodeforge.errors import NodeforgeError
 from nodeforge.images import build, manifest, scan, seal, varfile
 from tests.conftest import make_keypair
+from tests.helpers import dpkg_ship
 
 pytestmark = pytest.mark.unit
 
@@ -60,9 +61,9 @@ def _tree(tmp_path) -> Path:
     ):
         (t / d).mkdir(parents=True)
     (t / "etc/machine-id").write_text("")
-    (t / "var/lib/dpkg/info/x.list").write_text("/usr/share/doc/x/example.key\n")
     # A package-owned example key is public (it is in the Debian archive): not a finding.
     (t / "usr/share/doc/x/example.key").write_text(make_keypair(tmp_path, "example")[1])
+    dpkg_ship(t, "x", "usr/share/doc/x/example.key")
     (t / "usr/share/nodeforge/templates/slurmdbd.conf.j2").write_text(
         "StoragePass={{ storage_pass }}\n"
     )

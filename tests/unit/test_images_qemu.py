@@ -38,7 +38,7 @@ def test_bad_disk_size_names_the_variable(value, msg):
 
 def test_fixed_disk_size_smaller_than_the_tree_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(export, "tree_size_bytes", lambda tree: 3 << 30)  # 3 GiB of content
-    with pytest.raises(NodeforgeError, match="disk_size 2048 MiB is smaller than the base tree"):
+    with pytest.raises(NodeforgeError, match="disk size 2048 MiB is smaller than the image needs"):
         export.export_disk(tmp_path, tmp_path, size_mib=2048)
 
 
@@ -67,7 +67,7 @@ def test_box_vagrantfile_boots_the_kernel_it_carries():
     text = remote.BOX_VAGRANTFILE.read_text()
     assert re.search(r'lv\.kernel = File\.join\(File\.dirname\(__FILE__\), "vmlinuz"\)', text)
     assert re.search(r'lv\.initrd = File\.join\(File\.dirname\(__FILE__\), "initrd\.img"\)', text)
-    assert "root=/dev/vda" in text
+    assert "root=LABEL=nodeforge-root" in text and "/dev/vda" not in text
     # Packer renders the file as a Go template: a stray '{{' would break the box.
     assert "{{" not in text
 

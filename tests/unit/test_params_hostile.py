@@ -525,8 +525,22 @@ def test_hyperpod_json_nan_and_duplicate_refused(tmp_path):
     cfg.paths.hyperpod_resource_config.write_text(json.dumps(RC))
     pp = cfg.paths.hyperpod_provisioning_parameters
     pp.write_text('{"controller_group": "ctl", "nodeforge": {"hook_timeout": NaN}}')
-    with pytest.raises(ParamsError, match="NaN is not a JSON number"):
+    # The file and the field are named (the parser's hook knows neither).
+    with pytest.raises(
+        ParamsError,
+        match=r"provisioning_parameters\.json: nodeforge\.hook_timeout: NaN is not a finite JSON",
+    ):
         load_params(cfg)
+    for doc, field in (
+        (
+            '{"controller_group": "ctl", "worker_groups": [{"x": -Infinity}]}',
+            r"worker_groups\[0\]\.x",
+        ),
+        ('{"controller_group": "ctl", "nodeforge": {"cpus": 1e999}}', r"nodeforge\.cpus: 1e999"),
+    ):
+        pp.write_text(doc)
+        with pytest.raises(ParamsError, match=rf"provisioning_parameters\.json: {field}"):
+            load_params(cfg)
     pp.write_text('{"controller_group": "ctl", "controller_group": "workers"}')
     with pytest.raises(ParamsError, match="duplicate key 'controller_group'"):
         load_params(cfg)

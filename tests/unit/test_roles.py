@@ -392,7 +392,8 @@ def test_bake_templates_render_with_defaults():
     # contracts.md: no Before= on the Slurm units (the agent starts them from inside the unit).
     assert not re.search(r"^Before=", init, re.MULTILINE) and "Wants=network-online.target" in init
     assert "ExecStart=/usr/local/bin/nodeforge node init" in init
-    assert "Type=oneshot" in init and "TimeoutStartSec=infinity" in init
+    # A bound, never infinity: a FIFO hook once blocked a boot forever (issue 23).
+    assert "Type=oneshot" in init and "TimeoutStartSec=3h" in init
     gang_unit = (REPO / "gang/nodeforge-gang.service").read_text()
     assert "ExecStart=/usr/local/bin/nodeforge gang run" in gang_unit
     keygen = rendered[("ssh", "nodeforge-ssh-keygen.service.j2")]

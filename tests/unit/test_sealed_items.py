@@ -14,6 +14,7 @@ import yaml
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.images import scan, seal, sealed_items
+from tests.helpers import dpkg_ship
 
 pytestmark = pytest.mark.unit
 
@@ -114,7 +115,7 @@ def test_private_keys_and_passwords_anywhere_not_owned(tmp_path):
     _plant(t, "srv/signing.asc", f"{BEGIN}PGP PRIVATE KEY BLOCK-----\nxyz\n")
     _plant(t, "etc/site/app.ini", "[db]\npassword = hunter2-value\n")
     _plant(t, "usr/share/doc/pkg/test.pem", f"{BEGIN}{PRIV}\n")  # shipped by a package: public
-    (t / "var/lib/dpkg/info/pkg.list").write_text("/usr/share/doc/pkg/test.pem\n")
+    dpkg_ship(t, "pkg", "usr/share/doc/pkg/test.pem")
     findings = {f.path: f for f in scan.scan(t)}
     assert set(findings) == {"/opt/site/tls.pem", "/srv/signing.asc", "/etc/site/app.ini"}
     assert findings["/opt/site/tls.pem"].kind == "private-key"
@@ -141,7 +142,7 @@ def test_bytecode_of_a_packaged_module_is_public(tmp_path):
         t, "usr/lib/python3/dist-packages/lib/__pycache__/x.cpython-313.pyc", f"DOC {BEGIN}{PRIV}"
     )
     _plant(t, "opt/venv/lib/__pycache__/y.cpython-313.pyc", f"DOC {BEGIN}{PRIV}")
-    (t / "var/lib/dpkg/info/lib.list").write_text(f"/{mod}\n")
+    dpkg_ship(t, "lib", mod)
     assert [f.path for f in scan.scan(t)] == ["/opt/venv/lib/__pycache__/y.cpython-313.pyc"]
 
 

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodeforge.errors import CommandError, NodeforgeError
 from nodeforge.lab import vm as vmmod
@@ -121,7 +123,7 @@ def test_kernel_append_injects_key_params_and_limits(tmp_path):
     v = vmmod.VM(cfg)
     text = v.kernel_append("ssh-ed25519 AAAA test")
     words = text.split()
-    assert words[:3] == ["root=/dev/vda", "rw", "console=ttyS0"]
+    assert words[:3] == ["root=LABEL=nodeforge-root", "rw", "console=ttyS0"]
     cred = {
         w.split(":", 1)[0].split("=", 1)[1]: base64.b64decode(w.split(":", 1)[1])
         for w in words
@@ -267,7 +269,9 @@ def test_sigkilled_harness_leaves_no_vm(tmp_path):
 
 
 def _cloud_vm(tmp_path, **kw):
-    cfg = vmmod.VMConfig(image_dir=tmp_path, workdir=tmp_path / "w", accel="tcg", **kw)
+    cfg = vmmod.VMConfig(
+        image_dir=tmp_path, workdir=tmp_path / "w", accel="tcg", boot="kernel", **kw
+    )
     v = vmmod.VM(cfg)
     v.accel = vmmod.AccelDecision("tcg", "test")
     v.port = 2222
@@ -339,3 +343,105 @@ def test_relay_carries_a_request_per_connection_to_the_loopback_server():
                 assert data.startswith(b"HTTP/1.1 200")
                 assert p.wait(timeout=10) == 0
     assert [s for _, _, s in svc.log] == [200, 200]
+
+
+def _ovmf(tmp_path: Path) -> Path:
+    d = tmp_path / "ovmf"
+    d.mkdir()
+    for code, vars_ in vmmod.FIRMWARE.values():
+        (d / code).write_bytes(b"code")
+        (d / vars_).write_bytes(b"vars-" + vars_.encode())
+    return d
+
+
+def _smbios_creds(argv: list[str]) -> dict[str, bytes]:
+    out = {}
+    for i, a in enumerate(argv):
+        if a == "-smbios":
+            kind, _, text = argv[i + 1].partition(",value=")
+            assert kind == "type=11"
+            name, _, b64 = text.removeprefix("io.systemd.credential.binary:").partition("=")
+            out[name] = base64.b64decode(b64)
+    return out
+
+
+@pytest.mark.parametrize("boot", ["uefi", "uefi-secureboot", "bios"])
+def test_firmware_boot_has_no_kernel_and_injects_by_smbios(tmp_path, boot):
+    """A firmware boot: no -kernel/-append; the key, node.yaml and link config reach the
+    guest as SMBIOS type 11 credentials; OVMF's vars are this VM's own copy; Secure Boot
+    has SMM and the secure flash."""
+    img, _ = _fake_image_and_qemu(tmp_path)
+    cfg = vmmod.VMConfig(
+        image_dir=img,
+        workdir=tmp_path / "w",
+        boot=boot,
+        ovmf_dir=_ovmf(tmp_path),
+        node_yaml="role: compute\n",
+        link_ip="10.77.0.11/24",
+        compat_keygen=True,
+    )
+    v = vmmod.VM(cfg)
+    v.workdir.mkdir()
+    v.accel, v.port = vmmod.AccelDecision("tcg", "test"), 2222
+    argv = v.qemu_argv("ssh-ed25519 AAAA k")
+    assert not {"-kernel", "-initrd", "-append"} & set(argv)
+    creds = _smbios_creds(argv)
+    assert creds["ssh.authorized_keys.root"] == b"ssh-ed25519 AAAA k\n"
+    assert b"/etc/nodeforge/node.yaml" in creds["tmpfiles.extra"]
+    assert b"Address=10.77.0.11/24" in creds["network.network.05-nodeforge-link"]
+    assert creds["systemd.unit-dropin.multi-user.target"] == (
+        b"[Unit]\nWants=systemd-network-generator.service nodeforge-vm-keygen.service\n"
+    )
+    flash = [a for a in argv if a.startswith("if=pflash")]
+    machine = argv[argv.index("-machine") + 1]
+    if boot == "bios":
+        assert flash == [] and "smm" not in machine
+        return
+    code, vars_ = vmmod.FIRMWARE[boot]
+    assert flash[0].endswith(f"file={cfg.ovmf_dir / code},readonly=on")
+    assert flash[1] == f"if=pflash,format=raw,unit=1,file={v.workdir / 'OVMF_VARS.fd'}"
+    assert (v.workdir / "OVMF_VARS.fd").read_bytes() == b"vars-" + vars_.encode()
+    secure = "driver=cfi.pflash01,property=secure,value=on" in argv
+    assert secure == (boot == "uefi-secureboot") and ("smm=on" in machine) == secure
+
+
+def test_firmware_boot_refuses_kernel_command_line_params(tmp_path):
+    img, _ = _fake_image_and_qemu(tmp_path)
+    for extra in ({"cmdline_params": {"role": "compute"}}, {"extra_append": ["quiet"]}):
+        cfg = vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w", boot="bios", **extra)
+        with pytest.raises(NodeforgeError, match="kernel command line.*boot='kernel'"):
+            vmmod.VM(cfg).check_inputs()
+
+
+def test_boot_mode_and_firmware_files_are_checked(tmp_path):
+    img, _ = _fake_image_and_qemu(tmp_path)
+    cfg = vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w", boot="pxe")
+    with pytest.raises(NodeforgeError, match="boot mode 'pxe' is not one of uefi, bios"):
+        vmmod.VM(cfg).check_inputs()
+    cfg = vmmod.VMConfig(
+        image_dir=img, workdir=tmp_path / "w", boot="uefi-secureboot", ovmf_dir=tmp_path
+    )
+    with pytest.raises(NodeforgeError, match="OVMF_CODE_4M.secboot.fd is missing.*ovmf"):
+        vmmod.VM(cfg).check_inputs()
+    (img / "vmlinuz").unlink()  # a firmware boot needs no kernel beside the disk
+    cfg = vmmod.VMConfig(
+        image_dir=img, workdir=tmp_path / "w", boot="uefi", ovmf_dir=_ovmf(tmp_path)
+    )
+    vmmod.VM(cfg).check_inputs()
+    cfg.boot = "kernel"
+    with pytest.raises(NodeforgeError, match="vmlinuz is missing"):
+        vmmod.VM(cfg).check_inputs()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80))
+def test_smbios_credential_names_are_a_grammar(name):
+    """Any name: a credential argument that qemu splits only where we mean it, or a refusal
+    that names it."""
+    try:
+        argv = vmmod.smbios_credential(name, b"v,alue\n")
+    except NodeforgeError as e:
+        assert "credential name" in str(e)
+        return
+    assert argv[0] == "-smbios" and "," not in argv[1].removeprefix("type=11,")
+    assert all(c.isalnum() or c in "._@~-" for c in name)
