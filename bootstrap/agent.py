@@ -305,7 +305,12 @@ class Agent:
         return out
 
     def _identity(self) -> dict:
-        return identity.run(self.host, self.paths, self.params, self.hostname(), self._hosts())
+        done = identity.run(self.host, self.paths, self.params, self.hostname(), self._hosts())
+        assert self.loaded is not None
+        added = identity.install_admin_keys(self.paths, self.loaded.ssh_keys)
+        if added:
+            done["admin_keys"] = len(added)  # how many, never the keys themselves
+        return done
 
     def _identity_ok(self) -> bool:
         return identity.verify(self.paths, self.params, self.hostname(), self._hosts())

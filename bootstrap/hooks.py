@@ -80,6 +80,7 @@ class Hook:
     sha256: str | None = None
     script: str | None = None  # origin is an S3 prefix; run this file of it
     s3_endpoint: str | None = None
+    s3_ca_bundle: str | None = None  # params.s3_ca_bundle: PEM text or a path
 
 
 @dataclass
@@ -236,6 +237,7 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
                     spec.sha256,
                     spec.script,
                     params.s3_endpoint_url,
+                    params.s3_ca_bundle,
                 ),
             )
         )
@@ -317,7 +319,7 @@ def fetch(hook: Hook, cache: Path) -> Path:
             if hook.script is not None:
                 return _sync_s3_prefix(hook, cache, dest)
             bucket, key = _s3_split(hook, uri)
-            return _s3_get(hook, _s3_client(hook), bucket, key, dest, hook.sha256)
+            return _s3_get(hook, _s3_client(hook, cache), bucket, key, dest, hook.sha256)
         if uri.startswith(("file://", "http://", "https://")):
             return download.fetch(
                 uri,
@@ -366,7 +368,36 @@ def _s3_split(hook: Hook, uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _s3_client(hook: Hook):
+def _s3_ca_file(hook: Hook, cache: Path) -> str | None:
+    """The CA file boto3 verifies the S3 endpoint with (None: the system's CAs).
+
+    PEM text from params lands in the hook cache; a path must be a root-owned regular file
+    that nobody else can write (it decides whom the node trusts)."""
+    ca = hook.s3_ca_bundle
+    if ca is None:
+        return None
+    if ca.startswith("-----BEGIN"):
+        from nodeforge.fsutil import write_atomic
+
+        dest = cache / "s3-ca-bundle.pem"
+        write_atomic(dest, ca, 0o644)
+        return str(dest)
+    try:
+        st = os.stat(ca, follow_symlinks=False)
+    except OSError as exc:
+        raise HookError(
+            f"hook {hook.name}: s3_ca_bundle: {ca}: {exc.strerror}; give an existing PEM file "
+            "or the PEM text itself"
+        ) from None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise HookError(
+            f"hook {hook.name}: s3_ca_bundle: {ca} must be a regular file owned by root and "
+            "not group/world-writable (chown root: …; chmod 644 …)"
+        )
+    return ca
+
+
+def _s3_client(hook: Hook, cache: Path):
     try:
         import boto3  # Debian python3-boto3 in the image; 'nodeforge[s3]' elsewhere
         from botocore.config import Config
@@ -381,10 +412,24 @@ def _s3_client(hook: Hook):
     cfg = Config(connect_timeout=10, read_timeout=FETCH_TIMEOUT, retries={"max_attempts": 2})
     # A session of its own: boto3's module-level default session would cache credentials (and
     # an endpoint) across hooks.
-    return boto3.session.Session().client("s3", endpoint_url=hook.s3_endpoint, config=cfg)
+    import botocore.session
+
+    core = botocore.session.get_session()
+    # The instance role through IMDS: botocore waits 1 s once by default, too little for a
+    # busy or emulated machine at boot; bounded at 3 tries of 2 s.
+    core.set_config_variable("metadata_service_timeout", 2)
+    core.set_config_variable("metadata_service_num_attempts", 3)
+    return boto3.session.Session(botocore_session=core).client(
+        "s3", endpoint_url=hook.s3_endpoint, config=cfg, verify=_s3_ca_file(hook, cache)
+    )
 
 
 def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc) or type(exc).__name__ == "SSLError":
+        return HookError(
+            f"hook {hook.name}: cannot fetch {what}: TLS: the S3 endpoint's certificate is not "
+            f"trusted ({exc}); give its CA as s3_ca_bundle in params"
+        )
     return HookError(f"hook {hook.name}: cannot fetch {what}: {type(exc).__name__}: {exc}")
 
 
@@ -470,7 +515,7 @@ def _sync_s3_prefix(hook: Hook, cache: Path, final: Path) -> Path:
     a mix of two versions. The whole listing is checked (_s3_listing) before the first object
     is fetched, and each path is placed with the one confinement helper."""
     bucket, prefix = _s3_split(hook, hook.origin)
-    client = _s3_client(hook)
+    client = _s3_client(hook, cache)
     try:
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         objects = [o for page in pages for o in page.get("Contents", [])]

@@ -92,6 +92,33 @@ def run(host: Host, paths: Paths, params: Params, hostname: str, hosts: dict[str
     return done
 
 
+def install_admin_keys(paths: Paths, keys: tuple[str, ...]) -> list[str]:
+    """Add the instance's admin keys (IMDS public-keys, already checked one key line each) to
+    root's authorized_keys, as cloud-init does for the default user; lines already there stay.
+
+    Part of the identity step, so it runs once per node: a key the operator removed later is
+    not put back at the next boot. Returns the keys added."""
+    if not keys:
+        return []
+    ssh_dir = private_dir(paths.root_ssh)
+    auth = ssh_dir / "authorized_keys"
+    try:
+        st = auth.lstat()
+        if not auth.is_file() or auth.is_symlink():
+            raise NodeforgeError(f"{auth}: not a regular file; remove it and boot again")
+        if st.st_size > 1 << 20:
+            raise NodeforgeError(f"{auth}: over 1 MiB; not an authorized_keys file")
+        text = auth.read_text(errors="replace")
+    except FileNotFoundError:
+        text = ""
+    have = {ln.strip() for ln in text.splitlines()}
+    new = [k for k in keys if k not in have]
+    if new:
+        body = (text.rstrip("\n") + "\n" if text.strip() else "") + "\n".join(new) + "\n"
+        write_atomic(auth, body, 0o600)
+    return new
+
+
 def verify(paths: Paths, params: Params, hostname: str, hosts: dict[str, str]) -> bool:
     if not machine_id_present(paths):
         return False

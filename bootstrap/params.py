@@ -201,6 +201,9 @@ class Params:
     hook_backoff_max: float = 60.0
     hook_output_max: int = 1 << 20  # bytes of output kept per attempt (head + tail)
     s3_endpoint_url: str | None = None  # None: AWS's regional endpoint (boto3's default)
+    # CA certificates that s3:// hooks trust (a private CA, on-prem S3): PEM text or an
+    # absolute path to a root-owned PEM file. None: the system's CAs.
+    s3_ca_bundle: str | None = None
     wait_timeout: float = 300.0  # bound for every "wait for X to answer"
     users_keypair: UsersKeypair | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -366,7 +369,7 @@ _TOP = {
     "role", "cluster_name", "controller", "node_name", "node_address", "munge_key", "munge_key_file", "features",
     "gres", "gres_types", "cpus", "real_memory", "partitions", "max_node_count", "accounting", "docker", "hooks",
     "hook_timeout", "hook_retries", "hook_backoff", "hook_backoff_max", "wait_timeout",
-    "users_keypair", "extra", "hook_output_max", "s3_endpoint_url", "expected_gpus",
+    "users_keypair", "extra", "hook_output_max", "s3_endpoint_url", "s3_ca_bundle", "expected_gpus",
     "health_interval", "metrics_listen",
 }  # fmt: skip
 
@@ -459,6 +462,8 @@ def parse_params(data: Any, source: str) -> Params:
         kw["hook_output_max"] = v.integer(d["hook_output_max"], "hook_output_max", 4096, 64 << 20)
     if d.get("s3_endpoint_url") is not None:
         kw["s3_endpoint_url"] = _s3_endpoint(v, d["s3_endpoint_url"])
+    if d.get("s3_ca_bundle") is not None:
+        kw["s3_ca_bundle"] = _ca_bundle(v, d["s3_ca_bundle"])
     if d.get("users_keypair") is not None:
         kp = v.mapping(d["users_keypair"], "users_keypair")
         v.unknown(kp, {"public", "private"}, "users_keypair")
@@ -683,6 +688,36 @@ def _hooks(v: _V, raw: Any) -> tuple[HookSpec, ...]:
 
 _FILE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _ENDPOINT = re.compile(r"(https?)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?/?")
+
+
+_PEM_CERT = r"-----BEGIN CERTIFICATE-----\n(?:[A-Za-z0-9+/]{1,76}={0,2}\n){1,400}-----END CERTIFICATE-----\n"
+_CA_BUNDLE_RE = re.compile(rf"(?:\n*{_PEM_CERT}){{1,32}}\n*")
+CA_BUNDLE_MAX = 128 << 10
+
+
+def _ca_bundle(v: _V, raw: Any) -> str:
+    """PEM text (CERTIFICATE blocks only, nothing around them) or an absolute path."""
+    if isinstance(raw, str) and raw.lstrip().startswith("-----BEGIN"):
+        if len(raw) > CA_BUNDLE_MAX:
+            v.fail("s3_ca_bundle", f"{len(raw)} characters; at most {CA_BUNDLE_MAX}")
+        text = raw.replace("\r\n", "\n").strip("\n") + "\n"
+        if not _CA_BUNDLE_RE.fullmatch(text):
+            v.fail(
+                "s3_ca_bundle",
+                "not a PEM bundle: give one or more -----BEGIN CERTIFICATE----- blocks "
+                "(base64 lines of at most 76 characters) and nothing else, or an absolute path",
+            )
+        import base64
+        import binascii
+
+        for block in text.split("-----BEGIN CERTIFICATE-----\n")[1:]:
+            body = block.split("-----END CERTIFICATE-----", 1)[0].replace("\n", "")
+            try:
+                base64.b64decode(body, validate=True)
+            except (binascii.Error, ValueError):
+                v.fail("s3_ca_bundle", "a CERTIFICATE block is not valid base64")
+        return text
+    return _abs_path(v, raw, "s3_ca_bundle")
 
 
 def _s3_endpoint(v: _V, raw: Any) -> str:

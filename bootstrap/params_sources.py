@@ -43,6 +43,8 @@ IMDS_TOKEN_TTL = 21600
 class Loaded:
     params: Params
     source: str  # "file:/etc/nodeforge/node.yaml", "cmdline", "imds", "cloud-init", "hyperpod"
+    # The instance's admin SSH keys (IMDS public-keys), read when params came from IMDS.
+    ssh_keys: tuple[str, ...] = ()
 
 
 @dataclass
@@ -427,14 +429,18 @@ def _from_user_data(cfg: SourceConfig) -> Loaded | None:
             return Loaded(parse_params(section, f"{ci} nodeforge"), "cloud-init")
     if not cfg.imds_url:
         return None
-    text = imds_user_data(cfg.imds_url, cfg.imds_timeout)
+    session = ImdsSession.open(cfg.imds_url, cfg.imds_timeout)
+    if session is None:
+        return None
+    text = session.get("latest/user-data", "user-data")
     if text is None:
         return None
     label = "EC2 user-data (IMDSv2)"
     section = _user_data_section(text, label, guarded)
     if section is None:
         return None
-    return Loaded(parse_params(section, label + " nodeforge"), "imds")
+    params = parse_params(section, label + " nodeforge")
+    return Loaded(params, "imds", imds_public_keys(session))
 
 
 def _read_capped(path: Path) -> str:
@@ -454,40 +460,140 @@ def imds_guard_installed(paths: Paths) -> bool:
     return (paths.root / IMDS_GUARD_RULES.relative_to("/")).is_file()
 
 
-def imds_user_data(base_url: str, timeout: float = 1.0) -> str | None:
-    """IMDSv2: PUT a session token (TTL header), then GET user-data with it.
+class ImdsSession:
+    """One IMDSv2 session: a token from PUT /latest/api/token, then GETs with it.
 
-    Returns None when there is no IMDS (connection refused, unreachable, or no answer within
-    *timeout* seconds) or no user-data (404). Never waits longer than about 2 × timeout.
+    Bounded: every request waits at most *timeout* seconds. No metadata service (refused,
+    unreachable, no answer, the connection dropped) is `open` returning None, so the next
+    params source is tried. A service that answers but refuses the token (a proxy in the path:
+    the hop limit; a bad TTL) or a GET (401: the token is wrong or expired) is a clear error:
+    params that exist but cannot be read must not turn the node into something else.
     """
-    import urllib.error  # only when IMDS is asked (a node.yaml or cmdline params skip it)
-    import urllib.request
 
-    base = base_url.rstrip("/")
-    try:
+    def __init__(self, base: str, token: str, timeout: float) -> None:
+        self.base, self.token, self.timeout = base, token, timeout
+
+    @classmethod
+    def open(cls, base_url: str, timeout: float = 1.0) -> ImdsSession | None:
+        import urllib.error  # only when IMDS is asked (a node.yaml or cmdline params skip it)
+        import urllib.request
+
+        base = base_url.rstrip("/")
         req = urllib.request.Request(
             f"{base}/latest/api/token",
             method="PUT",
             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL)},
         )
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            token = r.read().decode().strip()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        log.info("no IMDS at %s (%s)", base, exc)
-        return None
-    try:
-        req = urllib.request.Request(
-            f"{base}/latest/user-data", headers={"X-aws-ec2-metadata-token": token}
-        )
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.read(strict_yaml.MAX_BYTES + 1).decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
+        try:
+            token = cls._put_token(req, timeout)
+        except urllib.error.HTTPError as exc:
+            raise NodeforgeError(
+                f"IMDS at {base}: the token request (PUT /latest/api/token) was refused with HTTP "
+                f"{exc.code}; "
+                + (
+                    "the metadata service sees a proxy in between (its hop limit): run the agent "
+                    "on the instance itself, or raise the instance's HttpPutResponseHopLimit"
+                    if exc.code == 403
+                    else "the metadata service does not speak IMDSv2 as expected"
+                )
+            ) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log.info("no IMDS at %s (%s)", base, exc)
             return None
-        raise NodeforgeError(f"IMDS user-data at {base}: HTTP {exc.code}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        log.info("IMDS user-data unavailable at %s (%s)", base, exc)
-        return None
+        if not _IMDS_TOKEN_RE.fullmatch(token):
+            raise NodeforgeError(f"IMDS at {base}: the session token is not printable text")
+        return cls(base, token, timeout)
+
+    @staticmethod
+    def _put_token(req: Any, timeout: float) -> str:
+        """The token PUT: once more, with a longer wait, when the first got no answer in time
+        (a slow guest or a busy host, not an absent service: refused and unreachable fail at
+        once). At most *timeout* × (1 + IMDS_RETRY_FACTOR) seconds in all."""
+        import socket
+        import urllib.error
+        import urllib.request
+
+        for wait in (timeout, timeout * IMDS_RETRY_FACTOR):
+            try:
+                with urllib.request.urlopen(req, timeout=wait) as r:
+                    return r.read(4096).decode("ascii", errors="replace").strip()
+            except urllib.error.HTTPError:
+                raise
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                if not isinstance(reason, (TimeoutError, socket.timeout, ConnectionResetError)):
+                    raise
+                last = exc
+        raise last
+
+    def get(self, path: str, what: str) -> str | None:
+        """The text at /*path*, or None for 404 (absent) or a service that went away."""
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(
+            f"{self.base}/{path}", headers={"X-aws-ec2-metadata-token": self.token}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                # One byte over the bound, never cut: the strict loader refuses an oversize
+                # document rather than parse a truncated one.
+                return r.read(IMDS_MAX_BYTES + 1).decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            why = (
+                "the session token was refused (wrong or expired)"
+                if exc.code == 401
+                else "the metadata service failed"
+            )
+            raise NodeforgeError(f"IMDS {what} at {self.base}: HTTP {exc.code}: {why}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            log.info("IMDS %s unavailable at %s (%s)", what, self.base, exc)
+            return None
+
+
+_IMDS_TOKEN_RE = re.compile(r"[!-~]{1,4096}")
+IMDS_RETRY_FACTOR = 3.0  # the token PUT's second try waits this many times the timeout
+IMDS_MAX_BYTES = strict_yaml.MAX_BYTES  # user-data's bound (EC2's own is 16 KB)
+_KEY_INDEX_RE = re.compile(r"([0-9]{1,3})=[!-~]{0,255}")
+IMDS_MAX_KEYS = 16
+
+
+def imds_user_data(base_url: str, timeout: float = 1.0) -> str | None:
+    """IMDSv2 user-data, or None when there is no IMDS or no user-data (see `ImdsSession`)."""
+    session = ImdsSession.open(base_url, timeout)
+    return None if session is None else session.get("latest/user-data", "user-data")
+
+
+def imds_public_keys(session: ImdsSession) -> tuple[str, ...]:
+    """The instance's OpenSSH public keys (meta-data/public-keys), each checked as one key line.
+
+    A listing or key that is not in EC2's shape is an error naming it (never written anywhere)."""
+    from .params import _SSH_PUB_RE
+
+    listing = session.get("latest/meta-data/public-keys/", "public-keys")
+    if not listing:
+        return ()
+    keys: list[str] = []
+    for n, line in enumerate(listing.splitlines()[:IMDS_MAX_KEYS]):
+        m = _KEY_INDEX_RE.fullmatch(line.strip())
+        if m is None:
+            raise NodeforgeError(
+                f"IMDS public-keys: line {n + 1} is not INDEX=NAME; the metadata service is not "
+                "EC2's shape"
+            )
+        what = f"public-keys/{m.group(1)}/openssh-key"
+        key = session.get(f"latest/meta-data/{what}", what)
+        if key is None:
+            continue
+        key = key.strip()
+        if not _SSH_PUB_RE.fullmatch(key):
+            raise NodeforgeError(
+                f"IMDS {what}: not one OpenSSH public key line (ssh-ed25519 AAAA... comment)"
+            )
+        keys.append(key)
+    return tuple(dict.fromkeys(keys))
 
 
 # -- 4. HyperPod ---------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class Paths:
     slurm_etc: Path = Path("/etc/slurm")
     munge_key: Path = Path("/etc/munge/munge.key")
     ssh_etc: Path = Path("/etc/ssh")
+    root_ssh: Path = Path("/root/.ssh")  # the admin keys from IMDS public-keys
     machine_id: Path = Path("/etc/machine-id")
     hostname_file: Path = Path("/etc/hostname")
     hosts_file: Path = Path("/etc/hosts")

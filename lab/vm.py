@@ -6,6 +6,13 @@ What this module guarantees:
   (``qemu-img create -f qcow2 -b disk.qcow2 -F qcow2``) in its own work directory.
 * Networking is qemu user-mode (slirp) with ``hostfwd=tcp:127.0.0.1:<free port>-:22``: only
   the loopback address is ever opened on the host, and the guest reaches nothing of ours.
+* Optionally (`VMConfig.metadata`, a `CloudNet`) the user network boots a VM as a cloud does:
+  ``net=169.254.169.0/24`` with ``guestfwd`` rules that map guest addresses (the metadata
+  service at 169.254.169.254:80, an S3 endpoint ...) to server processes listening on
+  loopback, and ``restrict=on``: the guest reaches nothing but those forwards, so no packet to
+  them ever leaves qemu. qemu accepts a guestfwd address only inside the user network's own
+  range. Each guest connection spawns `lab/relay.py` (guestfwd ``cmd:``), which connects to
+  the listener: the ``tcp:`` form would share ONE connection, made at qemu start, for all.
 * The serial console goes to ``<workdir>/console.log``; a VM that fails to come up reports
   the console tail and how long it waited.
 * KVM is used only when a guest actually boots under it (`probe_accel`): on the project's
@@ -51,6 +58,7 @@ import atexit
 import base64
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -58,6 +66,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -320,6 +329,57 @@ def cmdline_from_params(params: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------------- VM
 
 
+@dataclasses.dataclass(frozen=True)
+class CloudNet:
+    """qemu user-network wiring for a cloud-style boot (see the module docstring).
+
+    *forwards* maps a guest ``address:port`` (inside *net*) to a loopback port on the host.
+    """
+
+    forwards: dict[str, int]
+    net: str = "169.254.169.0/24"
+
+    def netdev_options(self) -> list[str]:
+        net = ipaddress.ip_network(self.net)
+        if net.version != 4 or net.prefixlen > 29:
+            raise NodeforgeError(f"VM metadata net {self.net}: give an IPv4 /8../29 network")
+        out = [f"net={net}", "restrict=on"]
+        for guest, port in self.forwards.items():
+            addr, sep, gport = guest.rpartition(":")
+            if not sep or not gport.isdigit() or not 0 < int(gport) < 65536:
+                raise NodeforgeError(f"VM metadata forward {guest!r}: give ADDRESS:PORT")
+            try:
+                ip = ipaddress.ip_address(addr)
+            except ValueError:
+                raise NodeforgeError(
+                    f"VM metadata forward {guest!r}: not an IPv4 address"
+                ) from None
+            if ip not in net:
+                raise NodeforgeError(
+                    f"VM metadata forward {guest!r}: {ip} is outside the user network {net} "
+                    "(qemu refuses a guestfwd there)"
+                )
+            if not isinstance(port, int) or not 0 < port < 65536:
+                raise NodeforgeError(f"VM metadata forward {guest!r}: host port {port!r}")
+            # cmd: (a relay per guest connection), not tcp: (ONE chardev connection opened at
+            # qemu start that every guest connection shares; lab/relay.py says why).
+            out.append(f"guestfwd=tcp:{ip}:{int(gport)}-cmd:{relay_command(port)}")
+        return out
+
+
+RELAY = Path(__file__).resolve().parent / "relay.py"
+
+
+def relay_command(port: int) -> str:
+    """`python3 lab/relay.py PORT`: words without commas (qemu's option separator)."""
+    words = [sys.executable, str(RELAY), str(port)]
+    for w in words:
+        if not w or "," in w or any(c.isspace() for c in w):
+            raise NodeforgeError(f"VM metadata relay: {w!r} has a comma or a space; qemu's "
+                                 "guestfwd cmd: cannot carry it (move the checkout)")  # fmt: skip
+    return " ".join(words)
+
+
 @dataclasses.dataclass
 class VMConfig:
     image_dir: Path  # holds disk.qcow2, vmlinuz, initrd.img (the `nodeforge build` output)
@@ -344,6 +404,9 @@ class VMConfig:
     link_connect: int | None = None  # 127.0.0.1 port of the listening VM
     link_ip: str | None = None  # e.g. "10.77.0.10/24"
     link_mac: str = "52:54:00:4e:46:10"
+    # Cloud-style boot: the user network carries the metadata service (and any other forward).
+    metadata: CloudNet | None = None
+    inject_key: bool = True  # False: root's key is not put on the command line (cloud path)
     extra_append: Sequence[str] = ()
     extra_files: dict[str, bytes] = dataclasses.field(default_factory=dict)  # path -> content
     boot_timeout: float = 420.0  # to SSH login
@@ -460,13 +523,7 @@ class VM:
              "-F", "qcow2", str(self.overlay), *size],
             timeout=60,
         )  # fmt: skip
-        if cfg.authorized_key is None:
-            if not self.key.exists():
-                self.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                          f"nodeforge-vm-{cfg.name}", "-f", str(self.key)], timeout=30)  # fmt: skip
-            pub = (self.key.with_suffix(".pub")).read_text().strip()
-        else:
-            pub = cfg.authorized_key.strip()
+        pub = self.ensure_key()
         self.port = free_port()
         self.console.unlink(missing_ok=True)
         self.pidfile.unlink(missing_ok=True)
@@ -487,10 +544,23 @@ class VM:
         log.info("VM %s: qemu pid %s, ssh 127.0.0.1:%s, accel %s", cfg.name, self.pid,
                  self.port, self.accel.accel)  # fmt: skip
 
+    def ensure_key(self) -> str:
+        """Root's public key for this VM (a key pair in the work dir unless the caller gave one)."""
+        cfg = self.cfg
+        if cfg.authorized_key is not None:
+            return cfg.authorized_key.strip()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.key.exists():
+            self.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                      f"nodeforge-vm-{cfg.name}", "-f", str(self.key)], timeout=30)  # fmt: skip
+        return (self.key.with_suffix(".pub")).read_text().strip()
+
     def injection(self, pubkey: str) -> tuple[list[tuple[str, bytes]], list[str]]:
         """(credentials, units to pull in) for the guest's systemd, whatever carries them."""
         cfg = self.cfg
-        creds = [("ssh.authorized_keys.root", (pubkey + "\n").encode())]
+        creds = []
+        if cfg.inject_key:  # a cloud-style boot takes the key from IMDS public-keys instead
+            creds.append(("ssh.authorized_keys.root", (pubkey + "\n").encode()))
         wants: list[str] = []
         lines = []
         if cfg.node_yaml is not None:
@@ -572,7 +642,8 @@ class VM:
             argv += self.firmware_argv(pubkey)
         argv += [
             "-drive", f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe",
-            "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
+            "-netdev", ",".join(["user", "id=n0", f"hostfwd=tcp:127.0.0.1:{self.port}-:22",
+                                 *(cfg.metadata.netdev_options() if cfg.metadata else [])]),
             "-device", "virtio-net-pci,netdev=n0",
             "-device", "virtio-rng-pci",
         ]  # fmt: skip

@@ -206,7 +206,8 @@ class Deadline:
     def watch(self, sock: socket.socket) -> None:
         # A duplicate of the descriptor: shutdown(2) through it reaches the same connection
         # even after ssl has taken the original socket object over.
-        dup = sock.dup()
+        # os.dup, not sock.dup(): an SSLSocket (boto3's connection to an https S3) refuses dup().
+        dup = socket.socket(fileno=os.dup(sock.fileno()))
         with self._lock:
             self._socks.append(dup)
             if self.expired:

@@ -216,7 +216,7 @@ class _Imds(QuietHandler):
         self.seen.append(("GET", self.path, self.headers.get("X-aws-ec2-metadata-token")))
         if self.headers.get("X-aws-ec2-metadata-token") != self.token:
             return self.send(401)
-        if self.user_data is None:
+        if self.user_data is None or self.path != "/latest/user-data":
             return self.send(404)
         self.send(200, self.user_data)
 

@@ -268,6 +268,83 @@ def test_sigkilled_harness_leaves_no_vm(tmp_path):
             h.kill()
 
 
+def _cloud_vm(tmp_path, **kw):
+    cfg = vmmod.VMConfig(
+        image_dir=tmp_path, workdir=tmp_path / "w", accel="tcg", boot="kernel", **kw
+    )
+    v = vmmod.VM(cfg)
+    v.accel = vmmod.AccelDecision("tcg", "test")
+    v.port = 2222
+    return v
+
+
+def test_metadata_wires_guestfwd_restricted_user_net_and_no_key_on_cmdline(tmp_path):
+    net = vmmod.CloudNet({"169.254.169.254:80": 41000, "169.254.169.10:443": 41001})
+    v = _cloud_vm(tmp_path, metadata=net, inject_key=False)
+    argv = v.qemu_argv("ssh-ed25519 AAAA test")
+    netdev = argv[argv.index("-netdev") + 1].split(",")
+    assert netdev[:3] == ["user", "id=n0", "hostfwd=tcp:127.0.0.1:2222-:22"]
+    assert "net=169.254.169.0/24" in netdev and "restrict=on" in netdev
+    relay = f"{sys.executable} {vmmod.RELAY}"
+    assert f"guestfwd=tcp:169.254.169.254:80-cmd:{relay} 41000" in netdev
+    assert f"guestfwd=tcp:169.254.169.10:443-cmd:{relay} 41001" in netdev
+    assert "ssh.authorized_keys.root" not in v.kernel_append("ssh-ed25519 AAAA test")
+
+
+def test_without_metadata_the_netdev_is_unchanged(tmp_path):
+    v = _cloud_vm(tmp_path)
+    argv = v.qemu_argv("k")
+    assert argv[argv.index("-netdev") + 1] == "user,id=n0,hostfwd=tcp:127.0.0.1:2222-:22"
+    assert "ssh.authorized_keys.root" in v.kernel_append("k")
+
+
+@pytest.mark.parametrize(
+    "forwards,net,why",
+    [
+        ({"10.0.2.254:80": 1}, "169.254.169.0/24", "outside the user network"),
+        ({"169.254.169.254": 1}, "169.254.169.0/24", "ADDRESS:PORT"),
+        ({"169.254.169.254:0": 1}, "169.254.169.0/24", "ADDRESS:PORT"),
+        ({"host.example:80": 1}, "169.254.169.0/24", "not an IPv4"),
+        ({"169.254.169.254:80": 70000}, "169.254.169.0/24", "host port"),
+        ({"169.254.169.254:80": 1}, "169.254.169.0/30", "/8../29"),
+    ],
+)
+def test_metadata_forward_refused(tmp_path, forwards, net, why):
+    with pytest.raises(NodeforgeError, match=why):
+        vmmod.CloudNet(forwards, net).netdev_options()
+
+
+def test_relay_carries_a_request_per_connection_to_the_loopback_server():
+    """lab/relay.py as qemu runs it: the guest connection on stdin/stdout (a socketpair)."""
+    import socket
+    import subprocess
+
+    from nodeforge.lab.imds import IMDS, Instance
+
+    svc = IMDS(Instance(user_data=b"hello"))
+    with svc.serve() as srv:
+        for _ in range(2):  # two guest connections, one after the other: each its own relay
+            guest, qemu_side = socket.socketpair()
+            with guest:
+                with qemu_side:  # the relay holds its own copy; EOF comes when it exits
+                    p = subprocess.Popen(
+                        [sys.executable, str(vmmod.RELAY), str(srv.port), "10"],
+                        stdin=qemu_side.fileno(),
+                        stdout=qemu_side.fileno(),
+                    )
+                guest.sendall(
+                    b"PUT /latest/api/token HTTP/1.1\r\nHost: x\r\n"
+                    b"X-aws-ec2-metadata-token-ttl-seconds: 60\r\nConnection: close\r\n\r\n"
+                )
+                guest.settimeout(10)
+                data = b""
+                while chunk := guest.recv(4096):
+                    data += chunk
+                assert data.startswith(b"HTTP/1.1 200")
+                assert p.wait(timeout=10) == 0
+    assert [s for _, _, s in svc.log] == [200, 200]
+
+
 def _ovmf(tmp_path: Path) -> Path:
     d = tmp_path / "ovmf"
     d.mkdir()

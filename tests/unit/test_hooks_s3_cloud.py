@@ -1,0 +1,195 @@
+"""s3:// hooks the way a cloud node fetches them: TLS with a private CA (s3_ca_bundle), the
+instance role's credentials from the metadata service (lab/imds.py, reached by boto3's default
+chain), refreshed when they expire; and each failure a clear hook error (unknown CA, expired
+or unknown credentials, 403, 404). moto's S3 server behind lab/s3front.py, all on loopback."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+boto3 = pytest.importorskip("boto3", reason="dev extra: pip install -e '.[dev]' (boto3, moto)")
+pytest.importorskip("moto.server", reason="dev extra: moto[server]")
+
+from nodeforge.bootstrap import hooks as hooks_mod
+from nodeforge.bootstrap.params import ParamsError, parse_params
+from nodeforge.bootstrap.paths import Paths
+from nodeforge.lab import s3front
+from nodeforge.lab.imds import IMDS, Instance
+from tests.conftest import require_tools
+
+pytestmark = pytest.mark.unit
+
+KEY = "a2V5LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzLWxvbmctb2s="
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    require_tools("openssl")
+    work = tmp_path_factory.mktemp("s3cloud")
+    tls = s3front.make_ca(work, ["127.0.0.1"])
+    other = s3front.make_ca(work, ["127.0.0.1"], tag="other")
+    clock = Clock()
+    imds = IMDS(Instance(role="nf-node", cred_ttl=60), clock=clock)
+    isrv = imds.serve()
+    moto = s3front.moto()
+    front = s3front.S3Front(moto.get_host_and_port()[1], tls, imds=imds)
+    # Seed the bucket straight at moto (the test's admin path, not the node's).
+    admin = boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{moto.get_host_and_port()[1]}",
+        aws_access_key_id="admin",
+        aws_secret_access_key="admin",
+        region_name="eu-west-1",
+    )
+    admin.create_bucket(
+        Bucket="lifecycle", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"}
+    )
+    admin.put_object(Bucket="lifecycle", Key="cfg/on_init.sh", Body=b"#!/bin/sh\n./helper.sh\n")
+    admin.put_object(Bucket="lifecycle", Key="cfg/helper.sh", Body=b"#!/bin/sh\necho ran > ran\n")
+    admin.put_object(Bucket="lifecycle", Key="secret/x.sh", Body=b"#!/bin/sh\n")
+    yield {
+        "tls": tls,
+        "other": other,
+        "imds": imds,
+        "clock": clock,
+        "front": front,
+        "endpoint": f"https://127.0.0.1:{front.port}",
+        "imds_port": isrv.port,
+    }
+    front.stop()
+    moto.stop()
+    isrv.stop()
+
+
+@pytest.fixture
+def node_env(world, monkeypatch):
+    """boto3's default chain as on an instance: nothing in the environment or files, the
+    metadata service (here at its loopback address) gives the role's credentials."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    monkeypatch.setenv(
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{world['imds_port']}/"
+    )
+    world["front"].refused.clear()
+    return world
+
+
+def _params(world, uri, ca, **kw):
+    d = {
+        "role": "compute",
+        "cluster_name": "demo",
+        "controller": "ctl",
+        "munge_key": KEY,
+        "hook_retries": 0,
+        "s3_endpoint_url": world["endpoint"],
+        "hooks": [
+            {"uri": uri, "script": "on_init.sh", "name": "lifecycle"}
+            if uri.endswith("/")
+            else {"uri": uri}
+        ],
+        **kw,
+    }
+    if ca is not None:
+        d["s3_ca_bundle"] = ca
+    return parse_params(d, "test")
+
+
+def _fetch(tmp_path, p):
+    paths = Paths.under(tmp_path)
+    (hook,) = hooks_mod.discover(paths, p)
+    return hooks_mod.fetch(hook, paths.hook_cache)
+
+
+def test_prefix_over_tls_with_role_credentials_refreshed(tmp_path, node_env):
+    w = node_env
+    ca_pem = w["tls"].ca.read_text()
+    before = w["imds"].credentials_issued
+    got = _fetch(tmp_path / "a", _params(w, "s3://lifecycle/cfg/", ca_pem))
+    assert got.name == "on_init.sh" and (got.parent / "helper.sh").is_file()
+    assert w["imds"].credentials_issued >= max(before, 1)
+    w["clock"].offset += 61  # every set issued so far has expired (IMDS's and S3's view)
+    got = _fetch(tmp_path / "b", _params(w, "s3://lifecycle/cfg/", str(w["tls"].ca)))
+    assert got.is_file()
+    assert w["front"].refused == []  # the client never sent an expired or unknown key
+    assert w["imds"].credentials_issued >= before + 2
+
+
+def test_unknown_ca_is_a_clear_tls_error(tmp_path, node_env):
+    w = node_env
+    for ca in (None, w["other"].ca.read_text()):
+        with pytest.raises(hooks_mod.HookError, match="TLS.*s3_ca_bundle"):
+            _fetch(tmp_path / str(ca is None), _params(w, "s3://lifecycle/cfg/", ca))
+
+
+def test_s3_403_and_404_name_the_object(tmp_path, node_env):
+    w = node_env
+    w["front"].forbidden[:] = ["/lifecycle/secret"]
+    ca = w["tls"].ca.read_text()
+    with pytest.raises(hooks_mod.HookError, match=r"s3://lifecycle/secret.*(403|AccessDenied)"):
+        _fetch(tmp_path / "f", _params(w, "s3://lifecycle/secret/", ca))
+    with pytest.raises(hooks_mod.HookError, match=r"s3://lifecycle/cfg/nope\.sh.*does not exist"):
+        _fetch(tmp_path / "n", _params(w, "s3://lifecycle/cfg/nope.sh", ca))
+
+
+def test_expired_credentials_that_are_not_refreshed_are_refused(node_env):
+    """What a client that kept its first credentials would see: S3's ExpiredToken."""
+    w = node_env
+    creds = w["imds"].credentials()
+    w["clock"].offset += 3600
+    c = boto3.client(
+        "s3",
+        endpoint_url=w["endpoint"],
+        verify=str(w["tls"].ca),
+        aws_access_key_id=creds.access_key_id,
+        aws_secret_access_key=creds.secret_access_key,
+        aws_session_token=creds.token,
+    )
+    with pytest.raises(Exception, match="ExpiredToken"):
+        c.list_objects_v2(Bucket="lifecycle")
+
+
+def test_ca_bundle_param_grammar(world, tmp_path):
+    pem = world["tls"].ca.read_text()
+    assert _params(world, "s3://lifecycle/cfg/", pem).s3_ca_bundle == pem.strip("\n") + "\n"
+    assert _params(world, "s3://lifecycle/cfg/", "/etc/ssl/lab-ca.pem").s3_ca_bundle
+    for bad in (
+        pem + "extra text\n",
+        pem.replace("CERTIFICATE", "PRIVATE KEY"),
+        "-----BEGIN CERTIFICATE-----\n@@@@\n-----END CERTIFICATE-----\n",
+        "relative/ca.pem",
+        "/etc/../ca.pem",
+        "/etc/ca\n.pem",
+        "-----BEGIN CERTIFICATE-----\n" + "A" * 200 + "\n-----END CERTIFICATE-----\n",
+        12,
+    ):
+        with pytest.raises(ParamsError, match="s3_ca_bundle"):
+            _params(world, "s3://lifecycle/cfg/", bad)
+
+
+def test_ca_bundle_path_must_be_root_owned_and_not_writable(world, tmp_path, node_env):
+    ca = tmp_path / "ca.pem"
+    ca.write_text(world["tls"].ca.read_text())
+    ca.chmod(0o666)
+    with pytest.raises(hooks_mod.HookError, match="s3_ca_bundle.*not group/world-writable"):
+        _fetch(tmp_path / "w", _params(world, "s3://lifecycle/cfg/", str(ca)))
+    with pytest.raises(hooks_mod.HookError, match="s3_ca_bundle.*No such file"):
+        _fetch(tmp_path / "m", _params(world, "s3://lifecycle/cfg/", str(tmp_path / "nope.pem")))
+    link = tmp_path / "link.pem"
+    link.symlink_to(ca)
+    with pytest.raises(hooks_mod.HookError, match="s3_ca_bundle"):
+        _fetch(tmp_path / "l", _params(world, "s3://lifecycle/cfg/", str(link)))
