@@ -151,7 +151,7 @@ def cloud(tmp_path_factory, cloud_image):
                 link_ip=f"{ip}/24",
                 link_mac=mac,
                 inject_key=False,
-                boot="kernel",  # as validated; firmware boot is the lead's switch (issue 26)
+                boot="uefi",  # as EC2 and HyperPod boot it: firmware, no -kernel (issue 26)
                 **({"link_listen": link} if role == "controller" else {"link_connect": link}),
             )
             vm = VM(cfg)
