@@ -211,6 +211,19 @@ def _baked(paths: Paths, params: Params) -> Iterator[Hook]:
 def discover(paths: Paths, params: Params) -> list[Hook]:
     """Baked + extension hooks in run order. Raises HookError (nothing runs) on any refusal."""
     hooks: list[tuple[str, int, Hook]] = [(h.name, 0, h) for h in _baked(paths, params)]
+    hooks += [(h.name, 1, h) for h in extension_hooks(params)]
+    _unique_names(hooks)
+    _check_cache_names([h for _, _, h in hooks if h.path is None])
+    hooks.sort(key=lambda t: (t[0], t[1]))
+    return [h for _, _, h in hooks]
+
+
+def extension_hooks(params: Params) -> list[Hook]:
+    """The extension hooks that params ask for, with every trust rule that params alone decide
+    (name grammar, plain http only with a sha256, unique names, cache names): the agent's
+    discover() and `nodeforge params check` both apply these, so a file that passes the
+    check is not refused at boot for what it says. Raises HookError."""
+    out: list[Hook] = []
     for i, spec in enumerate(params.hooks):
         name = spec.name or spec.script or _uri_name(spec.uri)
         if name.startswith(".") or not _NAME_OK.fullmatch(name):
@@ -224,23 +237,25 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
                 f"hook {name} refused: {_dl().display_url(spec.uri)} is plain http without a "
                 f"sha256; serve it over https:// or set hooks[{i}].sha256 (sha256sum <script>)"
             )
-        hooks.append(
-            (
+        out.append(
+            Hook(
                 name,
-                1,
-                Hook(
-                    name,
-                    None,
-                    spec.timeout if spec.timeout is not None else params.hook_timeout,
-                    spec.retries if spec.retries is not None else params.hook_retries,
-                    spec.uri,
-                    spec.sha256,
-                    spec.script,
-                    params.s3_endpoint_url,
-                    params.s3_ca_bundle,
-                ),
+                None,
+                spec.timeout if spec.timeout is not None else params.hook_timeout,
+                spec.retries if spec.retries is not None else params.hook_retries,
+                spec.uri,
+                spec.sha256,
+                spec.script,
+                params.s3_endpoint_url,
+                params.s3_ca_bundle,
             )
         )
+    _unique_names([(h.name, 1, h) for h in out])
+    _check_cache_names(out)
+    return out
+
+
+def _unique_names(hooks: list[tuple[str, int, Hook]]) -> None:
     seen: dict[str, str] = {}
     for name, _, h in hooks:
         if name in seen:
@@ -250,9 +265,6 @@ def discover(paths: Paths, params: Params) -> list[Hook]:
                 "hook a distinct `name` in params"
             )
         seen[name] = _dl().display_url(h.origin) if h.origin != "baked" else "baked"
-    _check_cache_names([h for _, _, h in hooks if h.path is None])
-    hooks.sort(key=lambda t: (t[0], t[1]))
-    return [h for _, _, h in hooks]
 
 
 def cache_name(hook: Hook) -> str:

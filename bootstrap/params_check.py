@@ -1,7 +1,8 @@
 """`nodeforge params check`: validate node params offline, before launching 100 nodes.
 
 The same readers and rules as the agent (strict YAML, kernel quoting, secret sources, HyperPod
-resolution); nothing is fetched from the network and nothing is written.
+resolution, the extension hooks' trust rules); nothing is fetched from the network and
+nothing is written.
 """
 
 from __future__ import annotations
@@ -30,10 +31,25 @@ from .params_sources import (
 class Checked:
     params: Params
     source: str
+    # nodeforge.params=http(s):// documents named but not fetched (params check is offline)
+    unfetched: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The hook trust rules that params alone decide are the agent's too (hooks.discover):
+        # what passes here is not refused at boot for what the file says.
+        from .hooks import HookError, extension_hooks
+
+        try:
+            extension_hooks(self.params)
+        except HookError as exc:
+            raise ParamsError(f"{self.source}: {exc}") from None
 
     def public(self) -> dict[str, Any]:
         # A display: also a secret pasted into a free-form field (extra) is hidden here.
-        return redact.obj({"source": self.source, "params": self.params.public_dict()})
+        doc = {"source": self.source, "params": self.params.public_dict()}
+        if self.unfetched:
+            doc["not_fetched"] = list(self.unfetched)
+        return redact.obj(doc)
 
 
 def check_node_yaml(path: Path) -> Checked:
@@ -52,20 +68,26 @@ def check_user_data(path: Path, imds_guarded: bool) -> Checked:
 
 
 def check_cmdline(raw: bytes | str, label: str) -> Checked:
-    """*raw*: /proc/cmdline's bytes, or a string (made bytes the one way: cmdline_bytes)."""
-    data = cmdline_params(raw, label, url_reader=_offline_url)
+    """*raw*: /proc/cmdline's bytes, or a string (made bytes the one way: cmdline_bytes).
+    A nodeforge.params=http(s):// URL is checked as a URL and reported, not fetched: the keys
+    of its document are the agent's to check at boot."""
+    unfetched: list[str] = []
+
+    def offline(url: str, where: str) -> dict[str, Any]:
+        if url.startswith(("http://", "https://")):
+            from nodeforge import download
+
+            problem = download.url_problem(url)
+            if problem:
+                raise ParamsError(f"{where}: {problem}; give an http(s):// URL or file://")
+            unfetched.append(download.display_url(url))
+            return {}
+        return _params_url(url, where)
+
+    data = cmdline_params(raw, label, url_reader=offline)
     if data is None:
         raise ParamsError(f"{label}: no nodeforge.* arguments (e.g. nodeforge.role=compute)")
-    return Checked(parse_params(data, label), "cmdline")
-
-
-def _offline_url(url: str, label: str) -> dict[str, Any]:
-    if not url.startswith("file://"):
-        raise ParamsError(
-            f"{label}: not fetched (params check is offline); download the document and give "
-            "nodeforge.params=file:///path/to/it"
-        )
-    return _params_url(url, label)
+    return Checked(parse_params(data, label), "cmdline", tuple(unfetched))
 
 
 def check_hyperpod(directory: Path, addresses: list[str], hostname: str) -> Checked:
@@ -81,4 +103,10 @@ def render(checked: Checked, as_json: bool) -> str:
     if as_json:
         return json.dumps(checked.public(), indent=2) + "\n"
     head = f"valid node params ({checked.source}); secrets redacted\n"
+    for url in checked.public().get("not_fetched", []):
+        head += (
+            f"not fetched (params check is offline): nodeforge.params={url}; the keys of that "
+            "document are checked by the agent at boot (download it and give file:// to check "
+            "them here)\n"
+        )
     return head + yaml.safe_dump(checked.public()["params"], sort_keys=False)

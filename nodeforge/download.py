@@ -148,6 +148,12 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
             )
 
 
+def url_problem(url: str) -> str:
+    """Why *url* is no http(s) URL to fetch ("" when it is): a redirect target's checks."""
+    why = _bad_redirect(url, url)
+    return "credentials (user:password@) in the URL" if why.startswith("credentials") else why
+
+
 def _bad_redirect(old_url: str, new_url: str) -> str:
     """Why *new_url* is no place to follow a redirect to ("" when it is)."""
     if len(new_url) > MAX_URL:

@@ -73,11 +73,25 @@ def test_cmdline_string_and_file(tmp_path, capsys):
     assert "munge_key_file" in err
 
 
-def test_cmdline_params_url_is_not_fetched(capsys):
-    rc, _, err = run(
-        capsys, "--cmdline", "nodeforge.role=compute nodeforge.params=http://203.0.113.1/p.yaml"
+def test_cmdline_params_url_is_reported_not_fetched(capsys):
+    """docs/agent.md's own example (issue 27: it exited 2): the URL is checked as a URL and
+    reported; the rest of the command line is checked; nothing is fetched."""
+    example = (
+        "nodeforge.role=compute nodeforge.cluster=demo nodeforge.controller=ctl(10.0.0.2) "
+        "nodeforge.features=gpu nodeforge.params=https://cfg.internal/demo.yaml"
     )
-    assert rc == 2 and "not fetched (params check is offline)" in err
+    rc, out, err = run(capsys, "--cmdline", example)
+    assert rc == 0, err
+    assert (
+        "not fetched (params check is offline): nodeforge.params=https://cfg.internal/demo.yaml"
+        in out
+    )
+    rc, out, _ = run(capsys, "--cmdline", example, "--json")
+    assert rc == 0 and json.loads(out)["not_fetched"] == ["https://cfg.internal/demo.yaml"]
+    rc, _, err = run(capsys, "--cmdline", example.replace("https://cfg.internal", "https://"))
+    assert rc == 2 and "no host" in err
+    rc, out, err = run(capsys, "--cmdline", example.replace("https://", "https://u:pw@"))
+    assert rc == 2 and "credentials (user:password@) in the URL" in err and "pw" not in err
 
 
 def test_user_data(tmp_path, capsys):
@@ -127,3 +141,21 @@ def test_one_source_required(capsys):
     with pytest.raises(SystemExit) as ei:
         main(["params", "check"])
     assert ei.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("hooks", "says"),
+    [
+        ([{"uri": "http://10.0.0.9/a.sh"}], "is plain http without a sha256"),
+        ([{"uri": "https://h/a.sh"}, {"uri": "https://g/a.sh"}], "two hooks are named 'a.sh'"),
+        ([{"uri": "https://h/.a.sh"}], "as a hook name"),
+    ],
+)
+def test_params_check_applies_the_agents_hook_trust_rules(tmp_path, capsys, hooks, says):
+    """Issue 27: `params check` passed a plain-http hook without a sha256, which the agent then
+    refused at boot; both apply the same rules now."""
+    f = tmp_path / "node.yaml"
+    f.write_text(NODE + "hooks: " + json.dumps(hooks) + "\n")
+    f.chmod(0o600)
+    rc, out, err = run(capsys, "--node-yaml", str(f))
+    assert rc == 2 and out == "" and says in err and str(f) in err, err
