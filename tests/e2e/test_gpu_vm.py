@@ -145,7 +145,8 @@ def test_gpu_image_without_gpu_schedules_and_health_drains(gpu_cluster):
     assert "DRAIN" not in ctl.ssh("scontrol show node c1").stdout
     prom = c1.ssh(
         # params' default metrics_listen, node:9100: the node's own address, not loopback
-        "curl -sS http://10.78.0.11:9100/metrics | grep '^nodeforge_health_ok'", check=False
+        "curl -sS http://10.78.0.11:9100/metrics | grep '^nodeforge_health_ok'",
+        check=False,
     ).stdout
     assert prom.strip() == "nodeforge_health_ok 1", prom
     # Last, so that everything above is proven even while this fails: with AutoDetect=nvml and
