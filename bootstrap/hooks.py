@@ -211,7 +211,7 @@ def _baked(paths: Paths, params: Params) -> Iterator[Hook]:
 def discover(paths: Paths, params: Params) -> list[Hook]:
     """Baked + extension hooks in run order. Raises HookError (nothing runs) on any refusal."""
     hooks: list[tuple[str, int, Hook]] = [(h.name, 0, h) for h in _baked(paths, params)]
-    hooks += [(h.name, 1, h) for h in extension_hooks(params)]
+    hooks += [(h.name, 1, h) for h in _extension_hooks(params)]
     _unique_names(hooks)
     _check_cache_names([h for _, _, h in hooks if h.path is None])
     hooks.sort(key=lambda t: (t[0], t[1]))
@@ -223,6 +223,15 @@ def extension_hooks(params: Params) -> list[Hook]:
     (name grammar, plain http only with a sha256, unique names, cache names): the agent's
     discover() and `nodeforge params check` both apply these, so a file that passes the
     check is not refused at boot for what it says. Raises HookError."""
+    out = _extension_hooks(params)
+    _unique_names([(h.name, 1, h) for h in out])
+    _check_cache_names(out)
+    return out
+
+
+def _extension_hooks(params: Params) -> list[Hook]:
+    """The extension hooks of *params*, each checked on its own (discover() then checks the
+    names against the baked hooks too)."""
     out: list[Hook] = []
     for i, spec in enumerate(params.hooks):
         name = spec.name or spec.script or _uri_name(spec.uri)
@@ -250,8 +259,6 @@ def extension_hooks(params: Params) -> list[Hook]:
                 params.s3_ca_bundle,
             )
         )
-    _unique_names([(h.name, 1, h) for h in out])
-    _check_cache_names(out)
     return out
 
 
