@@ -27,6 +27,7 @@ import yaml
 
 from nodeforge import proc
 from nodeforge.bootstrap import readiness
+from nodeforge.bootstrap.health import REASON_PREFIX as HEALTH_REASON_PREFIX
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.readiness import NodeState
 from nodeforge.bootstrap.slurm import read_features
@@ -44,6 +45,8 @@ SUBNET = ipaddress.ip_network("10.213.0.0/24")  # exists only inside the fabric 
 CONTROLLER_NAME = "ctl"
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STOP_TIMEOUT = 60.0
+NODE_DATA_DIR = "/var/lib/enroot"  # bootstrap/health.py DATA_DIRS, on a node-private tmpfs
+NODE_DATA_SIZE = "4G"  # an upper bound only: tmpfs takes memory as files are written
 Progress = Callable[[str], None]
 
 
@@ -435,6 +438,10 @@ class LocalCluster:
             "--timezone=off",
             "--console=read-only",
             "--setenv=SYSTEMD_COLORS=0",
+            # The node's own data disk for Enroot (what `node health` measures and a hook's
+            # import fills): the overlay upper dir is the host's disk, shared by every node and
+            # whatever else the host holds, so a full host would drain every lab node.
+            f"--tmpfs={NODE_DATA_DIR}:mode=1777,size={NODE_DATA_SIZE}",
             *(nspawn_args or []),
         ]
         log.info("run: %s", " ".join(argv))
@@ -643,8 +650,15 @@ class LocalCluster:
                     st = sl.state if sl else NodeState("")
                     ok = st.ready and agent.get("status") == "ready"
                     shown = str(st) if sl else "unregistered"
-                    if st.drained and agent.get("status") == "failed":
-                        raise NodeforgeError(f"node {name} is drained: {sl.reason if sl else ''}")
+                    reason = sl.reason if sl else ""
+                    if st.drained and reason and reason != "none":
+                        shown += f" reason={reason!r}"
+                    # Drained by its failed init, or by the health check after it: neither
+                    # clears by waiting, so say why at once.
+                    if st.drained and (
+                        agent.get("status") == "failed" or reason.startswith(HEALTH_REASON_PREFIX)
+                    ):
+                        raise NodeforgeError(f"node {name} is drained: {reason}")
                 last[name] = f"{shown}, agent {agent.get('status', 'not started')}"
                 if ok:
                     node.ready_at = time.time()

@@ -203,6 +203,62 @@ def test_cluster_wait_reports_each_node_as_it_becomes_ready(monkeypatch, tmp_pat
     assert all("ready after" in ln for ln in lines), lines
 
 
+def test_cluster_wait_names_a_health_drain_at_once(monkeypatch, tmp_path):
+    """A node the health check drained (agent ready) fails the wait with its reason, not after
+    the timeout with a bare state (stubbed Slurm and agent state, no root)."""
+    from nodeforge.bootstrap.health import REASON_PREFIX
+    from nodeforge.bootstrap.readiness import from_sinfo
+    from nodeforge.errors import NodeforgeError
+    from nodeforge.lab import localcluster as lc
+
+    monkeypatch.setattr(lc, "STATE_ROOT", tmp_path)
+    monkeypatch.setattr(lc, "_alive", lambda pid: True)
+    c = lc.Cluster("t", "img", "lower", "nfc-t", 0.0, [
+        lc.Node("ctl", "controller", 2, "10.213.0.2", "ns-ctl", str(tmp_path / "ctl"), 1, 100.0),
+        lc.Node("c001", "compute", 3, "10.213.0.3", "ns-c001", str(tmp_path / "c001"), 2, 100.0),
+    ])  # fmt: skip
+    (tmp_path / "t").mkdir()
+    reason = f"{REASON_PREFIX} disk: /var/lib/enroot 96% full"
+    monkeypatch.setattr(
+        lc.LocalCluster,
+        "slurm_nodes",
+        lambda self, cl: {"c001": lc.SlurmNode(from_sinfo("drain"), "drain", reason)},
+    )
+    monkeypatch.setattr(lc.LocalCluster, "agent_state", lambda self, node: {"status": "ready"})
+    clock = {"t": 0.0}
+    monkeypatch.setattr(lc.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(lc.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    with pytest.raises(NodeforgeError) as exc:
+        lc.LocalCluster("t", progress=lambda m: None).wait_ready(c, ["c001"], timeout=60)
+    assert str(exc.value) == f"node c001 is drained: {reason}"
+    assert clock["t"] == 0.0  # at the first poll, not after the timeout
+
+
+def test_cluster_wait_timeout_names_an_operator_drain_reason(monkeypatch, tmp_path):
+    from nodeforge.bootstrap.readiness import from_sinfo
+    from nodeforge.errors import NodeforgeError
+    from nodeforge.lab import localcluster as lc
+
+    monkeypatch.setattr(lc, "STATE_ROOT", tmp_path)
+    monkeypatch.setattr(lc, "_alive", lambda pid: True)
+    c = lc.Cluster("t", "img", "lower", "nfc-t", 0.0, [
+        lc.Node("ctl", "controller", 2, "10.213.0.2", "ns-ctl", str(tmp_path / "ctl"), 1, 100.0),
+        lc.Node("c001", "compute", 3, "10.213.0.3", "ns-c001", str(tmp_path / "c001"), 2, 100.0),
+    ])  # fmt: skip
+    (tmp_path / "t").mkdir()
+    monkeypatch.setattr(
+        lc.LocalCluster,
+        "slurm_nodes",
+        lambda self, cl: {"c001": lc.SlurmNode(from_sinfo("drain"), "drain", "maint")},
+    )
+    monkeypatch.setattr(lc.LocalCluster, "agent_state", lambda self, node: {"status": "ready"})
+    clock = {"t": 0.0}
+    monkeypatch.setattr(lc.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(lc.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    with pytest.raises(NodeforgeError, match=r"c001 \(.*DRAIN.* reason='maint', agent ready\)"):
+        lc.LocalCluster("t", progress=lambda m: None).wait_ready(c, ["c001"], timeout=60)
+
+
 # -- light dispatch: `nodeforge node …` / `params …` build only bootstrap's parser -----------
 
 
