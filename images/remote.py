@@ -215,7 +215,7 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                         work / "seed", Path(f"{key}.pub").read_text(), name
                     )
                 if "accelerator" not in user_vars:
-                    from nodeforge.lab.vm import probe_accel
+                    from nodeforge.images.qemu_host import probe_accel
 
                     kern = values.get("kernel")
                     acc = probe_accel(Path(kern), Path(values["initrd"]), work) if kern else None
@@ -288,7 +288,7 @@ def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             except NodeforgeError as e:
                 if target != "qemu":
                     raise
-                from nodeforge.lab.vm import console_tail
+                from nodeforge.images.qemu_host import console_tail
 
                 tail = console_tail(Path(values["console_log"]))
                 logfile.write(f"--- build VM console (last lines) ---\n{tail}\n")
