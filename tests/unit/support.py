@@ -34,7 +34,7 @@ def run_cli(
     *args: str,
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
-    timeout: float = 120,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
     """`python -m nodeforge ARGS` in a child process, as a user runs it (output captured,
     the exit status left to the caller to assert)."""
