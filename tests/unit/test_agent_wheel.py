@@ -1,5 +1,6 @@
 """The node image's agent wheel holds exactly the node's code: the core modules that the agent,
-the gang governor and the CLI import, plus bootstrap/ and gang/ whole; no build or lab module.
+the gang governor and the CLI import (followed through the core), the Slurm thresholds file,
+and bootstrap/ and gang/ whole; no build or lab module.
 (test_packaging.py installs the wheel and imports every module in it.)"""
 
 from __future__ import annotations
@@ -15,26 +16,8 @@ from nodeforge.images import agent_wheel
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-# The intended core of a node, written out: a module added to or dropped from the wheel
-# changes this list on purpose.
-NODE_CORE = {
-    "__init__.py",
-    "__main__.py",
-    "cli.py",
-    "data.py",
-    "download.py",
-    "errors.py",
-    "fsutil.py",
-    "proc.py",
-    "redact.py",
-    "scalars.py",
-    "slurm.py",
-    "slurm_records.py",
-    "slurm_versions.json",  # the Slurm version thresholds nodeforge/slurm.py reads
-    "slurmconf.py",
-    "strict_json.py",
-    "strict_yaml.py",
-}
+# Core files that no import names: the Slurm version thresholds nodeforge/slurm.py reads.
+CORE_DATA = {"slurm_versions.json"}
 NODE_PACKAGES = ("bootstrap", "gang")
 
 
@@ -50,7 +33,7 @@ def _package_files(folder: str) -> set[str]:
 def test_the_wheel_holds_exactly_the_node_files(tmp_path):
     wheel = agent_wheel.write(tmp_path)
     names = {n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n}
-    expected = {f"nodeforge/{n}" for n in NODE_CORE}
+    expected = {f"nodeforge/{n}" for n in _node_core() | CORE_DATA}
     for pkg in NODE_PACKAGES:
         expected |= _package_files(pkg)
     assert sorted(names - expected) == [], "files in the agent wheel that no node runs"
@@ -81,10 +64,9 @@ def _core_imports(path: Path, package: str) -> set[str]:
     return found
 
 
-def test_node_code_imports_only_the_core_modules_the_wheel_carries():
-    """What bootstrap/, gang/ and the core they use import from the core, followed through
-    the core, is the wheel's core list: no node import goes missing on a node, and no core
-    module rides along that no node code needs."""
+def _node_core() -> set[str]:
+    """The core files that bootstrap/, gang/ and the entry points import, followed through
+    the core: what a node runs."""
     todo = [(f, f"nodeforge.{pkg}") for pkg in NODE_PACKAGES for f in (REPO / pkg).rglob("*.py")]
     # the entry points: `nodeforge` (console script) and `python -m nodeforge`
     needed = {"__init__.py", "__main__.py", "cli.py"}
@@ -98,5 +80,10 @@ def test_node_code_imports_only_the_core_modules_the_wheel_carries():
         for mod in _core_imports(path, package):
             needed.add(mod)
             todo.append((REPO / "nodeforge" / mod, "nodeforge"))
-    assert needed == {n for n in NODE_CORE if n.endswith(".py")}
-    assert set(agent_wheel.NODE_CORE) == NODE_CORE
+    return needed
+
+
+def test_the_wheels_core_list_is_what_node_code_imports():
+    """No node import goes missing on a node, and no core module rides along that no node
+    code needs (a new build-host core module stays off the nodes)."""
+    assert set(agent_wheel.NODE_CORE) == _node_core() | CORE_DATA
