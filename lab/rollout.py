@@ -1,0 +1,393 @@
+"""`nodeforge cluster rollout`: a new image across a running local cluster, canary first.
+
+Each step (lab/rollout_plan.py) drains its nodes in Slurm with a reason naming the rollout,
+lets running jobs finish up to a bound and requeues the rest, replaces the machines
+(LocalCluster.replace: fresh disks from the new image, same names), gates on health (the node
+schedulable, its agent ready) and on `nodeforge verify`, then resumes what is still drained by
+the rollout. A failed step stops the rollout and puts that step's nodes back on the old image.
+Everything that can refuse is checked before the first drain. Clock and sleep are injected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodeforge import proc
+from nodeforge.errors import NodeforgeError
+
+from .localcluster import (
+    CONTROLLER_NAME,
+    Cluster,
+    LocalCluster,
+    check_image_for,
+    image_slurm,
+    node_exec,
+)
+from .rollout_plan import CONTROLLER, Step, check_batch, describe, plan
+
+log = logging.getLogger("nodeforge.cluster")
+
+REASON_PREFIX = "nodeforge-rollout"
+POLL = 2.0  # seconds between two looks at a batch's running jobs
+VERIFY_TIMEOUT = 900.0
+_JOBID = re.compile(r"[0-9]{1,12}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+# Why the lab refuses the controller step (docs/operate.md "Roll out an image").
+CONTROLLER_REFUSED = (
+    "the lab controller keeps StateSaveLocation (/var/lib/slurm/slurmctld) and MariaDB's data "
+    "on its own overlay disk, which a replacement would discard (queued jobs and sacct "
+    "history with it), so it is not replaced"
+)
+
+
+class RolloutError(NodeforgeError):
+    """A step failed after the rollout began (its nodes were restored): exit 1, not 2."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Image:
+    path: Path
+    slurmd: str
+    digest: str  # sha256 of rootfs.tar.zst, from the manifest
+
+    @property
+    def short(self) -> str:
+        return f"{self.path} (rootfs sha256 {self.digest[:16]}, slurmd {self.slurmd})"
+
+
+def read_image(path: Path) -> Image:
+    """The image's identity from its manifest; refused without one (the file named)."""
+    slurmd = image_slurm(path)  # refuses a missing/unreadable manifest, names the file
+    f = Path(path) / "manifest.json"
+    try:
+        digest = json.loads(f.read_text())["artifacts"]["rootfs.tar.zst"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        digest = None
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise NodeforgeError(
+            f"{f}: artifacts.rootfs.tar.zst.sha256 missing or not a sha256; give the output "
+            "directory of `nodeforge build` (the lab boots its rootfs.tar.zst)"
+        )
+    if not (Path(path) / "rootfs.tar.zst").is_file():
+        raise NodeforgeError(f"{Path(path) / 'rootfs.tar.zst'} not found: not a complete build")
+    return Image(Path(path).resolve(), slurmd, digest)
+
+
+@dataclass(frozen=True)
+class Clock:
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+@dataclass
+class StepResult:
+    step: Step
+    seconds: float = 0.0
+    requeued: list[str] = field(default_factory=list)
+    finished_in_bound: bool = True
+
+
+# -- the phases of one step: each one small, each one Slurm command on the controller ------
+def slurm(cluster: Cluster, argv: list[str], timeout: float = 30) -> str:
+    """Run a Slurm command on the controller; a failure names the command and its output."""
+    cp = node_exec(cluster.controller, argv, check=False, timeout=timeout)
+    if cp.returncode != 0:
+        raise NodeforgeError(
+            f"`{' '.join(argv)}` on {CONTROLLER_NAME} exited {cp.returncode}: "
+            f"{(cp.stdout or '').strip()[-400:]}"
+        )
+    return cp.stdout or ""
+
+
+def drain(cluster: Cluster, nodes: Sequence[str], reason: str) -> None:
+    slurm(
+        cluster,
+        ["scontrol", "update", f"NodeName={','.join(nodes)}", "State=DRAIN", f"Reason={reason}"],
+    )
+
+
+def parse_job_ids(text: str) -> list[str]:
+    """squeue -h -o %A: one job id a line; anything else is refused (not guessed)."""
+    ids = []
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if not _JOBID.fullmatch(s):
+            raise NodeforgeError(f"squeue printed {s!r} where a job id was expected")
+        ids.append(s)
+    return sorted(set(ids), key=int)
+
+
+def running_jobs(cluster: Cluster, nodes: Sequence[str]) -> list[str]:
+    out = slurm(
+        cluster,
+        ["squeue", "-h", "-w", ",".join(nodes), "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A"],
+    )
+    return parse_job_ids(out)
+
+
+def wait_jobs(
+    cluster: Cluster,
+    nodes: Sequence[str],
+    bound: float,
+    clock: Clock,
+    jobs: Callable[[Cluster, Sequence[str]], list[str]] = running_jobs,
+) -> list[str]:
+    """Let running jobs finish, up to *bound* seconds; return those still running."""
+    deadline = clock.now() + bound
+    left = jobs(cluster, nodes)
+    while left and clock.now() < deadline:
+        clock.sleep(min(POLL, max(0.0, deadline - clock.now())))
+        left = jobs(cluster, nodes)
+    return left
+
+
+def requeue(cluster: Cluster, job_ids: Sequence[str], progress: Callable[[str], None]) -> None:
+    """`scontrol requeue`; a job Slurm will not requeue (not batch, --no-requeue) ends as the
+    machine is replaced, per Slurm's policy: said, not hidden."""
+    for j in job_ids:
+        cp = node_exec(cluster.controller, ["scontrol", "requeue", j], check=False, timeout=30)
+        if cp.returncode != 0:
+            progress(
+                f"job {j}: not requeued ({(cp.stdout or '').strip()[-200:]}); it ends when "
+                "its node is replaced"
+            )
+
+
+def resume(lc: LocalCluster, cluster: Cluster, nodes: Sequence[str]) -> list[str]:
+    """RESUME the nodes still drained by the rollout (a node drained by anyone else, e.g.
+    its health check, keeps its drain). Returns the nodes resumed."""
+    sn = lc.slurm_nodes(cluster)
+    ours = [
+        n
+        for n in nodes
+        if n in sn and sn[n].state.drained and sn[n].reason.startswith(REASON_PREFIX)
+    ]
+    if ours:
+        slurm(cluster, ["scontrol", "update", f"NodeName={','.join(ours)}", "State=RESUME"])
+    return ours
+
+
+def replace_nodes(
+    lc: LocalCluster,
+    nodes: Sequence[str],
+    image: Path,
+    timeout: float,
+    params: dict | None,
+    copies: list[tuple[Path, str]] | None,
+) -> None:
+    """Replace every node of the step (boots in parallel), then wait until each is schedulable
+    with its agent ready (the health gate: a node its init or health check drained fails it
+    at once, with its reason)."""
+    for n in nodes:
+        lc.replace(n, image=image, params=params, copies=copies, wait=False)
+    lc.wait_ready(Cluster.load(lc.name), list(nodes), timeout)
+
+
+def run_verify(cluster_name: str, nodes: Sequence[str]) -> str | None:
+    """`nodeforge verify` on the nodes (its own process: testinfra's per-host caches start
+    clean). None when every check passed, else the first failure, named."""
+    hosts = ",".join(f"nspawn://{cluster_name}/{n}" for n in nodes)
+    argv = [sys.executable, "-m", "nodeforge", "verify", "--hosts", hosts, "--json"]
+    cp = proc.run(argv, check=False, timeout=VERIFY_TIMEOUT)
+    return verify_failure(cp.returncode, cp.stdout or "")
+
+
+def verify_failure(rc: int, out: str) -> str | None:
+    """The first failure in `nodeforge verify --json` output (stderr merged in), or None."""
+    start = out.find("{")
+    try:
+        doc = json.loads(out[start:]) if start >= 0 else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return f"nodeforge verify exited {rc} without a report: {out.strip()[-400:]}"
+    for u in doc.get("unreachable") or []:
+        return f"verify: host {u.get('host')} unreachable: {u.get('reason')}"
+    for r in doc.get("results") or []:
+        if r.get("outcome") in ("failed", "error"):
+            msg = (r.get("message") or "").strip().splitlines()
+            return f"verify: host {r.get('host')} check {r.get('check')}: {msg[0] if msg else ''}"
+    if rc != 0 or not doc.get("ok"):
+        return f"nodeforge verify exited {rc}: {out.strip()[-400:]}"
+    return None
+
+
+# -- the rollout ------------------------------------------------------------------------
+@dataclass
+class Rollout:
+    lc: LocalCluster
+    image: Path
+    batch: int = 1
+    drain_timeout: float = 300.0
+    ready_timeout: float = 300.0
+    nodes: Sequence[str] | None = None  # default: every compute, then the controller
+    params: dict | None = None
+    copies: list[tuple[Path, str]] | None = None
+    verify: Callable[[str, Sequence[str]], str | None] = run_verify
+    clock: Clock = field(default_factory=Clock)
+
+    def progress(self, msg: str) -> None:
+        self.lc.progress(msg)
+
+    def prepare(self) -> tuple[Image, Image, list[Step]]:
+        """Every refusal, before anything is drained: batch, nodes, manifest, Slurm release."""
+        check_batch(self.batch)
+        for what, v in (("--drain-timeout", self.drain_timeout), ("--timeout", self.ready_timeout)):
+            if not 0 <= v <= 86400:
+                raise NodeforgeError(f"{what} {v}: give seconds, 0 to 86400")
+        cluster = Cluster.load(self.lc.name)
+        wanted = list(self.nodes) if self.nodes else [n.name for n in cluster.nodes]
+        for n in wanted:
+            cluster.node(n)  # an unknown node is refused, the known ones named
+        roles = {n: cluster.node(n).role for n in wanted}
+        odd = [n for n, r in roles.items() if r not in ("compute", "controller")]
+        if odd:
+            raise NodeforgeError(
+                f"{', '.join(odd)}: rollout replaces computes and the controller; a login "
+                "node is replaced by hand (`nodeforge cluster down`/`add`)"
+            )
+        new = read_image(self.image)
+        old = read_image(Path(cluster.image))
+        check_image_for(cluster, self.image)  # both Slurm versions named when refused
+        steps = plan(
+            [n for n, r in roles.items() if r == "compute"],
+            self.batch,
+            CONTROLLER_NAME if CONTROLLER_NAME in roles else None,
+        )
+        if not steps:
+            raise NodeforgeError("nothing to roll out: the cluster has no computes")
+        return old, new, steps
+
+    def dry_run(self) -> list[str]:
+        old, new, steps = self.prepare()
+        lines = describe(steps, old.short, new.short)
+        lines.append(
+            f"  each step: drain (reason '{REASON_PREFIX} …'), jobs finish for up to "
+            f"{self.drain_timeout:.0f}s then are requeued, replace, gate on health and "
+            "`nodeforge verify`, resume; a failed step is restored on the old image"
+        )
+        if any(s.kind == CONTROLLER for s in steps):
+            lines.append(f"  the controller step will be refused: {CONTROLLER_REFUSED}")
+        lines.append("dry run: nothing was drained or replaced")
+        return lines
+
+    def run(self) -> dict:
+        old, new, steps = self.prepare()
+        for line in describe(steps, old.short, new.short):
+            self.progress(line)
+        t0 = self.clock.now()
+        results: list[StepResult] = []
+        computes = sum(len(s.nodes) for s in steps if s.kind != CONTROLLER)
+        refused = None
+        for s in steps:
+            if s.kind == CONTROLLER:
+                # Not done in the lab (see CONTROLLER_REFUSED): said, with the exit status.
+                refused = (
+                    f"computes are on {new.path}; step {s.number}/{len(steps)} ({s.label}) "
+                    f"refused: {CONTROLLER_REFUSED}. The controller stays on {old.path} (its "
+                    f"slurmctld {old.slurmd} talks to slurmd {new.slurmd})"
+                )
+                self.progress(f"step {s.number}/{len(steps)} ({s.label}): refused")
+                break
+            results.append(self.step(s, len(steps), old, new))
+        summary = self._summary(results, t0, computes, old, new)
+        summary["controller_refused"] = refused
+        return summary
+
+    def step(self, s: Step, total: int, old: Image, new: Image) -> StepResult:
+        name = f"step {s.number}/{total} ({s.label})"
+        reason = f"{REASON_PREFIX}: step {s.number}/{total} to {new.digest[:16]}"
+        started = self.clock.now()
+        res = StepResult(s)
+        replaced = False
+        try:
+            cluster = Cluster.load(self.lc.name)
+            self.progress(f"{name}: draining")
+            drain(cluster, s.nodes, reason)
+            left = wait_jobs(cluster, s.nodes, self.drain_timeout, self.clock)
+            if left:
+                res.finished_in_bound = False
+                self.progress(
+                    f"{name}: {len(left)} job(s) still running after {self.drain_timeout:.0f}s: "
+                    f"requeueing {','.join(left)}"
+                )
+                requeue(cluster, left, self.progress)
+                res.requeued = left
+            self.progress(f"{name}: replacing from {new.path}")
+            replaced = True
+            replace_nodes(self.lc, s.nodes, new.path, self.ready_timeout, self.params, self.copies)
+            self.progress(f"{name}: healthy; running `nodeforge verify`")
+            why = self.verify(self.lc.name, s.nodes)
+            if why is not None:
+                raise NodeforgeError(why)
+            done = resume(self.lc, Cluster.load(self.lc.name), s.nodes)
+            res.seconds = round(self.clock.now() - started, 2)
+            self.progress(
+                f"{name}: done in {res.seconds:.1f}s"
+                + (f" (resumed {','.join(done)})" if done else "")
+            )
+            return res
+        except NodeforgeError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            restored = self.restore(s, old, replaced)
+            raise RolloutError(
+                f"rollout stopped at {name}: {first}. {restored} Later steps were not started."
+            ) from None
+
+    def restore(self, s: Step, old: Image, replaced: bool) -> str:
+        """Put the failed step's nodes back as they were: on the old image if they were
+        replaced, else just resumed. Returns a sentence for the error."""
+        nodes = ",".join(s.nodes)
+        try:
+            if replaced:
+                self.progress(f"{nodes}: restoring on the old image {old.path}")
+                # Drained first: a node the failed image left schedulable takes no new job.
+                cluster = Cluster.load(self.lc.name)
+                present = [n for n in s.nodes if n in self.lc.slurm_nodes(cluster)]
+                if present:
+                    drain(cluster, present, f"{REASON_PREFIX}: restoring the old image")
+                replace_nodes(self.lc, s.nodes, old.path, self.ready_timeout, None, None)
+            resume(self.lc, Cluster.load(self.lc.name), s.nodes)
+        except NodeforgeError as exc:
+            return (
+                f"Restoring {nodes} on {old.path} FAILED too: {str(exc).splitlines()[0]}; "
+                f"see `nodeforge cluster status --name {self.lc.name}`."
+            )
+        return f"{nodes} restored on the old image {old.path}" if replaced else f"{nodes} resumed."
+
+    def _summary(
+        self, results: list[StepResult], t0: float, computes: int, old: Image, new: Image
+    ) -> dict:
+        total = round(self.clock.now() - t0, 2)
+        ideal = computes * total
+        lost = sum(len(r.step.nodes) * r.seconds for r in results)
+        return {
+            "image": str(new.path),
+            "from": str(old.path),
+            "seconds": total,
+            "steps": [
+                {
+                    "step": r.step.number,
+                    "kind": r.step.kind,
+                    "nodes": list(r.step.nodes),
+                    "seconds": r.seconds,
+                    "requeued": r.requeued,
+                }
+                for r in results
+            ],
+            # Capacity: computes schedulable over the rollout, against all of them all along.
+            "capacity_node_seconds": round(ideal - lost, 2),
+            "ideal_node_seconds": round(ideal, 2),
+        }
