@@ -206,9 +206,10 @@ def run_verify(cluster_name: str, nodes: Sequence[str]) -> str | None:
 
 def verify_failure(rc: int, out: str) -> str | None:
     """The first failure in `nodeforge verify --json` output (stderr merged in), or None."""
-    start = out.find("{")
+    # stderr (merged) may hold lines of its own; the report is the JSON object from a "{" line
+    m = re.search(r"^\{$", out, re.M)
     try:
-        doc = json.loads(out[start:]) if start >= 0 else None
+        doc = json.loads(out[m.start() :]) if m else None
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
