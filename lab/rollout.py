@@ -142,9 +142,10 @@ def wait_jobs(
     nodes: Sequence[str],
     bound: float,
     clock: Clock,
-    jobs: Callable[[Cluster, Sequence[str]], list[str]] = running_jobs,
+    jobs: Callable[[Cluster, Sequence[str]], list[str]] | None = None,
 ) -> list[str]:
     """Let running jobs finish, up to *bound* seconds; return those still running."""
+    jobs = jobs or running_jobs
     deadline = clock.now() + bound
     left = jobs(cluster, nodes)
     while left and clock.now() < deadline:
@@ -249,7 +250,12 @@ class Rollout:
             if not 0 <= v <= 86400:
                 raise NodeforgeError(f"{what} {v}: give seconds, 0 to 86400")
         cluster = Cluster.load(self.lc.name)
-        wanted = list(self.nodes) if self.nodes else [n.name for n in cluster.nodes]
+        # Default: every compute and the controller (login nodes hold users' sessions).
+        wanted = (
+            list(self.nodes)
+            if self.nodes
+            else [n.name for n in cluster.nodes if n.role in ("compute", "controller")]
+        )
         for n in wanted:
             cluster.node(n)  # an unknown node is refused, the known ones named
         roles = {n: cluster.node(n).role for n in wanted}
