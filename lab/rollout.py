@@ -4,7 +4,9 @@ Each step (lab/rollout_plan.py) drains its nodes in Slurm with a reason naming t
 lets running jobs finish up to a bound and requeues the rest, replaces the machines
 (LocalCluster.replace: fresh disks from the new image, same names), gates on health (the node
 schedulable, its agent ready) and on `nodeforge verify`, then resumes what is still drained by
-the rollout. A failed step stops the rollout and puts that step's nodes back on the old image.
+the rollout. The controller goes last: its services stopped, its machine replaced with its state
+kept (LocalCluster.replace_controller), then the same gates. A failed step stops the rollout
+and puts that step's nodes back on the old image.
 Everything that can refuse is checked before the first drain. Clock and sleep are injected.
 """
 
@@ -39,13 +41,6 @@ POLL = 2.0  # seconds between two looks at a batch's running jobs
 VERIFY_TIMEOUT = 900.0
 _JOBID = re.compile(r"[0-9]{1,12}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-
-# Why the lab refuses the controller step (docs/operate.md "Roll out an image").
-CONTROLLER_REFUSED = (
-    "the lab controller keeps StateSaveLocation (/var/lib/slurm/slurmctld) and MariaDB's data "
-    "on its own overlay disk, which a replacement would discard (queued jobs and sacct "
-    "history with it), so it is not replaced"
-)
 
 
 class RolloutError(NodeforgeError):
@@ -196,6 +191,18 @@ def replace_nodes(
     lc.wait_ready(Cluster.load(lc.name), list(nodes), timeout)
 
 
+def replace_controller(
+    lc: LocalCluster,
+    image: Path,
+    timeout: float,
+    params: dict | None,
+    copies: list[tuple[Path, str]] | None,
+) -> None:
+    """The controller's machine replaced, its state kept (LocalCluster.replace_controller);
+    returns once slurmctld answers and the running computes are schedulable again."""
+    lc.replace_controller(image=image, params=params, copies=copies, timeout=timeout)
+
+
 def run_verify(cluster_name: str, nodes: Sequence[str]) -> str | None:
     """`nodeforge verify` on the nodes (its own process: testinfra's per-host caches start
     clean). None when every check passed, else the first failure, named."""
@@ -286,7 +293,11 @@ class Rollout:
             "`nodeforge verify`, resume; a failed step is restored on the old image"
         )
         if any(s.kind == CONTROLLER for s in steps):
-            lines.append(f"  the controller step will be refused: {CONTROLLER_REFUSED}")
+            lines.append(
+                "  controller: slurmctld, slurmdbd and MariaDB stopped, the machine replaced "
+                "with its state (StateSaveLocation, MariaDB's data, the munge key) kept, "
+                "computes schedulable again, `nodeforge verify`"
+            )
         lines.append("dry run: nothing was drained or replaced")
         return lines
 
@@ -297,21 +308,9 @@ class Rollout:
         t0 = self.clock.now()
         results: list[StepResult] = []
         computes = sum(len(s.nodes) for s in steps if s.kind != CONTROLLER)
-        refused = None
         for s in steps:
-            if s.kind == CONTROLLER:
-                # Not done in the lab (see CONTROLLER_REFUSED): said, with the exit status.
-                refused = (
-                    f"computes are on {new.path}; step {s.number}/{len(steps)} ({s.label}) "
-                    f"refused: {CONTROLLER_REFUSED}. The controller stays on {old.path} (its "
-                    f"slurmctld {old.slurmd} talks to slurmd {new.slurmd})"
-                )
-                self.progress(f"step {s.number}/{len(steps)} ({s.label}): refused")
-                break
             results.append(self.step(s, len(steps), old, new))
-        summary = self._summary(results, t0, computes, old, new)
-        summary["controller_refused"] = refused
-        return summary
+        return self._summary(results, t0, computes, old, new)
 
     def step(self, s: Step, total: int, old: Image, new: Image) -> StepResult:
         name = f"step {s.number}/{total} ({s.label})"
@@ -320,6 +319,18 @@ class Rollout:
         res = StepResult(s)
         replaced = False
         try:
+            if s.kind == CONTROLLER:
+                # Not a Slurm node: nothing to drain; running jobs stay with their slurmd.
+                replaced = True
+                self.progress(f"{name}: replacing from {new.path}")
+                replace_controller(self.lc, new.path, self.ready_timeout, self.params, self.copies)
+                self.progress(f"{name}: healthy; running `nodeforge verify`")
+                why = self.verify(self.lc.name, s.nodes)
+                if why is not None:
+                    raise NodeforgeError(why)
+                res.seconds = round(self.clock.now() - started, 2)
+                self.progress(f"{name}: done in {res.seconds:.1f}s")
+                return res
             cluster = Cluster.load(self.lc.name)
             self.progress(f"{name}: draining")
             drain(cluster, s.nodes, reason)
@@ -358,6 +369,10 @@ class Rollout:
         replaced, else just resumed. Returns a sentence for the error."""
         nodes = ",".join(s.nodes)
         try:
+            if replaced and s.kind == CONTROLLER:
+                self.progress(f"{nodes}: restoring on the old image {old.path}")
+                replace_controller(self.lc, old.path, self.ready_timeout, None, None)
+                return f"{nodes} restored on the old image {old.path}"
             if replaced:
                 self.progress(f"{nodes}: restoring on the old image {old.path}")
                 # Drained first: a node the failed image left schedulable takes no new job.

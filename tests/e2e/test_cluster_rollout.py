@@ -1,6 +1,7 @@
 """`nodeforge cluster rollout` on a real local cluster (issue 28 item 2): 1 controller and 3
-computes, canary then a batch of 2. A job running on the canary is requeued and completes, a job
-queued before the rollout runs after it, and a step whose new machine fails its first boot is
+computes, canary then a batch of 2, then the controller. A job running on the canary is requeued
+and completes, a job queued before the rollout runs after it, the controller's replacement
+keeps the queue and sacct's history, and a step whose new machine fails its first boot is
 stopped and restored on the old image.
 
 The second image is the built image's files hard-linked into another directory (same content,
@@ -134,21 +135,21 @@ def test_rollout_canary_batches_requeue_and_restore(built_image, tmp_path):
             "ctl", "sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "srun hostname"
         ).strip()
         assert job_state(queued) == "PENDING"
+        held = cx("ctl", "sbatch", "--parsable", "--hold", "--wrap", "hostname").strip()
+        ctl_id = cx("ctl", "cat", "/etc/machine-id").strip()
 
         cp = rollout(*img, "--batch", "2", "--drain-timeout", "5", "--timeout", "300", "--json")
-        # Computes done; the lab refuses the controller step, and says so.
-        assert cp.returncode == 2, cp.stderr
-        assert "step 3/3 (controller: ctl) refused" in cp.stderr and "StateSaveLocation" in (
-            cp.stderr
-        )
+        assert cp.returncode == 0, cp.stderr
         summary = json.loads(cp.stdout)
-        assert [s["nodes"] for s in summary["steps"]] == [["c001"], ["c002", "c003"]], summary
+        assert [s["nodes"] for s in summary["steps"]] == [["c001"], ["c002", "c003"], ["ctl"]]
         assert summary["steps"][0]["requeued"] == [running], summary
         for line in (
             "step 1/3 (canary: c001): draining",
             f"requeueing {running}",
             "step 1/3 (canary: c001): healthy; running `nodeforge verify`",
             "step 2/3 (batch: c002,c003): done in",
+            "ctl: stopping slurmctld, slurmdbd, MariaDB (state kept)",
+            "step 3/3 (controller: ctl): done in",
         ):
             assert line in cp.stderr, (line, cp.stderr)
         after = machine_ids()
@@ -157,12 +158,18 @@ def test_rollout_canary_batches_requeue_and_restore(built_image, tmp_path):
             states()
         )
 
-        # The requeued job ran again and completed; the queued job ran after the rollout.
-        assert "Restarts=0" not in cx("ctl", "scontrol", "show", "job", running)
+        # A new controller machine, with the old one's queue and accounting database.
+        assert cx("ctl", "cat", "/etc/machine-id").strip() != ctl_id
+        assert cx("ctl", "squeue", "-h", "-j", held, "-o", "%T").strip() == "PENDING"
+        cx("ctl", "scontrol", "release", held)
+        # The requeued job ran again and completed; the queued jobs ran after the rollout.
         wait_for("the requeued job to complete", lambda: job_state(running) == "COMPLETED", 240)
         wait_for("the queued job to complete", lambda: job_state(queued) == "COMPLETED", 240)
+        wait_for("the held job to complete", lambda: job_state(held) == "COMPLETED", 240)
+        runs = cx("ctl", "sacct", "-n", "-X", "-D", "-P", "-j", running, "-o", "State").split()
+        assert runs[0] == "REQUEUED" and runs[-1] == "COMPLETED", runs
         hist = cx("ctl", "sacct", "-n", "-X", "-P", "-o", "JobID").split()
-        assert running in hist and queued in hist, hist
+        assert {running, queued, held} <= set(hist), hist
 
         # A batch whose new machine fails its first boot: stopped, restored on the old image.
         params = tmp_path / "fail.yaml"

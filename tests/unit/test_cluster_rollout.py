@@ -200,7 +200,7 @@ def test_dry_run_prints_the_plan_with_digests(cluster_state):
         ["step", "2/3", "batch", "c002"],
         ["step", "3/3", "controller", "ctl"],
     ]
-    assert "the controller step will be refused" in text
+    assert "controller: slurmctld, slurmdbd and MariaDB stopped" in text
     assert lines[-1] == "dry run: nothing was drained or replaced"
 
 
@@ -224,11 +224,17 @@ class Recorder:
         monkeypatch.setattr(ro, "requeue", lambda c, ids, p: self.calls.append(("requeue", tuple(ids))))  # fmt: skip
         monkeypatch.setattr(ro, "resume", lambda lc, c, nodes: self.calls.append(("resume", tuple(nodes))) or [])  # fmt: skip
         monkeypatch.setattr(ro, "replace_nodes", self.replace)
+        monkeypatch.setattr(ro, "replace_controller", self.replace_controller)
 
     def replace(self, lc, nodes, image, timeout, params, copies):
         self.calls.append(("replace", tuple(nodes), image.name))
         if self.fail_replace_for and image.name == "new" and self.fail_replace_for in nodes:
             raise NodeforgeError(f"node {self.fail_replace_for} is drained: nodeforge: hook x")
+
+    def replace_controller(self, lc, image, timeout, params, copies):
+        self.calls.append(("replace_controller", image.name))
+        if self.fail_replace_for == "ctl" and image.name == "new":
+            raise NodeforgeError("nodes not ready after 300s: ctl (slurmctld starting)")
 
     def verify(self, cluster, nodes):
         self.calls.append(("verify", tuple(nodes)))
@@ -266,3 +272,17 @@ def test_a_failed_step_is_restored_on_the_old_image_and_named(monkeypatch, tmp_p
     assert f"c002 restored on the old image {tmp_path / 'old'}" in msg
     assert ("replace", ("c002",), "old") in rec.calls
     assert ei.value.exit_code == 1
+
+
+def test_the_controller_step_replaces_it_last_and_restores_it(monkeypatch, tmp_path):
+    rec = Recorder(monkeypatch)
+    r, old = _step_rollout(monkeypatch, rec, tmp_path)
+    new = ro.Image(tmp_path / "new", "24.11.5", "b" * 64)
+    ctl_step = plan(["c001"], 1, "ctl")[-1]
+    r.step(ctl_step, 2, old, new)
+    assert rec.calls == [("replace_controller", "new"), ("verify", ("ctl",))]  # no drain
+    rec = Recorder(monkeypatch, fail_replace_for="ctl")
+    r, old = _step_rollout(monkeypatch, rec, tmp_path)
+    with pytest.raises(ro.RolloutError, match=r"step 2/2 \(controller: ctl\): nodes not ready"):
+        r.step(ctl_step, 2, old, new)
+    assert rec.calls == [("replace_controller", "new"), ("replace_controller", "old")]
