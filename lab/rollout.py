@@ -23,6 +23,7 @@ from pathlib import Path
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.slurm import talks_to
 
 from .localcluster import (
     CONTROLLER_NAME,
@@ -275,6 +276,16 @@ class Rollout:
         new = read_image(self.image)
         old = read_image(Path(cluster.image))
         check_image_for(cluster, self.image)  # both Slurm versions named when refused
+        if CONTROLLER_NAME in roles:
+            # The new slurmctld must also accept the slurmd of every compute left on the old
+            # image (an older release rolled onto the controller would not).
+            why = talks_to(new.slurmd, old.slurmd)
+            if why is not None:
+                raise NodeforgeError(
+                    f"{self.image}: its slurmctld {new.slurmd} cannot take over cluster "
+                    f"{cluster.name}, whose computes run slurmd {old.slurmd}: {why}. Nothing "
+                    "was drained or replaced."
+                )
         steps = plan(
             [n for n, r in roles.items() if r == "compute"],
             self.batch,

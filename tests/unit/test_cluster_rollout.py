@@ -170,6 +170,9 @@ def _rollout(image: Path, **kw) -> ro.Rollout:
         ({}, "norootfs", "rootfs.tar.zst not found"),
         ({}, "old2205", "slurmd 22.05.8-4 cannot join cluster t, whose slurmctld is 24.11.5"),
         ({"drain_timeout": -1}, "new", "--drain-timeout -1"),
+        # An older release onto the controller: its slurmctld would not take newer slurmds.
+        ({}, "old2405", "slurmctld 24.05.1-1 cannot take over cluster t, whose computes run"),
+        ({"nodes": ["c001"]}, "old2405", "dry run: nothing was drained"),
     ],
 )
 def test_refused_before_anything_is_drained(cluster_state, kw, image, msg):
@@ -182,8 +185,13 @@ def test_refused_before_anything_is_drained(cluster_state, kw, image, msg):
         _image(d, sha="xyz")
     elif image == "norootfs":
         _image(d, rootfs=False)
+    elif image == "old2405":
+        _image(d, slurmd="24.05.1-1")
     elif image == "old2205":
         _image(d, slurmd="22.05.8-4")
+    if msg.startswith("dry run"):  # computes only: an older slurmd is fine
+        assert _rollout(d, **kw).dry_run()[-1].startswith(msg)
+        return
     with pytest.raises(NodeforgeError, match=msg.replace("(", r"\(")):
         _rollout(d, **kw).dry_run()
 
