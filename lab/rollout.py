@@ -405,7 +405,10 @@ class Rollout:
     ) -> dict:
         total = round(self.clock.now() - t0, 2)
         ideal = computes * total
-        lost = sum(len(r.step.nodes) * r.seconds for r in results)
+        # A compute is out from its step's drain to the step's end. The controller's step
+        # takes no compute out (running jobs go on), though no job starts while it is away:
+        # its own seconds are in its step.
+        lost = sum(len(r.step.nodes) * r.seconds for r in results if r.step.kind != CONTROLLER)
         return {
             "image": str(new.path),
             "from": str(old.path),
