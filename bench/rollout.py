@@ -3,8 +3,8 @@
     sudo .venv/bin/python bench/rollout.py --image DIR [--computes 8] [--batch 2] [--json]
 
 A fresh cluster (--name, default brol) of one controller and --computes computes from --image;
-then the same code path as `nodeforge cluster rollout --nodes c001,…` (computes only: the lab
-refuses the controller step) onto a second image directory: --new-image, or the image's files
+then the same code path as `nodeforge cluster rollout --nodes c001,…` (the computes: what the
+capacity figure is about) onto a second image directory: --new-image, or the image's files
 hard-linked into <workdir>/image-new (same content, another directory). No jobs run, so no step
 waits on --drain-timeout. Reported: the total, each step's time (drain -> replaced, healthy,
 `nodeforge verify` passed, resumed), and the capacity kept online: node-seconds of computes
