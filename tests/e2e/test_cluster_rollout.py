@@ -171,18 +171,22 @@ def test_rollout_canary_batches_requeue_and_restore(built_image, tmp_path):
         hist = cx("ctl", "sacct", "-n", "-X", "-P", "-o", "JobID").split()
         assert {running, queued, held} <= set(hist), hist
 
-        # A batch whose new machine fails its first boot: stopped, restored on the old image.
+        # A batch whose new machine fails its first boot: stopped, restored on the old image,
+        # which is now the cluster's (the controller's): image-new. Rolled out: the first one.
         params = tmp_path / "fail.yaml"
         params.write_text(
             yaml.safe_dump({"hooks": [{"uri": "file:///dev/zero", "name": "50-dev"}],
                             "hook_retries": 0})
         )  # fmt: skip
         c002 = cx("c002", "cat", "/etc/machine-id").strip()
-        bad = rollout(*img, "--nodes", "c002", "--params", str(params), "--timeout", "240")
+        bad = rollout(
+            "--image", str(built_image), "--nodes", "c002", "--params", str(params),
+            "--timeout", "240",
+        )  # fmt: skip
         assert bad.returncode == 1, bad.stderr
         assert "rollout stopped at step 1/1 (canary: c002): node c002 is drained" in bad.stderr
         assert "hook 50-dev" in bad.stderr
-        assert f"c002 restored on the old image {built_image.resolve()}" in bad.stderr
+        assert f"c002 restored on the old image {new_image.resolve()}" in bad.stderr
         st = {
             n["name"]: n
             for n in json.loads(nodeforge("cluster", "status", "--name", CLUSTER, "--json").stdout)[
