@@ -204,24 +204,38 @@ def replace_controller(
     lc.replace_controller(image=image, params=params, copies=copies, timeout=timeout)
 
 
-def run_verify(cluster_name: str, nodes: Sequence[str]) -> str | None:
+def run_verify(cluster_name: str, nodes: Sequence[str]) -> tuple[str | None, str]:
     """`nodeforge verify` on the nodes (its own process: testinfra's per-host caches start
-    clean). None when every check passed, else the first failure, named."""
+    clean). (None when every check passed, else the first failure named; the counts)."""
     hosts = ",".join(f"nspawn://{cluster_name}/{n}" for n in nodes)
     argv = [sys.executable, "-m", "nodeforge", "verify", "--hosts", hosts, "--json"]
     cp = proc.run(argv, check=False, timeout=VERIFY_TIMEOUT)
-    return verify_failure(cp.returncode, cp.stdout or "")
+    out = cp.stdout or ""
+    return verify_failure(cp.returncode, out), verify_counts(out)
 
 
-def verify_failure(rc: int, out: str) -> str | None:
-    """The first failure in `nodeforge verify --json` output (stderr merged in), or None."""
+def _report(out: str) -> dict | None:
     # stderr (merged) may hold lines of its own; the report is the JSON object from a "{" line
     m = re.search(r"^\{$", out, re.M)
     try:
         doc = json.loads(out[m.start() :]) if m else None
     except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def verify_counts(out: str) -> str:
+    """'31 passed, 12 skipped in 4.2s' from `nodeforge verify --json` (for the progress line)."""
+    doc = _report(out) or {}
+    outcomes = [r.get("outcome") for r in doc.get("results") or [] if isinstance(r, dict)]
+    counts = ", ".join(f"{outcomes.count(o)} {o}" for o in sorted(set(map(str, outcomes))))
+    return f"{counts or 'no checks'} in {doc.get('seconds', '?')}s"
+
+
+def verify_failure(rc: int, out: str) -> str | None:
+    """The first failure in `nodeforge verify --json` output (stderr merged in), or None."""
+    doc = _report(out)
+    if doc is None:
         return f"nodeforge verify exited {rc} without a report: {out.strip()[-400:]}"
     for u in doc.get("unreachable") or []:
         return f"verify: host {u.get('host')} unreachable: {u.get('reason')}"
@@ -245,7 +259,7 @@ class Rollout:
     nodes: Sequence[str] | None = None  # default: every compute, then the controller
     params: dict | None = None
     copies: list[tuple[Path, str]] | None = None
-    verify: Callable[[str, Sequence[str]], str | None] = run_verify
+    verify: Callable[[str, Sequence[str]], tuple[str | None, str]] = run_verify
     clock: Clock = field(default_factory=Clock)
 
     def progress(self, msg: str) -> None:
@@ -336,9 +350,7 @@ class Rollout:
                 self.progress(f"{name}: replacing from {new.path}")
                 replace_controller(self.lc, new.path, self.ready_timeout, self.params, self.copies)
                 self.progress(f"{name}: healthy; running `nodeforge verify`")
-                why = self.verify(self.lc.name, s.nodes)
-                if why is not None:
-                    raise NodeforgeError(why)
+                self.gate(name, s.nodes)
                 res.seconds = round(self.clock.now() - started, 2)
                 self.progress(f"{name}: done in {res.seconds:.1f}s")
                 return res
@@ -358,9 +370,7 @@ class Rollout:
             replaced = True
             replace_nodes(self.lc, s.nodes, new.path, self.ready_timeout, self.params, self.copies)
             self.progress(f"{name}: healthy; running `nodeforge verify`")
-            why = self.verify(self.lc.name, s.nodes)
-            if why is not None:
-                raise NodeforgeError(why)
+            self.gate(name, s.nodes)
             done = resume(self.lc, Cluster.load(self.lc.name), s.nodes)
             res.seconds = round(self.clock.now() - started, 2)
             self.progress(
@@ -374,6 +384,13 @@ class Rollout:
             raise RolloutError(
                 f"rollout stopped at {name}: {first}. {restored} Later steps were not started."
             ) from None
+
+    def gate(self, name: str, nodes: Sequence[str]) -> None:
+        """`nodeforge verify` on the step's nodes: its first failure fails the step."""
+        why, counts = self.verify(self.lc.name, nodes)
+        self.progress(f"{name}: verify: {counts}")
+        if why is not None:
+            raise NodeforgeError(why)
 
     def restore(self, s: Step, old: Image, replaced: bool) -> str:
         """Put the failed step's nodes back as they were: on the old image if they were

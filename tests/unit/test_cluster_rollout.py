@@ -93,6 +93,8 @@ def test_verify_failure_names_host_and_check():
     ok = json.dumps({"ok": True, "unreachable": [], "results": [rep["results"][0]]}, indent=2)
     assert ro.verify_failure(0, ok) is None
     assert "without a report" in ro.verify_failure(1, "Traceback (most recent call last)")
+    assert ro.verify_counts(out) == "1 failed, 1 passed in ?s"
+    assert ro.verify_counts("no report") == "no checks in ?s"
     gone = json.dumps({"ok": False, "unreachable": [{"host": "t/c001", "reason": "no pid"}],
                        "results": []}, indent=2)  # fmt: skip
     assert ro.verify_failure(1, gone) == "verify: host t/c001 unreachable: no pid"
@@ -246,7 +248,9 @@ class Recorder:
 
     def verify(self, cluster, nodes):
         self.calls.append(("verify", tuple(nodes)))
-        return "verify: host t/c002 check test_x: boom" if self.verify_fails else None
+        if self.verify_fails:
+            return "verify: host t/c002 check test_x: boom", "1 failed in 1s"
+        return None, "3 passed in 1s"
 
 
 def _step_rollout(monkeypatch, rec: Recorder, tmp_path: Path) -> tuple[ro.Rollout, ro.Image]:
