@@ -156,7 +156,7 @@ def test_rollout_canary_batches_requeue_and_restore(built_image, tmp_path):
         # `nodeforge verify` ran real checks on each step's nodes, none failed.
         verified = re.findall(r"\): verify: ([^\n]*) in [0-9.]+s", cp.stderr)
         assert len(verified) == 3, cp.stderr
-        assert all("passed" in v and "failed" not in v for v in verified), verified
+        assert all("passed" in v and not re.search("failed|error", v) for v in verified), verified
         after = machine_ids()
         assert all(after[n] != before[n] for n in COMPUTES), (before, after)
         assert not [n for n, s in states().items() if s.startswith(("drain", "down", "fail"))], (
