@@ -47,6 +47,11 @@ NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STOP_TIMEOUT = 60.0
 NODE_DATA_DIR = "/var/lib/enroot"  # bootstrap/health.py DATA_DIRS, on a node-private tmpfs
 NODE_DATA_SIZE = "4G"  # an upper bound only: tmpfs takes memory as files are written
+# The controller's state, on a per-cluster host directory bind-mounted into whichever machine is
+# the controller, so that it outlives a replacement: StateSaveLocation (slurm.conf.j2) and
+# MariaDB's data dir (the accounting database). The munge key is the cluster's munge.key,
+# handed to every new machine in its params.
+CONTROLLER_STATE = ("var/lib/slurm/slurmctld", "var/lib/mysql")
 Progress = Callable[[str], None]
 
 
@@ -421,6 +426,8 @@ class LocalCluster:
         (merged / "etc/hosts").write_text(_hosts_text(cluster))
         if prepare is not None:
             prepare(node)  # bench hook: edit the node's overlay before it boots
+        if role == "controller":
+            nspawn_args = [*controller_state(cluster, Path(lower or cluster.lower)), *(nspawn_args or [])]  # fmt: skip
         cluster.fabric().attach(node.netns, index, ipaddress.ip_address(address))
         console = open(node_dir / "console.log", "ab")
         argv = [
@@ -568,6 +575,50 @@ class LocalCluster:
             return new, None
         self.wait_ready(cluster, [name], timeout)
         return new, round((new.ready_at or time.time()) - lost, 2)
+
+    def replace_controller(
+        self,
+        *,
+        image: Path | None = None,
+        params: dict | None = None,
+        copies: list[tuple[Path, str]] | None = None,
+        timeout: float = 300.0,
+    ) -> Node:
+        """Replace the controller with a fresh machine (a new disk from *image*, same name and
+        address) whose state is the old one's: StateSaveLocation and MariaDB's data dir live
+        on the cluster's controller-state directory (CONTROLLER_STATE), the munge key is the
+        cluster's. Its services are stopped first so that both are consistent on disk; jobs
+        keep running on the computes meanwhile (slurmd holds them). Returns the new node once
+        slurmctld answers and every running compute is schedulable again."""
+        _require_root_and_tools()
+        cluster = Cluster.load(self.name)
+        old = cluster.controller
+        image = Path(image or cluster.image).resolve()
+        lower = ensure_lower(image)
+        if _alive(old.pid):
+            self.progress(f"{old.name}: stopping slurmctld, slurmdbd, MariaDB (state kept)")
+            node_exec(
+                old,
+                ["systemctl", "stop", "nodeforge-gang.service", "slurmctld.service",
+                 "slurmdbd.service", "mariadb.service"],
+                check=False,
+                timeout=180,
+            )  # fmt: skip
+        self.progress(f"{old.name}: machine replaced from {image}")
+        self._discard_machine(cluster, old)
+        new = self._start(cluster, "controller", CONTROLLER_NAME, params, copies, lower=lower)
+        if new.address != old.address:
+            raise NodeforgeError(
+                f"the new controller got {new.address}, not {old.address}: another node took "
+                "its address; the computes cannot find it"
+            )
+        cluster.image, cluster.lower = str(image), str(lower)
+        cluster.save()
+        self.wait_ready(cluster, [CONTROLLER_NAME], timeout)
+        computes = [n.name for n in cluster.nodes if n.role == "compute" and _alive(n.pid)]
+        if computes:
+            self.wait_ready(cluster, computes, timeout)
+        return new
 
     def _refresh_hosts(self, cluster: Cluster, skip: str) -> None:
         """Tell running nodes about a newcomer (Slurm resolves node names via /etc/hosts).
@@ -738,6 +789,32 @@ class LocalCluster:
         if cdir.exists():
             shutil.rmtree(cdir)
         return removed
+
+
+def controller_state(cluster: Cluster, lower: Path) -> list[str]:
+    """systemd-nspawn --bind arguments for CONTROLLER_STATE, from the cluster's
+    controller-state directory. Seeded from the image the first time (the packages' own
+    initial state: MariaDB's system tables); later images get the kept state, handed to the
+    image's own owners (a new image may number the mysql/slurm users differently)."""
+    base = cluster.dir / "controller-state"
+    base.mkdir(mode=0o700, exist_ok=True)
+    args = []
+    for rel in CONTROLLER_STATE:
+        src = lower / rel
+        dest = base / rel.replace("/", "_")
+        if not src.is_dir() or src.is_symlink():
+            raise NodeforgeError(
+                f"the image at {lower} has no directory /{rel} (the controller's state); "
+                "rebuild it with `nodeforge build`"
+            )
+        if not dest.exists():
+            proc.run(["cp", "-a", "--", src, dest], timeout=300)
+        else:
+            st, have = src.stat(), dest.stat()
+            if (st.st_uid, st.st_gid) != (have.st_uid, have.st_gid):
+                proc.run(["chown", "-R", f"{st.st_uid}:{st.st_gid}", "--", dest], timeout=300)
+        args.append(f"--bind={dest}:/{rel}")
+    return args
 
 
 def image_slurm(image: Path) -> str:
