@@ -72,13 +72,15 @@ class SeedDevices:
 
     def find(self) -> list[Seed]:
         """Every block device whose filesystem label is a seed's (blkid -o export)."""
-        cp = self.run(["blkid", "-o", "export"], 15)
+        # -c /dev/null: probe the devices, never blkid's cache (a loop or hot-plugged device
+        # re-used for another filesystem kept its old label there)
+        cp = self.run(["blkid", "-c", "/dev/null", "-o", "export"], 15)
         if cp.returncode == 2:  # blkid: no device matched (none at all, e.g. a container)
             return []
         if cp.returncode != 0:
             raise ParamsError(
                 f"seed devices: `blkid -o export` failed (exit {cp.returncode}): "
-                f"{(cp.stdout or '').strip()[:200]}"
+                f"{_one_line(cp.stdout)}"
             )
         seeds = []
         for block in re.split(r"\n\s*\n", cp.stdout or ""):
@@ -113,7 +115,7 @@ class SeedDevices:
             if cp.returncode != 0:
                 raise ParamsError(
                     f"{seed.label}: cannot mount it read-only "
-                    f"({(cp.stdout or '').strip()[:200] or f'exit {cp.returncode}'})"
+                    f"({_one_line(cp.stdout) or f'exit {cp.returncode}'})"
                 )
             mounted = True
             return read_in(target, seed.user_data, seed.label)
@@ -134,9 +136,14 @@ class SeedDevices:
         if cp.returncode != 0:
             raise ParamsError(
                 f"{seed.label}: cannot unmount {target} "
-                f"({(cp.stdout or '').strip()[:200] or f'exit {cp.returncode}'}); "
+                f"({_one_line(cp.stdout) or f'exit {cp.returncode}'}); "
                 f"unmount it by hand"
             )
+
+
+def _one_line(out: str | None) -> str:
+    """A tool's output in an error: one line, at most 200 characters."""
+    return " ".join((out or "").split())[:200]
 
 
 def read_in(root: Path, rel: str, label: str) -> str | None:

@@ -75,7 +75,7 @@ class FakeDevices:
                 shutil.copytree(self.devices[dev][2], target, symlinks=True, dirs_exist_ok=True)
                 self.mounted.add(target)
             else:
-                out = "mount: wrong fs type, bad option, bad superblock"
+                out = "mount: /x: wrong fs type, bad option, bad superblock.\n       dmesg(1) may have more"
         elif argv[0] == "umount":
             target = argv[-1]
             rc = self.umount_rc["--lazy" if "--lazy" in argv else "umount"]
@@ -120,7 +120,7 @@ def test_nocloud_seed_gives_the_params(tmp_path, fake):
     assert got.source == "nocloud" and got.params.role == "compute"
     assert got.params.controller.address == "10.0.0.2"
     blkid, mount, umount = fake.calls
-    assert blkid == ["blkid", "-o", "export"]
+    assert blkid == ["blkid", "-c", "/dev/null", "-o", "export"]
     assert mount[:5] == ["mount", "-t", "iso9660", "-o", "ro,nosuid,nodev,noexec"]
     assert mount[5] == "/dev/sr0" and Path(mount[6]).parent == cfg.paths.run_dir
     assert Path(mount[6]).name.startswith("seed-")
@@ -247,8 +247,11 @@ def test_a_failed_mount_says_so_and_leaves_no_mount_point(tmp_path, fake):
     fake.add("/dev/sr0", "cidata", {"user-data": ud(NODE)})
     fake.mount_rc = 32
     cfg = cfg_for(tmp_path, fake)
-    with pytest.raises(ParamsError, match=r"cannot mount it read-only \(mount: wrong fs type"):
+    with pytest.raises(
+        ParamsError, match=r"cannot mount it read-only \(mount: /x: wrong fs type"
+    ) as e:
         load_params(cfg)
+    assert "\n" not in str(e.value) and "superblock. dmesg(1) may have more)" in str(e.value)
     assert "umount" not in [c[0] for c in fake.calls]
     _cleaned(cfg, fake)
 
@@ -292,7 +295,7 @@ def test_a_re_rooted_tree_never_looks_at_the_machines_devices(tmp_path, monkeypa
 def test_blkid_finding_nothing_is_no_seed(tmp_path, fake):
     with pytest.raises(NodeforgeError, match="no node params found"):
         load_params(cfg_for(tmp_path, fake))
-    assert fake.calls == [["blkid", "-o", "export"]]
+    assert fake.calls == [["blkid", "-c", "/dev/null", "-o", "export"]]
 
 
 def test_device_exposure_rules():
