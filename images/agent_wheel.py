@@ -1,4 +1,4 @@
-"""The node image's agent wheel: the core, bootstrap and gang packages only.
+"""The node image's agent wheel: the core modules the node runs, bootstrap and gang only.
 
 Nodes run the first-boot agent and the gang governor; the build (images/) and the test bed
 (lab/) and their data stay on the build host. The wheel is written here directly (zip +
@@ -19,19 +19,40 @@ import nodeforge.bootstrap
 import nodeforge.gang
 from nodeforge import data
 
-# (path in the wheel, source directory, recursive): the core's own files, then the two node
-# packages. The core directory of an installed wheel also holds images/, lab/ and _data/:
-# only its top-level files belong to the core.
 NAME = "nodeforge"
 REQUIRES = ("PyYAML>=6", "Jinja2>=3.1")  # Debian's python3-yaml / python3-jinja2 on the node
 _EPOCH = (1980, 1, 1, 0, 0, 0)
+# The core files the node code runs with, by name: what bootstrap/, gang/ and the CLI import
+# from the core (tests/unit/test_agent_wheel.py checks this list against their imports), and
+# the Slurm thresholds that nodeforge/slurm.py reads. A new core module is build-host only
+# until it is named here.
+NODE_CORE = (
+    "__init__.py",
+    "__main__.py",
+    "cli.py",
+    "data.py",
+    "download.py",
+    "errors.py",
+    "fsutil.py",
+    "proc.py",
+    "redact.py",
+    "scalars.py",
+    "slurm.py",
+    "slurm_records.py",
+    "slurm_versions.json",
+    "slurmconf.py",
+    "strict_json.py",
+    "strict_yaml.py",
+)
+# The node packages, whole: the first-boot agent and the gang governor.
+NODE_PACKAGES = (nodeforge.bootstrap, nodeforge.gang)
 
 
 def _sources() -> list[tuple[str, Path]]:
-    out: list[tuple[str, Path]] = []
+    """(path in the wheel, source file): the core's node files, then the node packages."""
     core = Path(nodeforge.__file__).resolve().parent
-    out += [(f"nodeforge/{f.name}", f) for f in core.iterdir() if _wanted(f) and f.is_file()]
-    for mod in (nodeforge.bootstrap, nodeforge.gang):
+    out = [(f"nodeforge/{name}", core / name) for name in NODE_CORE]
+    for mod in NODE_PACKAGES:
         pkg = Path(mod.__file__).resolve().parent
         arc = mod.__name__.replace(".", "/")
         out += [

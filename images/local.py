@@ -201,48 +201,74 @@ def mount_overlay(lowers: list[Path], work: Path) -> Path:
 
 
 def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
-    opts, name, output = inp.opts, inp.name, inp.output
-    cache_dir = opts.cache_dir
+    """Build the `local` target: the published build when no input changed, else preflight,
+    the install passes over the layered cache, seal and export (one method a phase)."""
     spec = base_mod.spec_for(inp.base, inp.arch, inp.opts.variant)
-    arts = inp.vers.for_arch(inp.arch, inp.opts.variant)
-
-    def fetch() -> dict[str, str]:
-        return versions.fetch(
-            arts,
-            inp.art_dir,
-            mirror=opts.artifact_mirror,
-            allow_unpinned=opts.allow_unpinned,
-            versions_path=inp.vers.path,
-        )
-
-    if not opts.force:
-        try:
-            seen: dict[str, str] | None = fetch()
-        except NodeforgeError:
-            seen = None  # fails again below, inside the session: its log is kept
-        if seen is not None:
-            m = published_unchanged(output, build_keys(inp, spec.key(), seen)[1])
-            if m is not None:
-                reporter("cache", f"no input changed: {output} is this build (--force rebuilds)")
-                return BuildResult(output, m, output / "build.log", reused=True)
+    if not inp.opts.force:
+        reused = _published_build(inp, spec, reporter)
+        if reused is not None:
+            return reused
     started = now_iso()
-    with output_session(output, reporter) as s:
-        logfile = s.logfile
-        work = cache_dir / "work" / f"{name}-{os.getpid()}"
-        if work.exists():
-            release_mounts(work)
-            shutil.rmtree(work)
-        work.mkdir(parents=True)
-        sandbox: list[Sandbox] = []  # the sandbox of the current pass, once it exists
-        s.on_cleanup("stop sandbox", lambda: sandbox and sandbox[-1].stop())
-        s.on_cleanup("release mounts", lambda: release_mounts(work))
-        if not opts.keep_work:
-            s.on_cleanup("remove work tree", lambda: work.exists() and shutil.rmtree(work))
-        store = cache.LayerStore(
-            cache_dir, log=lambda msg: (logfile.write(msg + "\n"), reporter("cache", msg))
-        )
+    with output_session(inp.output, reporter) as s:
+        build = _LocalBuild(inp, spec, reporter, on_line, s)
+        build.preflight()
+        build.install()
+        build.seal()
+        manifest = build.export(started)
+        build.record(manifest)
+    return BuildResult(inp.output, manifest, inp.output / "build.log")
+
+
+def _fetch(inp: Inputs) -> dict[str, str]:
+    return versions.fetch(
+        inp.vers.for_arch(inp.arch, inp.opts.variant),
+        inp.art_dir,
+        mirror=inp.opts.artifact_mirror,
+        allow_unpinned=inp.opts.allow_unpinned,
+        versions_path=inp.vers.path,
+    )
+
+
+def _published_build(
+    inp: Inputs, spec: base_mod.BaseSpec, reporter: Reporter
+) -> BuildResult | None:
+    """The build published at the output, when its build key is this build's (no input
+    changed) and its artifacts are intact; else None."""
+    try:
+        seen = _fetch(inp)
+    except NodeforgeError:
+        return None  # fails again inside the session: its log is kept
+    m = published_unchanged(inp.output, build_keys(inp, spec.key(), seen)[1])
+    if m is None:
+        return None
+    reporter("cache", f"no input changed: {inp.output} is this build (--force rebuilds)")
+    return BuildResult(inp.output, m, inp.output / "build.log", reused=True)
+
+
+class _LocalBuild:
+    """One `local` build inside its output session: the state the phases share, and one
+    method a phase or step. Cleanups are registered on the session as they are set up."""
+
+    def __init__(
+        self, inp: Inputs, spec: base_mod.BaseSpec, reporter: Reporter, on_line, s
+    ) -> None:
+        self.inp, self.reporter, self.on_line, self.s = inp, reporter, on_line, s
+        self.opts, self.logfile = inp.opts, s.logfile
+        self.spec = spec
+        self.arts = inp.vers.for_arch(inp.arch, inp.opts.variant)
+        self.work = self.opts.cache_dir / "work" / f"{inp.name}-{os.getpid()}"
+        if self.work.exists():
+            release_mounts(self.work)
+            shutil.rmtree(self.work)
+        self.work.mkdir(parents=True)
+        self.sandbox: list[Sandbox] = []  # the sandbox of the current pass, once it exists
+        s.on_cleanup("stop sandbox", self._stop_sandbox)
+        s.on_cleanup("release mounts", self._release_mounts)
+        if not self.opts.keep_work:
+            s.on_cleanup("remove work tree", self._remove_work)
+        self.store = cache.LayerStore(self.opts.cache_dir, log=self._cache_log)
         # An interrupted layer write (only this build's, under the lock) is no entry: drop it.
-        s.on_cleanup("drop an unfinished layer", store.drop_unfinished)
+        s.on_cleanup("drop an unfinished layer", self.store.drop_unfinished)
         # Tool versions (three programs started) and the Packer template (`packer fmt`) take
         # seconds on a loaded machine and nothing waits for them until provision or the
         # manifest: they run beside the layer's verification.
@@ -250,274 +276,339 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
             proc.require_tool(tool)  # a missing tool fails now, naming its package
         # Every ansible-playbook run uses Mitogen's strategy (images/ansible_strategy.py); a
         # missing mitogen package fails now, naming it.
-        strategy_env = ansible_strategy.strategy_env()
+        self.strategy_env = ansible_strategy.strategy_env()
         # The third worker verifies a reused layer's content while it is already mounted,
         # booted and provisioned (see "verify" below).
-        background = ThreadPoolExecutor(max_workers=3, thread_name_prefix="background")
-        stopping = threading.Event()
-
-        def finish_background() -> None:
-            stopping.set()
-            background.shutdown(cancel_futures=True)
-
-        s.on_cleanup("finish background work", finish_background)
-        phases = Phases(reporter)
-
-        def timed(name: str, fn, *args):
-            with phases.step(name):
-                return fn(*args)
-
-        tools_job = background.submit(tool_versions)
-        template_job = background.submit(packer.render, "local", None, inp.opts.variant)
-        logfile.write(
-            f"nodeforge {__version__} build {name} target={opts.target} base={inp.base.name}\n"
+        self.background = ThreadPoolExecutor(max_workers=3, thread_name_prefix="background")
+        self.stopping = threading.Event()
+        s.on_cleanup("finish background work", self._finish_background)
+        self.phases = Phases(reporter)
+        self.tools_job = self.background.submit(tool_versions)
+        self.template_job = self.background.submit(packer.render, "local", None, self.opts.variant)
+        self.tpl = self.work / "local.pkr.hcl"
+        self.apt_cache = self.opts.cache_dir / "apt-archives"
+        self.tree = self.work / "rootfs"
+        self.base_cached = True
+        self.chain: list[cache.Layer] = []  # the layers under the merged tree, first group first
+        self.verify_jobs: dict[str, Future] = {}  # a reused layer's content check, by key
+        self.reused = 0
+        self.reapplied: list[str] | None = []
+        self.logfile.write(
+            f"nodeforge {__version__} build {inp.name} target={self.opts.target} "
+            f"base={inp.base.name}\n"
         )
-        with phases.phase("preflight"):
-            seen = fetch()
-            roles = playbook_roles(inp.playbook)
-            groups = build_groups(roles)
-            all_roles = [r for g in groups for r in g.roles]
-            layer_in, bkey = build_keys(inp, spec.key(), seen, groups)
-            keys, lkey = layer_in.keys(), layer_in.key()
-            config = cache.config_inputs(
+
+    # -- cleanups (registered on the session)
+    def _stop_sandbox(self) -> None:
+        if self.sandbox:
+            self.sandbox[-1].stop()
+
+    def _release_mounts(self) -> None:
+        release_mounts(self.work)
+
+    def _remove_work(self) -> None:
+        if self.work.exists():
+            shutil.rmtree(self.work)
+
+    def _finish_background(self) -> None:
+        self.stopping.set()
+        self.background.shutdown(cancel_futures=True)
+
+    def _cache_log(self, msg: str) -> None:
+        self.logfile.write(msg + "\n")
+        self.reporter("cache", msg)
+
+    def _timed(self, name: str, fn, *args):
+        with self.phases.step(name):
+            return fn(*args)
+
+    # -- preflight
+    def preflight(self) -> None:
+        inp = self.inp
+        with self.phases.phase("preflight"):
+            seen = _fetch(inp)
+            self.roles = playbook_roles(inp.playbook)
+            self.groups = build_groups(self.roles)
+            self.all_roles = [r for g in self.groups for r in g.roles]
+            self.layer_in, self.bkey = build_keys(inp, self.spec.key(), seen, self.groups)
+            self.keys, self.lkey = self.layer_in.keys(), self.layer_in.key()
+            self.config = cache.config_inputs(
                 roles_dir=data.path("roles"), repo=REPO_ROOT, ansible_vars=inp.ansible_vars
             )
-            logfile.write(f"cache keys: layers {' '.join(keys)} build {bkey}\n")
-            fetched = Fetched({}, arts, seen)  # tools: from tools_job, for the manifest
+            self.logfile.write(f"cache keys: layers {' '.join(self.keys)} build {self.bkey}\n")
+            self.fetched = Fetched({}, self.arts, seen)  # tools: from tools_job, for the manifest
             wheel = cached_wheel(
-                cache_dir / "wheels", cache.sources_digest(REPO_ROOT), work, logfile
+                self.opts.cache_dir / "wheels",
+                cache.sources_digest(REPO_ROOT),
+                self.work,
+                self.logfile,
             )
-            ev = work / "extra-vars.json"
-            ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
-        tpl = work / "local.pkr.hcl"
-        apt_cache = cache_dir / "apt-archives"
-        (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
-        tree = work / "rootfs"
-
-        def boot() -> None:
-            sb = Sandbox(
-                tree,
-                work,
-                logfile,
-                name=f"nfbuild-{os.getpid()}",
-                binds=[(apt_cache, "/var/cache/apt/archives")],
-            )
-            sandbox.append(sb)
-            with phases.step("sandbox.prepare"):
-                access = sb.prepare()
-            with phases.step("sandbox.boot"):
-                sb.start()
-            values.update(ssh_port=access.port, ssh_private_key_file=access.key_file)
-
-        def provision(env: dict[str, str]) -> None:
-            logfile.write(f"provision pass: {env or 'all tags'}\n")
-            if not tpl.exists():
-                tpl.write_text(template_job.result())
-            packer.build(
-                tpl,
-                values,
-                opts.var_files,
-                logfile=logfile,
-                on_line=on_line,
-                ansible_env={**strategy_env, **env},
-            )
-
-        def reapply(env: dict[str, str], gather_subset: str = REAPPLY_GATHER_SUBSET) -> None:
-            """A pass over the cached layer: ansible-playbook straight at the sandbox, which
-            has already answered SSH, with what Packer's ansible provisioner passes
-            (images/template.py: playbook, extra vars, config, environment, user root, the
-            build's SSH key). Packer's start-up and SSH wait would add seconds, nothing else."""
-            logfile.write(f"re-apply pass: {env}\n")
-            inventory = work / "inventory"
-            inventory.write_text(
-                f"default ansible_host=127.0.0.1 ansible_port={values['ssh_port']} "
-                "ansible_user=root\n"
-            )
-            proc.stream(
-                [
-                    proc.require_tool("ansible-playbook"),
-                    "-i",
-                    inventory,
-                    "--ssh-extra-args=-o IdentitiesOnly=yes",
-                    "-e",
-                    f"ansible_ssh_private_key_file={values['ssh_private_key_file']}",
-                    "--extra-vars",
-                    f"@{ev}",
-                    "--extra-vars",
-                    json.dumps({"nodeforge_gather_subset": gather_subset}),
-                    inp.playbook,
-                ],
-                logfile=logfile,
-                on_line=on_line,
-                env={
-                    "ANSIBLE_CONFIG": str(inp.ansible_cfg),
-                    **template.ANSIBLE_ENV,
-                    **strategy_env,
-                    **env,
-                },
-                timeout=3600,
-                hint=f"the full Ansible output is in {getattr(logfile, 'name', 'the build log')}",
-            )
-
-        values: dict[str, object] = {
+            self.ev = self.work / "extra-vars.json"
+            self.ev.write_text(json.dumps(extra_vars(inp, self.fetched, wheel), indent=2))
+        (self.apt_cache / "partial").mkdir(parents=True, exist_ok=True)
+        self.values: dict[str, object] = {
             "playbook_file": inp.playbook,
-            "extra_vars_file": ev,
+            "extra_vars_file": self.ev,
             "ansible_playbook": proc.require_tool("ansible-playbook"),
             "ansible_config": inp.ansible_cfg,
-            "image_name": name,
+            "image_name": inp.name,
         }
-        base_cached = True
-        chain: list[cache.Layer] = []  # the layers under the merged tree, first group first
-        verify_jobs: dict[str, Future] = {}  # a reused layer's content check, by key
 
-        def mount_chain() -> None:
-            mount_overlay([layer.tree for layer in reversed(chain)], work)
+    # -- the sandbox and the passes in it
+    def boot(self) -> None:
+        sb = Sandbox(
+            self.tree,
+            self.work,
+            self.logfile,
+            name=f"nfbuild-{os.getpid()}",
+            binds=[(self.apt_cache, "/var/cache/apt/archives")],
+        )
+        self.sandbox.append(sb)
+        with self.phases.step("sandbox.prepare"):
+            access = sb.prepare()
+        with self.phases.step("sandbox.boot"):
+            sb.start()
+        self.values.update(ssh_port=access.port, ssh_private_key_file=access.key_file)
 
-        def require_verified() -> None:
-            """Wait for the content checks of the reused layers: nothing made over a layer
-            is kept unless its digest matched (raises Unusable for the first that did not)."""
-            for layer in chain:
-                job = verify_jobs.get(layer.key)
-                problem = job.result() if job is not None else ""
-                if problem:
-                    raise Unusable(layer, problem)
+    def provision(self, env: dict[str, str]) -> None:
+        self.logfile.write(f"provision pass: {env or 'all tags'}\n")
+        if not self.tpl.exists():
+            self.tpl.write_text(self.template_job.result())
+        packer.build(
+            self.tpl,
+            self.values,
+            self.opts.var_files,
+            logfile=self.logfile,
+            on_line=self.on_line,
+            ansible_env={**self.strategy_env, **env},
+        )
 
-        def group_pass(i: int, again: list[str] | None) -> dict[str, str]:
-            """Ansible's tags for the pass of group *i*: its roles, plus *again* (roles of
-            the cached groups whose configuration changed; None: all of them). Skip-tags,
-            so that the untagged pre-task checks run in every install pass."""
-            run = set(groups[i].roles)
-            run.update(r for g in groups[:i] for r in g.roles if again is None or r in again)
-            skip = ["seal", *(r for r in all_roles if r not in run)]
-            return {"ANSIBLE_SKIP_TAGS": ",".join(skip)}
+    def reapply(self, env: dict[str, str], gather_subset: str = REAPPLY_GATHER_SUBSET) -> None:
+        """A pass over the cached layer: ansible-playbook straight at the sandbox, which
+        has already answered SSH, with what Packer's ansible provisioner passes
+        (images/template.py: playbook, extra vars, config, environment, user root, the
+        build's SSH key). Packer's start-up and SSH wait would add seconds, nothing else."""
+        logfile, values = self.logfile, self.values
+        logfile.write(f"re-apply pass: {env}\n")
+        inventory = self.work / "inventory"
+        inventory.write_text(
+            f"default ansible_host=127.0.0.1 ansible_port={values['ssh_port']} ansible_user=root\n"
+        )
+        proc.stream(
+            [
+                proc.require_tool("ansible-playbook"),
+                "-i",
+                inventory,
+                "--ssh-extra-args=-o IdentitiesOnly=yes",
+                "-e",
+                f"ansible_ssh_private_key_file={values['ssh_private_key_file']}",
+                "--extra-vars",
+                f"@{self.ev}",
+                "--extra-vars",
+                json.dumps({"nodeforge_gather_subset": gather_subset}),
+                self.inp.playbook,
+            ],
+            logfile=logfile,
+            on_line=self.on_line,
+            env={
+                "ANSIBLE_CONFIG": str(self.inp.ansible_cfg),
+                **template.ANSIBLE_ENV,
+                **self.strategy_env,
+                **env,
+            },
+            timeout=3600,
+            hint=f"the full Ansible output is in {getattr(logfile, 'name', 'the build log')}",
+        )
 
-        def make_layers(again: list[str] | None) -> None:
-            """Run the install pass for each group past the cached ones, storing each
-            group's result as a layer over the previous one (the first: the whole tree)."""
-            nonlocal base_cached
-            if not chain:
-                with phases.phase("base"):
-                    base_tar, base_cached = base_mod.ensure_base(
-                        spec, cache_dir / "base", inp.base.keyring, logfile
+    # -- the layered cache
+    def mount_chain(self) -> None:
+        mount_overlay([layer.tree for layer in reversed(self.chain)], self.work)
+
+    def require_verified(self) -> None:
+        """Wait for the content checks of the reused layers: nothing made over a layer
+        is kept unless its digest matched (raises Unusable for the first that did not)."""
+        for layer in self.chain:
+            job = self.verify_jobs.get(layer.key)
+            problem = job.result() if job is not None else ""
+            if problem:
+                raise Unusable(layer, problem)
+
+    def group_pass(self, i: int, again: list[str] | None) -> dict[str, str]:
+        """Ansible's tags for the pass of group *i*: its roles, plus *again* (roles of
+        the cached groups whose configuration changed; None: all of them). Skip-tags,
+        so that the untagged pre-task checks run in every install pass."""
+        run = set(self.groups[i].roles)
+        run.update(r for g in self.groups[:i] for r in g.roles if again is None or r in again)
+        skip = ["seal", *(r for r in self.all_roles if r not in run)]
+        return {"ANSIBLE_SKIP_TAGS": ",".join(skip)}
+
+    def make_base(self) -> None:
+        with self.phases.phase("base"):
+            base_tar, self.base_cached = base_mod.ensure_base(
+                self.spec, self.opts.cache_dir / "base", self.inp.base.keyring, self.logfile
+            )
+            extract(base_tar, self.tree)
+
+    def make_layers(self, again: list[str] | None) -> None:
+        """Run the install pass for each group past the cached ones, storing each
+        group's result as a layer over the previous one (the first: the whole tree)."""
+        if not self.chain:
+            self.make_base()
+        for i in range(len(self.chain), len(self.groups)):
+            g = self.groups[i]
+            with self.phases.phase("sandbox"):
+                self.boot()
+            with self.phases.phase("provision"), self.phases.step(f"provision.{g.name}"):
+                env = self.group_pass(i, again if i == len(self.chain) else [])
+                if i == 0:
+                    self.provision(env)
+                else:  # the sandbox answered SSH already: no Packer start-up again
+                    self.reapply(env, gather_subset="all")
+            with self.phases.phase("layer"):
+                self.sandbox[-1].stop()
+                with self.phases.step(f"layer.store_{g.name}"):
+                    self.chain.append(self.store_layer(i))
+                self.mount_chain()
+        self.store.prune(self.opts.cache_max_bytes, keep=[layer.key for layer in self.chain])
+
+    def store_layer(self, i: int) -> cache.Layer:
+        """Group *i*'s result as a cached layer: the whole tree for the first group, the
+        overlay's upper dir over the previous layer for the others."""
+        if not self.chain:
+            return self.store.store(self.keys[0], self.tree, self.layer_in.prefixes[0], self.config)
+        self.require_verified()
+        release_mounts(self.work)  # the overlay: its upper dir is the layer
+        made = self.store.store(
+            self.keys[i],
+            self.work / "upper",
+            self.layer_in.prefixes[i],
+            self.config,
+            parent=self.chain[-1].key,
+        )
+        shutil.rmtree(self.work / "overlay-work")
+        return made
+
+    def open_layers(self) -> None:
+        """Open the cached layers of this build's keys, start their content checks and
+        mount them."""
+        with self.phases.phase("base"):
+            self.store.drop_unfinished()
+            with self.phases.step("base.open_layers"):
+                self.chain = self.store.open_chain(self.keys)
+            self.reused = reused = len(self.chain)
+            if not self.chain:
+                return
+            self.reporter(
+                "cache",
+                f"reusing {self.groups[reused - 1].name} layer {self.keys[reused - 1][:16]} "
+                f"({reused} of {len(self.groups)} groups; content verified meanwhile)",
+            )
+            for layer in self.chain:
+                if layer.key not in self.verify_jobs:
+                    self.verify_jobs[layer.key] = self.background.submit(
+                        self._timed, "verify.digest", self.store.verify, layer, self.stopping.is_set
                     )
-                    extract(base_tar, tree)
-            for i in range(len(chain), len(groups)):
-                g = groups[i]
-                with phases.phase("sandbox"):
-                    boot()
-                with phases.phase("provision"), phases.step(f"provision.{g.name}"):
-                    env = group_pass(i, again if i == len(chain) else [])
-                    if i == 0:
-                        provision(env)
-                    else:  # the sandbox answered SSH already: no Packer start-up again
-                        reapply(env, gather_subset="all")
-                with phases.phase("layer"):
-                    sandbox[-1].stop()
-                    with phases.step(f"layer.store_{g.name}"):
-                        if not chain:
-                            made = store.store(keys[0], tree, layer_in.prefixes[0], config)
-                        else:
-                            require_verified()
-                            release_mounts(work)  # the overlay: its upper dir is the layer
-                            made = store.store(
-                                keys[i],
-                                work / "upper",
-                                layer_in.prefixes[i],
-                                config,
-                                parent=chain[-1].key,
-                            )
-                            shutil.rmtree(work / "overlay-work")
-                    chain.append(made)
-                    mount_chain()
-            store.prune(opts.cache_max_bytes, keep=[layer.key for layer in chain])
+            with self.phases.step("base.mount_layers"):
+                self.mount_chain()
 
-        reused = 0
-        reapplied: list[str] | None = []
-        for _attempt in range(len(groups) + 1):
+    def reapply_over_layers(self) -> None:
+        """Every group's layer is cached: re-apply the roles whose configuration changed."""
+        self.reapplied = (
+            None
+            if self.roles is None
+            else cache.roles_to_reapply(self.chain[-1].config, self.config, self.all_roles)
+        )
+        self.reporter(
+            "cache",
+            "re-applying "
+            + ("every role" if self.reapplied is None else ", ".join(self.reapplied) or "no role")
+            + " over the layer, then seal",
+        )
+        if self.reapplied == []:
+            self.phases.skip("sandbox", "no role to re-apply over the layer")
+            self.phases.skip("provision", "no role to re-apply over the layer")
+            return
+        with self.phases.phase("sandbox"):
+            self.boot()
+        with self.phases.phase("provision"):
+            self.reapply(pass_roles(self.reapplied))
+
+    def resume_layers(self) -> None:
+        """Some groups' layers are cached (or none): build the rest over them."""
+        # The cached groups' roles whose configuration changed run again in the first pass,
+        # so the new layer holds this build's configuration.
+        done = [r for g in self.groups[: self.reused] for r in g.roles]
+        self.reapplied = (
+            []
+            if not self.chain
+            else cache.roles_to_reapply(
+                self.chain[-1].config, self.config, self.all_roles, among=done
+            )
+        )
+        self.make_layers(self.reapplied)
+
+    def drop_unusable(self, bad: Unusable) -> None:
+        """A reused layer failed its content check: drop it with every layer over it and
+        what was made over it, so the build starts again after the layers that remain."""
+        if self.sandbox:
+            self.sandbox[-1].stop()
+        release_mounts(self.work)
+        # Its check (and any of a layer over it) is stale once it is rebuilt.
+        for key in [bad.layer.key, *self.store.descendants(bad.layer.key)]:
+            self.verify_jobs.pop(key, None)
+        self.store.drop(bad.layer, bad.problem)
+        for d in ("upper", "overlay-work", "rootfs"):
+            if (self.work / d).exists():
+                shutil.rmtree(self.work / d)
+
+    def install(self) -> None:
+        """The install passes over the layered cache, until every layer used is verified
+        (bounded: one more try than there are groups)."""
+        for _attempt in range(len(self.groups) + 1):
             try:
-                with phases.phase("base"):
-                    store.drop_unfinished()
-                    with phases.step("base.open_layers"):
-                        chain = store.open_chain(keys)
-                    reused = len(chain)
-                    if chain:
-                        reporter(
-                            "cache",
-                            f"reusing {groups[reused - 1].name} layer {keys[reused - 1][:16]} "
-                            f"({reused} of {len(groups)} groups; content verified meanwhile)",
-                        )
-                        for layer in chain:
-                            if layer.key not in verify_jobs:
-                                verify_jobs[layer.key] = background.submit(
-                                    timed, "verify.digest", store.verify, layer, stopping.is_set
-                                )
-                        with phases.step("base.mount_layers"):
-                            mount_chain()
-                if reused == len(groups):
-                    reapplied = (
-                        None
-                        if roles is None
-                        else cache.roles_to_reapply(chain[-1].config, config, all_roles)
-                    )
-                    reporter(
-                        "cache",
-                        "re-applying "
-                        + ("every role" if reapplied is None else ", ".join(reapplied) or "no role")
-                        + " over the layer, then seal",
-                    )
-                    if reapplied == []:
-                        phases.skip("sandbox", "no role to re-apply over the layer")
-                        phases.skip("provision", "no role to re-apply over the layer")
-                    else:
-                        with phases.phase("sandbox"):
-                            boot()
-                        with phases.phase("provision"):
-                            reapply(pass_roles(reapplied))
+                self.open_layers()
+                if self.reused == len(self.groups):
+                    self.reapply_over_layers()
                 else:
-                    # The cached groups' roles whose configuration changed run again in
-                    # the first pass, so the new layer holds this build's configuration.
-                    done = [r for g in groups[:reused] for r in g.roles]
-                    reapplied = (
-                        []
-                        if not chain
-                        else cache.roles_to_reapply(chain[-1].config, config, all_roles, among=done)
-                    )
-                    make_layers(reapplied)
+                    self.resume_layers()
                 # Nothing made from a reused layer is kept unless its content digest matched:
                 # a corrupt or altered layer is dropped here (with every layer over it) and
                 # this build starts again after the layers that remain, never sealing or
                 # exporting what was made over it.
-                with phases.phase("verify"):
-                    require_verified()
-                break
+                with self.phases.phase("verify"):
+                    self.require_verified()
+                return
             except Unusable as bad:
-                if sandbox:
-                    sandbox[-1].stop()
-                release_mounts(work)
-                # Its check (and any of a layer over it) is stale once it is rebuilt.
-                for key in [bad.layer.key, *store.descendants(bad.layer.key)]:
-                    verify_jobs.pop(key, None)
-                store.drop(bad.layer, bad.problem)
-                for d in ("upper", "overlay-work", "rootfs"):
-                    if (work / d).exists():
-                        shutil.rmtree(work / d)
-        else:
-            raise NodeforgeError("internal: the build cache kept failing verification")
-        with phases.phase("seal"):
-            if sandbox:
-                with phases.step("seal.stop_sandbox"):
-                    sandbox[-1].stop()
-            export.write_fstab(tree)
-            with phases.step("seal.seal_and_scan"):
-                seal.seal_and_scan(tree, logfile)
+                self.drop_unusable(bad)
+        raise NodeforgeError("internal: the build cache kept failing verification")
+
+    # -- seal and export
+    def seal(self) -> None:
+        with self.phases.phase("seal"):
+            if self.sandbox:
+                with self.phases.step("seal.stop_sandbox"):
+                    self.sandbox[-1].stop()
+            export.write_fstab(self.tree)
+            with self.phases.step("seal.seal_and_scan"):
+                seal.seal_and_scan(self.tree, self.logfile)
+
+    def export(self, started: str) -> dict:
+        inp, phases, tree = self.inp, self.phases, self.tree
         with phases.phase("export"):
             with phases.step("export.tool_versions"):
-                fetched.tools = {**tools_job.result(), **ansible_strategy.tool_versions()}
+                self.fetched.tools = {
+                    **self.tools_job.result(),
+                    **ansible_strategy.tool_versions(),
+                }
             with phases.step("export.packages"):
                 pkgs = export.dpkg_versions(tree)
             manifest = manifest_mod.with_packages(
                 manifest_header(
-                    inp, fetched, created=started, base_key=spec.key(), base_cached=base_cached
+                    inp,
+                    self.fetched,
+                    created=started,
+                    base_key=self.spec.key(),
+                    base_cached=self.base_cached,
                 ),
                 pkgs,
             )
@@ -527,28 +618,32 @@ def run_local(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
                 manifest["gpu"] = json.loads((tree / "etc/nodeforge/gpu.json").read_text())
             manifest["phases"] = dict(phases.durations)
             export.write_image_json(tree, manifest)
-            sums, manifest["disk"] = export_parallel(
-                tree, s.partial, phases.step, arch=inp.arch, logfile=logfile
+            self.sums, manifest["disk"] = export_parallel(
+                tree, self.s.partial, phases.step, arch=inp.arch, logfile=self.logfile
             )
+        return manifest
+
+    def record(self, manifest: dict) -> None:
+        """The manifest's phases, steps, cache and artifacts, written into the output."""
+        groups, reused, phases = self.groups, self.reused, self.phases
         manifest["phases"] = dict(phases.durations)
         manifest["steps"] = dict(phases.steps)
         manifest["cache"] = {
-            "build_key": bkey,
-            "layer_key": lkey,
+            "build_key": self.bkey,
+            "layer_key": self.lkey,
             "layer_reused": reused == len(groups),
             # the last group whose cached layer this build resumed after (None: from the base)
             "prefix_reused": groups[reused - 1].name if reused else None,
             "layers": [
                 {"group": g.name, "key": k, "reused": i < reused}
-                for i, (g, k) in enumerate(zip(groups, keys, strict=True))
+                for i, (g, k) in enumerate(zip(groups, self.keys, strict=True))
             ],
-            "reapplied": "all" if reapplied is None else reapplied,
+            "reapplied": "all" if self.reapplied is None else self.reapplied,
         }
-        manifest["artifacts"] = manifest_mod.artifact_sums(s.partial, known=sums)
+        manifest["artifacts"] = manifest_mod.artifact_sums(self.s.partial, known=self.sums)
         manifest_mod.require_valid(manifest)
-        export.write_json_atomic(s.partial / "manifest.json", manifest)
-        logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
-    return BuildResult(output, manifest, output / "build.log")
+        export.write_json_atomic(self.s.partial / "manifest.json", manifest)
+        self.logfile.write(f"build complete in {sum(phases.durations.values()):.1f}s\n")
 
 
 def cached_wheel(wheels: Path, sources: str, work: Path, logfile) -> Path:

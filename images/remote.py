@@ -9,6 +9,7 @@ files debugfs reads out of the built disk, before anything is published.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
@@ -26,6 +28,7 @@ from . import export, packer, template
 from . import manifest as manifest_mod
 from .pipeline import (
     BuildResult,
+    Fetched,
     Inputs,
     Phases,
     Reporter,
@@ -36,6 +39,7 @@ from .pipeline import (
     now_iso,
     output_session,
 )
+from .qemu_host import console_tail, probe_accel
 from .sandbox import release_mounts, session_key
 
 NETWORK_UNIT = """# nodeforge: DHCP on the VM's NIC (containers get their network from the host)
@@ -171,158 +175,215 @@ def check_target(target: str, user_vars: dict[str, object]) -> int:
 
 def run_packer_target(inp: Inputs, reporter: Reporter, on_line) -> BuildResult:
     """Build `qemu` or `amazon-ebs` through Packer's own builder."""
-    opts, name, user_vars = inp.opts, inp.name, inp.user_vars
-    target = opts.target
-    size_mib = check_target(target, user_vars)
+    target = inp.opts.target
+    size_mib = check_target(target, inp.user_vars)
     # Source AMI of --base for the artifacts' architecture: refused before anything starts.
     ami = (
-        template.amazon_source(user_vars, inp.base.name, inp.arch) if target == "amazon-ebs" else {}
+        template.amazon_source(inp.user_vars, inp.base.name, inp.arch)
+        if target == "amazon-ebs"
+        else {}
     )
     phases = Phases(reporter)
     with output_session(inp.output, reporter) as s:
-        partial, logfile = s.partial, s.logfile
-        work = Path(tempfile.mkdtemp(prefix=f"nodeforge-{target}-", dir=opts.cache_dir))
-        s.on_cleanup("release mounts", lambda: release_mounts(work))  # an interrupted disk seal
-        s.on_cleanup("remove work tree", lambda: shutil.rmtree(work, ignore_errors=True))
+        work = Path(tempfile.mkdtemp(prefix=f"nodeforge-{target}-", dir=inp.opts.cache_dir))
+        run = _PackerRun(inp, phases, work, s.partial, s.logfile)
+        s.on_cleanup("release mounts", run.release_mounts)  # an interrupted disk seal
+        s.on_cleanup("remove work tree", run.remove_work)
         with phases.phase("preflight"):
             fetched = fetch_inputs(inp)
-            wheel = build_wheel(work / "wheel", logfile)
-        arts = fetched.arts
-        base_key, base_cached = str(user_vars.get("base_disk", "source AMI")), False
-        values: dict[str, object] = {
-            "playbook_file": inp.playbook,
-            "ansible_config": inp.ansible_cfg,
-            "image_name": name,
-            "ansible_playbook": proc.require_tool("ansible-playbook"),
-        }
+            wheel = build_wheel(work / "wheel", run.logfile)
+        run.start_values()
         if target == "qemu":
             with phases.phase("base"):
-                key = work / "build_ed25519"
-                pub = session_key(key, "nodeforge-build")
-                values["ssh_private_key_file"] = key
-                if "base_disk" not in user_vars:
-                    spec = base_mod.spec_for(inp.base, inp.arch)
-                    tar, base_cached = base_mod.ensure_base(
-                        spec, opts.cache_dir / "base", inp.base.keyring, logfile
-                    )
-                    base_key = spec.key()
-                    disk, kernel, initrd = make_base_disk(
-                        tar, work / "base", pub.read_text(), size_mib, inp.arch
-                    )
-                    values.update(base_disk=disk, kernel=kernel, initrd=initrd)
-                else:
-                    values["seed_directory"] = write_nocloud_seed(
-                        work / "seed", Path(f"{key}.pub").read_text(), name
-                    )
-                if "accelerator" not in user_vars:
-                    from nodeforge.lab.vm import probe_accel
-
-                    kern = values.get("kernel")
-                    acc = probe_accel(Path(kern), Path(values["initrd"]), work) if kern else None
-                    values["accelerator"] = acc.accel if acc else "tcg"
-                    logfile.write(f"accelerator: {values['accelerator']}\n")
-                values["output_directory"] = work / "packer-out"
-                values["box_output"] = partial / "nodeforge-libvirt.box"
-                values["console_log"] = work / "console.log"
-                values["kernel_out"] = partial / export.KERNEL
-                values["initrd_out"] = partial / export.INITRD
-                # A cloud image boots its own loader; the local base disk needs the
-                # box to carry and boot its kernel.
-                values["box_vagrantfile"] = (
-                    BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER
-                )
+                _qemu_base(run, size_mib)
         else:
-            values.update(ami)  # source AMI of --base, the artifacts' architecture
-            comps = {a.component: a.version for a in arts}
-            # Tags carry the versions, so an AMI says what it holds.
-            values["ami_tags"] = _hcl_map(
-                {
-                    **{f"nodeforge:{k}": v for k, v in comps.items()},
-                    "nodeforge:slurm": inp.base.slurm,
-                    **dict(user_vars.get("ami_tags", {}) or {}),
-                }
-            )
-        ev = work / "extra-vars.json"
-        ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
-        values["extra_vars_file"] = ev
-        tpl = work / f"{target}.pkr.hcl"
-        tpl.write_text(packer.render(target, variant=opts.variant))
-        manifest = manifest_header(
-            inp, fetched, created=now_iso(), base_key=base_key, base_cached=base_cached
-        )
-        sealed = work / "image.json"
-        if target == "qemu":
-            stub = work / "manifest-stub.json"
-            export.write_json_atomic(
-                stub, {**manifest, "phases": {**phases.durations, "provision_started": time.time()}}
-            )
-            values["seal_command"] = shlex.join(
-                [
-                    sys.executable,
-                    "-m",
-                    "nodeforge.images.disk_seal",
-                    "--disk",
-                    str(Path(values["output_directory"]) / "nodeforge.qcow2"),
-                    "--manifest-stub",
-                    str(stub),
-                    "--boot-out",
-                    str(partial),
-                    "--result",
-                    str(sealed),
-                ]
-            )
+            _ami_values(run, ami, fetched)
+        manifest = _render_inputs(run, fetched, wheel)
         with phases.phase("provision"):
-            t_packer = time.monotonic()
-            try:
-                packer.build(
-                    tpl,
-                    values,
-                    opts.var_files,
-                    logfile=logfile,
-                    on_line=on_line,
-                    timeout=4 * 3600,
-                    cache_dir=opts.cache_dir / "packer",
-                    cwd=work,
-                    kill_grace=300 if target == "amazon-ebs" else 30,
-                )
-            except NodeforgeError as e:
-                if target != "qemu":
-                    raise
-                from nodeforge.lab.vm import console_tail
-
-                tail = console_tail(Path(values["console_log"]))
-                logfile.write(f"--- build VM console (last lines) ---\n{tail}\n")
-                waited = time.monotonic() - t_packer
-                raise NodeforgeError(
-                    f"{e}\nbuild VM console (accelerator {values['accelerator']}, Packer "
-                    f"ran {waited:.0f}s; SSH wait limit 20m), last lines:\n{tail}"
-                ) from e
+            _provision(run, on_line)
         with phases.phase("export"):
-            if target == "qemu":
-                # Sealed, scanned and given its image.json by images/disk_seal.py, which
-                # Packer ran before packing the box.
-                image = json.loads(sealed.read_text())
-                manifest.update(components=image["components"], packages=image["packages"])
-                if "disk" in image:  # the layout images/disk_seal.py gave the sealed disk
-                    manifest["disk"] = image["disk"]
-                shutil.move(
-                    str(Path(values["output_directory"]) / "nodeforge.qcow2"), partial / export.DISK
-                )
-            else:
-                pm = work / "packer-manifest.json"
-                if pm.is_file():
-                    shutil.move(str(pm), partial / "packer-manifest.json")
-            artifacts = manifest_mod.artifact_sums(partial)
+            image = _collect_outputs(run, manifest)
+            artifacts = manifest_mod.artifact_sums(run.partial)
         manifest["phases"] = dict(phases.durations)
-        if target == "qemu":
+        if image is not None:
             # Packer's run holds both: the VM's provisioning and the host-side seal.
             manifest["phases"].update(
                 provision=image["phases"]["provision"], seal=image["phases"]["seal"]
             )
             manifest_mod.require_valid({**manifest, "artifacts": artifacts})
         manifest["artifacts"] = artifacts
-        export.write_json_atomic(partial / "manifest.json", manifest)
+        export.write_json_atomic(run.partial / "manifest.json", manifest)
     return BuildResult(inp.output, manifest, inp.output / "build.log")
+
+
+@dataclasses.dataclass
+class _PackerRun:
+    """What the phases of one Packer build share: its inputs, work and output folders, log,
+    and the values handed to Packer (filled in phase by phase)."""
+
+    inp: Inputs
+    phases: Phases
+    work: Path
+    partial: Path
+    logfile: Any
+    values: dict[str, object] = dataclasses.field(default_factory=dict)
+    base_key: str = ""
+    base_cached: bool = False
+
+    def __post_init__(self) -> None:
+        self.target = self.inp.opts.target
+        self.base_key = str(self.inp.user_vars.get("base_disk", "source AMI"))
+
+    def start_values(self) -> None:
+        """The values every target hands Packer (after preflight: a missing
+        ansible-playbook fails there, naming its package)."""
+        self.values.update(
+            playbook_file=self.inp.playbook,
+            ansible_config=self.inp.ansible_cfg,
+            image_name=self.inp.name,
+            ansible_playbook=proc.require_tool("ansible-playbook"),
+        )
+
+    def release_mounts(self) -> None:
+        release_mounts(self.work)
+
+    def remove_work(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _qemu_base(run: _PackerRun, size_mib: int) -> None:
+    """The qemu build's base disk (local: made from the cached base tree; or the user's
+    cloud image with a NoCloud seed), its accelerator, and where Packer writes."""
+    inp, work, values, user_vars = run.inp, run.work, run.values, run.inp.user_vars
+    key = work / "build_ed25519"
+    pub = session_key(key, "nodeforge-build")
+    values["ssh_private_key_file"] = key
+    if "base_disk" not in user_vars:
+        spec = base_mod.spec_for(inp.base, inp.arch)
+        tar, run.base_cached = base_mod.ensure_base(
+            spec, inp.opts.cache_dir / "base", inp.base.keyring, run.logfile
+        )
+        run.base_key = spec.key()
+        disk, kernel, initrd = make_base_disk(
+            tar, work / "base", pub.read_text(), size_mib, inp.arch
+        )
+        values.update(base_disk=disk, kernel=kernel, initrd=initrd)
+    else:
+        values["seed_directory"] = write_nocloud_seed(
+            work / "seed", Path(f"{key}.pub").read_text(), inp.name
+        )
+    if "accelerator" not in user_vars:
+        kern = values.get("kernel")
+        acc = probe_accel(Path(kern), Path(values["initrd"]), work) if kern else None
+        values["accelerator"] = acc.accel if acc else "tcg"
+        run.logfile.write(f"accelerator: {values['accelerator']}\n")
+    values["output_directory"] = work / "packer-out"
+    values["box_output"] = run.partial / "nodeforge-libvirt.box"
+    values["console_log"] = work / "console.log"
+    values["kernel_out"] = run.partial / export.KERNEL
+    values["initrd_out"] = run.partial / export.INITRD
+    # A cloud image boots its own loader; the local base disk needs the
+    # box to carry and boot its kernel.
+    values["box_vagrantfile"] = (
+        BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER
+    )
+
+
+def _ami_values(run: _PackerRun, ami: dict, fetched: Fetched) -> None:
+    """The amazon-ebs build's source AMI and the tags that say what the AMI holds."""
+    run.values.update(ami)  # source AMI of --base, the artifacts' architecture
+    comps = {a.component: a.version for a in fetched.arts}
+    # Tags carry the versions, so an AMI says what it holds.
+    run.values["ami_tags"] = _hcl_map(
+        {
+            **{f"nodeforge:{k}": v for k, v in comps.items()},
+            "nodeforge:slurm": run.inp.base.slurm,
+            **dict(run.inp.user_vars.get("ami_tags", {}) or {}),
+        }
+    )
+
+
+def _render_inputs(run: _PackerRun, fetched: Fetched, wheel: Path) -> dict:
+    """Write the extra vars and the Packer template; return the manifest's header (for
+    qemu also handed to the disk sealer, which Packer runs before packing the box)."""
+    inp, work, values = run.inp, run.work, run.values
+    ev = work / "extra-vars.json"
+    ev.write_text(json.dumps(extra_vars(inp, fetched, wheel), indent=2))
+    values["extra_vars_file"] = ev
+    tpl = work / f"{run.target}.pkr.hcl"
+    tpl.write_text(packer.render(run.target, variant=inp.opts.variant))
+    manifest = manifest_header(
+        inp, fetched, created=now_iso(), base_key=run.base_key, base_cached=run.base_cached
+    )
+    if run.target == "qemu":
+        stub = work / "manifest-stub.json"
+        export.write_json_atomic(
+            stub,
+            {**manifest, "phases": {**run.phases.durations, "provision_started": time.time()}},
+        )
+        values["seal_command"] = shlex.join(
+            [
+                sys.executable,
+                "-m",
+                "nodeforge.images.disk_seal",
+                "--disk",
+                str(Path(values["output_directory"]) / "nodeforge.qcow2"),
+                "--manifest-stub",
+                str(stub),
+                "--boot-out",
+                str(run.partial),
+                "--result",
+                str(work / "image.json"),
+            ]
+        )
+    return manifest
+
+
+def _provision(run: _PackerRun, on_line) -> None:
+    """Packer's build; a qemu build that fails says what the build VM's console showed."""
+    t_packer = time.monotonic()
+    try:
+        packer.build(
+            run.work / f"{run.target}.pkr.hcl",
+            run.values,
+            run.inp.opts.var_files,
+            logfile=run.logfile,
+            on_line=on_line,
+            timeout=4 * 3600,
+            cache_dir=run.inp.opts.cache_dir / "packer",
+            cwd=run.work,
+            kill_grace=300 if run.target == "amazon-ebs" else 30,
+        )
+    except NodeforgeError as e:
+        if run.target != "qemu":
+            raise
+        tail = console_tail(Path(run.values["console_log"]))
+        run.logfile.write(f"--- build VM console (last lines) ---\n{tail}\n")
+        waited = time.monotonic() - t_packer
+        raise NodeforgeError(
+            f"{e}\nbuild VM console (accelerator {run.values['accelerator']}, Packer "
+            f"ran {waited:.0f}s; SSH wait limit 20m), last lines:\n{tail}"
+        ) from e
+
+
+def _collect_outputs(run: _PackerRun, manifest: dict) -> dict | None:
+    """Move Packer's outputs into the partial output; for qemu return the sealed disk's
+    image.json (and take its components, packages and disk layout into *manifest*)."""
+    if run.target != "qemu":
+        pm = run.work / "packer-manifest.json"
+        if pm.is_file():
+            shutil.move(str(pm), run.partial / "packer-manifest.json")
+        return None
+    # Sealed, scanned and given its image.json by images/disk_seal.py, which
+    # Packer ran before packing the box.
+    image = json.loads((run.work / "image.json").read_text())
+    manifest.update(components=image["components"], packages=image["packages"])
+    if "disk" in image:  # the layout images/disk_seal.py gave the sealed disk
+        manifest["disk"] = image["disk"]
+    shutil.move(
+        str(Path(run.values["output_directory"]) / "nodeforge.qcow2"), run.partial / export.DISK
+    )
+    return image
 
 
 def _hcl_map(d: dict[str, str]) -> str:

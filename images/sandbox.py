@@ -19,7 +19,7 @@ from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
-from nodeforge.lab.vm import free_port
+from nodeforge.images.qemu_host import free_port
 
 log = logging.getLogger("nodeforge.sandbox")
 

@@ -13,15 +13,11 @@ from pathlib import Path
 import pytest
 
 from nodeforge import cli
+from tests.unit.support import run_cli
 
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _nf(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nodeforge", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)  # fmt: skip
 
 
 def _walk(parser: argparse.ArgumentParser, path: list[str]):
@@ -73,7 +69,7 @@ def test_closed_pipe_is_quiet_with_status_141(tmp_path):
 
 
 def test_verify_vm_params_file_missing_is_an_input_error(tmp_path):
-    cp = _nf("verify", "--hosts", "vm://X?params=missing.yaml", cwd=tmp_path)
+    cp = run_cli("verify", "--hosts", "vm://X?params=missing.yaml", cwd=tmp_path)
     assert cp.returncode == cli.EXIT_INPUT
     assert "params=missing.yaml: cannot read it" in cp.stderr and "Traceback" not in cp.stderr
 
@@ -114,7 +110,7 @@ def test_versions_lock_json(tmp_path):
     mirror.mkdir()
     for a in versions.load(f).all_artifacts():
         (mirror / a.file).write_bytes(a.file.encode())
-    cp = _nf("versions", "lock", "--versions-file", str(f), "--artifact-mirror", str(mirror),
+    cp = run_cli("versions", "lock", "--versions-file", str(f), "--artifact-mirror", str(mirror),
              "--variant", "all", "--arch", "all", "--json", cwd=tmp_path)  # fmt: skip
     assert cp.returncode == 0, cp.stderr
     out = json.loads(cp.stdout)
@@ -125,7 +121,7 @@ def test_versions_lock_json(tmp_path):
 
 
 def test_validate_json(tmp_path):
-    cp = _nf("validate", "--target", "local", "--json", cwd=tmp_path)
+    cp = run_cli("validate", "--target", "local", "--json", cwd=tmp_path)
     assert cp.returncode == 0, cp.stderr
     assert json.loads(cp.stdout)["local"]["valid"] is True
 
@@ -323,6 +319,6 @@ def test_light_parser_usage_errors_match_the_full_parser(argv, tmp_path, capsys)
     with pytest.raises(SystemExit) as full:
         cli.build_parser().parse_args(argv)
     expected = capsys.readouterr().err
-    light = _nf(*argv, cwd=tmp_path)  # the real command: light dispatch
+    light = run_cli(*argv, cwd=tmp_path)  # the real command: light dispatch
     assert (light.returncode, light.stderr) == (full.value.code, expected) == (2, expected)
     assert expected.startswith("usage: nodeforge")

@@ -8,7 +8,6 @@ through a recording runner, for every action kind."""
 from __future__ import annotations
 
 import argparse
-import json
 import re
 
 import pytest
@@ -18,37 +17,12 @@ from hypothesis import strategies as st
 from nodeforge import slurm_records as sr
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.governor import Governor
-from nodeforge.gang.slurm import SlurmCli, job_address, parse_jobs
-from tests.unit.test_gang_records import job22, job24, n24
+from nodeforge.gang.slurm import job_address, parse_jobs
+from tests.unit.gang_support import Recorder
+from tests.unit.gang_support import array_het_job as job
+from tests.unit.gang_support import jobs_doc as doc
 
 pytestmark = pytest.mark.unit
-
-
-def job(jid, *, shape="24.11", array=None, task=None, tasks="", het=None, off=None, **kw):
-    """One job as Slurm's JSON prints it (test_gang_records' fixtures: 22.05 plain numbers,
-    24.11 set/number objects), with its array and het identity."""
-    ident = {
-        "array_job_id": array or 0,
-        "array_task_id": task,
-        "array_task_string": tasks,
-        "het_job_id": het or 0,
-        "het_job_offset": off or 0,
-    }
-    ident.update(kw)  # (a case's own fields win, e.g. array_task_string)
-    if shape == "22.05":
-        return job22(jid, **ident)
-    ident.update(
-        array_job_id=n24(array or 0),
-        array_task_id=n24(task),
-        het_job_id=n24(het or 0),
-        het_job_offset=n24(off if het else None),
-    )
-    ident.update(kw)
-    return job24(jid, **ident)
-
-
-def doc(*jobs):
-    return json.dumps({"meta": {}, "errors": [], "jobs": list(jobs)})
 
 
 def records(*jobs):
@@ -167,34 +141,6 @@ def test_address_is_always_one_job_in_scontrol_grammar(jid, array, task, tasks, 
 
 
 # ---- the governor's commands, as argv -----------------------------------------------------
-
-
-class Recorder(SlurmCli):
-    """A SlurmCli whose runner records argv and answers from *docs* (no Slurm): what the
-    governor would have run, word for word."""
-
-    def __init__(self, jobs_doc: str):
-        super().__init__(clock=lambda: 1000.0)
-        self.argv: list[list[str]] = []
-        self.jobs_doc = jobs_doc
-        self._commands = (["scontrol", "show", "job", "--json"], ["scontrol", "show", "node"])
-
-    def _run(self, *argv, check=True, output_file=None):
-        import subprocess
-
-        self.argv.append(list(argv))
-        out = ""
-        if argv[:3] == ("scontrol", "show", "job"):
-            out = self.jobs_doc
-        if output_file is not None:
-            output_file.write(out.encode())
-        return subprocess.CompletedProcess(list(argv), 0, out, "")
-
-    def snapshot(self):
-        from nodeforge.gang.slurm import Snapshot
-
-        jobs = parse_jobs(self.jobs_doc)
-        return Snapshot(jobs=jobs, nodes={f"gn{i}": frozenset({"ALLOCATED"}) for i in range(9)})
 
 
 def job_commands(argv: list[list[str]]) -> list[list[str]]:

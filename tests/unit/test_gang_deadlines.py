@@ -15,7 +15,7 @@ from nodeforge.gang import deadlines as dl
 from nodeforge.gang.policy import decide, over_limit
 from nodeforge.gang.slurm import JobObs, Snapshot
 from nodeforge.gang.state import GangRecord, GovState
-from tests.unit.test_gang_policy import cfg as policy_cfg
+from tests.unit.gang_support import gang_cfg as policy_cfg
 
 pytestmark = pytest.mark.unit
 
@@ -360,8 +360,9 @@ def test_verdict_reaches_the_admin_comment_and_the_events(tmp_path):
     is what `scontrol show job` shows the owner."""
     from nodeforge.gang.events import read_events
     from nodeforge.gang.governor import Governor
-    from tests.unit.test_gang_address import Recorder, doc
-    from tests.unit.test_gang_address import job as jjob
+    from tests.unit.gang_support import Recorder
+    from tests.unit.gang_support import array_het_job as jjob
+    from tests.unit.gang_support import jobs_doc as doc
 
     d = doc(
         jjob(100, array=100, task=1, start_time=900, state_reason="Prolog",

@@ -60,7 +60,8 @@ def test_failed_client_is_a_command_error_with_its_output(tmp_path):
 
 
 def test_snapshot_reads_the_same_jobs_as_the_text_and_keeps_no_view(tmp_path):
-    from tests.unit.test_gang_reader_cache import job, render
+    from tests.unit.gang_support import cached_job as job
+    from tests.unit.gang_support import render_jobs as render
 
     jobs = [job(1, "24", 'n\n"x" é'), job(2, "24")]
     jf, nf = tmp_path / "jobs.json", tmp_path / "nodes.json"
@@ -85,7 +86,8 @@ def test_snapshot_reads_the_same_jobs_as_the_text_and_keeps_no_view(tmp_path):
 
 def test_snapshot_of_output_that_is_not_utf8_is_a_data_error(tmp_path):
     from nodeforge.slurm_records import SlurmDataError
-    from tests.unit.test_gang_reader_cache import job, render
+    from tests.unit.gang_support import cached_job as job
+    from tests.unit.gang_support import render_jobs as render
 
     jf, nf = tmp_path / "jobs.json", tmp_path / "nodes.json"
     nf.write_text('{"nodes": [], "errors": []}')
@@ -100,7 +102,8 @@ def test_snapshot_of_output_that_is_not_utf8_is_a_data_error(tmp_path):
 
 def test_empty_node_output_is_an_error_even_on_the_first_read(tmp_path):
     from nodeforge.slurm_records import SlurmDataError
-    from tests.unit.test_gang_reader_cache import job, render
+    from tests.unit.gang_support import cached_job as job
+    from tests.unit.gang_support import render_jobs as render
 
     jf, nf = tmp_path / "jobs.json", tmp_path / "nodes.json"
     jf.write_text(render([job(1, "24")], "24"))
@@ -114,7 +117,10 @@ def test_snapshot_node_map_is_the_same_object_only_while_every_node_text_is(tmp_
     before; a ping (load, free memory) gives a new map with the same flags; a drain gives
     its flags and reason. Each read equals the full parse of that output."""
     from nodeforge.gang.slurm import parse_nodes
-    from tests.unit.test_gang_reader_cache import job, node, render, render_nodes
+    from tests.unit.gang_support import cached_job as job
+    from tests.unit.gang_support import cached_node as node
+    from tests.unit.gang_support import render_jobs as render
+    from tests.unit.gang_support import render_nodes
 
     jf, nf = tmp_path / "jobs.json", tmp_path / "nodes.json"
     jf.write_text(render([job(1, "24")], "24"))

@@ -8,29 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from nodeforge.gang import config as gcfg
 from nodeforge.gang.events import decode_admin, encode_admin
 from nodeforge.gang.policy import backoff_delay, decide, is_gang
 from nodeforge.gang.slurm import JobObs, Snapshot
 from nodeforge.gang.state import GovState
+from tests.unit.gang_support import gang_cfg as cfg
 
 pytestmark = pytest.mark.unit
 
 T0 = 1_000_000.0
 OK = frozenset({"ALLOCATED"})
-
-
-def cfg(**kw):
-    base = {
-        "timeout": 10,
-        "requeuing": {"backoff_base_seconds": 5, "backoff_max_seconds": 40, "jitter": 0},
-    }
-    for k, v in kw.items():
-        if isinstance(v, dict):
-            base.setdefault(k, {}).update(v)
-        else:
-            base[k] = v
-    return gcfg.from_dict(base, "t")
 
 
 def job(jid="1", state="RUNNING", nodes=("a", "b"), start=T0, restarts=0, held=False, **kw):

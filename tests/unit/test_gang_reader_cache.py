@@ -16,6 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeforge import slurm_records as sr
+from tests.unit.gang_support import cached_job as job
+from tests.unit.gang_support import cached_node as node
+from tests.unit.gang_support import n24, render_nodes
+from tests.unit.gang_support import render_jobs as render
 
 pytestmark = pytest.mark.unit
 
@@ -25,47 +29,6 @@ HOSTILE = st.text(
     alphabet=st.sampled_from(list("ab =\n\r\t\"'\\/[]{}|:;,JobIdNumNodes0123456789é")),
     max_size=40,
 )
-
-
-def n24(v):
-    return {"set": True, "infinite": False, "number": v}
-
-
-def job(jid: int, shape: str, name: str = "j", restarts: int = 0, sched: int = 1796290190):
-    """A job with the keys the reader reads plus last_sched_evaluation (fixture); 22.05 or
-    >= 23.02 shape."""
-    d = {
-        "account": "a",
-        "job_id": jid,
-        "name": name,
-        "comment": name,
-        "current_working_directory": name,
-        "job_state": "PENDING",
-        "state_reason": "Priority",
-        "node_count": 2,
-        "nodes": "",
-        "last_sched_evaluation": sched,
-        "priority": 7,
-        "restart_cnt": restarts,
-        "submit_time": 1796290183,
-        "job_resources": {"nodes": {"list": "gn[1-2]", "count": 2}},
-    }
-    if shape == "24":
-        d.update(
-            job_state=["PENDING"],
-            node_count=n24(2),
-            last_sched_evaluation=n24(sched),
-            priority=n24(7),
-            submit_time=n24(1796290183),
-        )
-    return d
-
-
-def render(jobs: list, shape: str) -> str:
-    if shape == "24":  # 24.11: jobs first, '/' escaped (as the capture)
-        doc = {"jobs": jobs, "last_update": n24(5), "meta": {}, "errors": [], "warnings": []}
-        return json.dumps(doc, indent=2).replace("/", "\\/")
-    return json.dumps({"meta": {}, "errors": [], "jobs": jobs}, indent=2)  # 22.05: jobs last
 
 
 def as_form(data: bytes, form: str):
@@ -328,34 +291,6 @@ def test_governor_observations_from_its_cache_are_the_uncached_ones(names, ops, 
 # -- nodes: the same cached read for the node list (the governor's node map every cycle) --
 
 NODE_CAPTURE = CAPTURE.with_name("scontrol-show-node-24.11.json")
-
-
-def node(name: str, shape: str, reason: str = "", drained: bool = False, load: int = 3) -> dict:
-    """A node with the keys the reader reads plus members that move with every slurmd ping
-    (cpu_load, free_mem), nested as Slurm prints them; 22.05 `sinfo --json` or >= 23.02
-    shape."""
-    d = {
-        "architecture": "x86_64",
-        "name": name,
-        "hostname": name,
-        "cpu_load": load,
-        "free_mem": n24(7000 + load) if shape == "24" else 7000 + load,
-        "reason": reason,
-        "energy": {"current_watts": n24(0), "last_collected": 0},
-    }
-    if shape == "24":
-        d["state"] = ["IDLE", "DRAIN"] if drained else ["IDLE"]
-    else:
-        d["state"] = "idle"
-        d["state_flags"] = ["DRAIN"] if drained else []
-    return d
-
-
-def render_nodes(nodes: list, shape: str) -> str:
-    if shape == "24":
-        doc = {"nodes": nodes, "last_update": n24(5), "meta": {}, "errors": [], "warnings": []}
-        return json.dumps(doc, indent=2).replace("/", "\\/")
-    return json.dumps({"meta": {}, "errors": [], "nodes": nodes}, indent=2)
 
 
 def both_nodes(text: str | bytes, cache: sr.BlockCache, form: str = "str"):

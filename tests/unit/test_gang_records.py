@@ -14,69 +14,10 @@ from nodeforge.gang import config as gcfg
 from nodeforge.gang.policy import decide
 from nodeforge.gang.slurm import parse_jobs, start_spec
 from nodeforge.gang.state import GovState
+from tests.unit.gang_support import job22, job24
+from tests.unit.gang_support import jobs_doc as doc
 
 pytestmark = pytest.mark.unit
-
-
-def job22(jid=1, **kw):
-    """A job as 22.05's `squeue --json` (openapi v0.0.38) prints it: fixture shaped after a
-    capture from the host's real 22.05.8 slurmctld (fewer keys)."""
-    d = {
-        "job_id": jid,
-        "name": "train",
-        "comment": "",
-        "admin_comment": "",
-        "current_working_directory": "/tmp",
-        "standard_output": "/tmp/job-%j.out",
-        "job_state": "RUNNING",
-        "state_reason": "None",
-        "state_description": "",
-        "node_count": 2,
-        "nodes": "gn[1-2]",
-        "array_job_id": 0,
-        "array_task_id": None,
-        "het_job_id": 0,
-        "het_job_offset": 0,
-        "start_time": 1796290186,
-        "submit_time": 1796290183,
-        "eligible_time": 1796290183,
-        "priority": 4294901759,
-        "restart_cnt": 0,
-        "requeue": True,
-        "batch_flag": True,
-        "partition": "main",
-        "qos": "",
-        "user_id": 0,
-    }
-    d.update(kw)
-    return d
-
-
-def n24(v):
-    return {"set": v is not None, "infinite": False, "number": v or 0}
-
-
-def job24(jid=1, **kw):
-    """The same job in the >= 23.02 shape (data_parser v0.0.40+): fixture."""
-    d = job22(jid)
-    d.update(
-        job_state=["RUNNING"],
-        node_count=n24(2),
-        array_job_id=n24(0),
-        array_task_id=n24(None),
-        het_job_id=n24(0),
-        het_job_offset=n24(0),
-        start_time=n24(1796290186),
-        submit_time=n24(1796290183),
-        eligible_time=n24(1796290183),
-        priority=n24(4294901759),
-    )
-    d.update(kw)
-    return d
-
-
-def doc(*jobs):
-    return json.dumps({"meta": {}, "errors": [], "jobs": list(jobs)})
 
 
 @pytest.mark.parametrize("shape", [job22, job24])

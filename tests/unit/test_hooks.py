@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import time
@@ -11,25 +10,14 @@ from pathlib import Path
 import pytest
 
 from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover, fetch
-from nodeforge.bootstrap.params import parse_params
 from nodeforge.bootstrap.paths import Paths
 from tests.helpers import http_server, process_running, routes_handler
+from tests.unit.support import hook_params
 
 pytestmark = pytest.mark.unit
 
-KEY = base64.b64encode(b"k" * 64).decode()
 
-
-def params(**kw):
-    d = {
-        "role": "compute",
-        "cluster_name": "demo",
-        "controller": "ctl",
-        "munge_key": KEY,
-        "hook_retries": 0,
-    }
-    d.update(kw)
-    return parse_params(d, "test")
+params = hook_params
 
 
 def script(path: Path, body: str, mode: int = 0o755) -> Path:

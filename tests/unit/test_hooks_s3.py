@@ -4,7 +4,6 @@ the endpoint from params, credentials only from boto3's default chain (never par
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import time
@@ -16,13 +15,11 @@ moto_server = pytest.importorskip("moto.server", reason="dev extra: moto[server]
 
 from nodeforge.bootstrap import hooks as hooks_mod
 from nodeforge.bootstrap.hooks import HookEnv, Runner, discover
-from nodeforge.bootstrap.params import ParamsError, parse_params
-from nodeforge.bootstrap.paths import Paths
+from nodeforge.bootstrap.params import ParamsError
 from tests.helpers import QuietHandler, http_server
+from tests.unit.support import hook_params
 
 pytestmark = pytest.mark.unit
-
-KEY = base64.b64encode(b"k" * 64).decode()
 
 
 @pytest.fixture(scope="module")
@@ -53,25 +50,7 @@ def s3(s3_server, monkeypatch):
 
 
 def params(endpoint, **kw):
-    d = {
-        "role": "compute",
-        "cluster_name": "demo",
-        "controller": "ctl",
-        "munge_key": KEY,
-        "hook_retries": 0,
-        "s3_endpoint_url": endpoint,
-    }
-    d.update(kw)
-    return parse_params(d, "test")
-
-
-@pytest.fixture
-def paths(tmp_path):
-    p = Paths.under(tmp_path / "root")
-    p.on_init_d.mkdir(parents=True)
-    p.params_json.parent.mkdir(parents=True)
-    p.params_json.write_text("{}")
-    return p
+    return hook_params(**{"s3_endpoint_url": endpoint, **kw})
 
 
 def runner(paths, sleeps=None):

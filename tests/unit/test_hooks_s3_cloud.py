@@ -19,10 +19,9 @@ from nodeforge.bootstrap.paths import Paths
 from nodeforge.lab import s3front
 from nodeforge.lab.imds import IMDS, Instance
 from tests.conftest import require_tools
+from tests.unit.support import HOOK_PARAMS
 
 pytestmark = pytest.mark.unit
-
-KEY = "a2V5LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzLWxvbmctb2s="
 
 
 class Clock:
@@ -91,11 +90,7 @@ def node_env(world, monkeypatch):
 
 def _params(world, uri, ca, **kw):
     d = {
-        "role": "compute",
-        "cluster_name": "demo",
-        "controller": "ctl",
-        "munge_key": KEY,
-        "hook_retries": 0,
+        **HOOK_PARAMS,
         "s3_endpoint_url": world["endpoint"],
         "hooks": [
             {"uri": uri, "script": "on_init.sh", "name": "lifecycle"}

@@ -18,22 +18,11 @@ from nodeforge.bootstrap import hooks as hooks_mod
 from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.hooks import HookError, discover
 from nodeforge.bootstrap.params import ParamsError
-from nodeforge.bootstrap.paths import Paths
 from tests.helpers import QuietHandler, http_server, loopback_tls, process_running, routes_handler
 
 pytestmark = pytest.mark.unit
 
 ROOT = os.geteuid() == 0
-
-
-@pytest.fixture
-def paths(tmp_path):
-    p = Paths.under(tmp_path / "root")
-    p.on_init_d.mkdir(parents=True, mode=0o755)
-    p.on_init_d.chmod(0o755)
-    p.params_json.parent.mkdir(parents=True)
-    p.params_json.write_text("{}")
-    return p
 
 
 # -- remote hooks: https or a sha256 -----------------------------------------------------------

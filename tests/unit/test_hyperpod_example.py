@@ -10,12 +10,12 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import fake_command
+from tests.unit.support import run_cli
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
@@ -93,11 +93,7 @@ def test_request_is_a_continuous_cluster_of_the_unencrypted_ami_with_nodeforges_
 
 
 def _params_check(directory: Path, address: str) -> dict:
-    cp = subprocess.run(
-        [sys.executable, "-m", "nodeforge", "params", "check", "--hyperpod", str(directory),
-         "--address", address, "--json"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    cp = run_cli("params", "check", "--hyperpod", str(directory), "--address", address, "--json")
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     assert doc["source"] == "hyperpod"

@@ -15,6 +15,7 @@ import pytest
 from nodeforge.errors import NodeforgeError
 from nodeforge.images import cache, local
 from nodeforge.images.versions import sha256_file
+from tests.unit.support import run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -625,22 +626,13 @@ def test_cli_cache_ls_and_prune(tmp_path):
     store = cache.LayerStore(tmp_path, clock=lambda: 1.0)
     store.store(KEY_A, _tree(tmp_path / "t"), INPUTS)
 
-    def nf(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "nodeforge", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    cp = nf("cache", "ls", "--cache-dir", str(tmp_path), "--json")
+    cp = run_cli("cache", "ls", "--cache-dir", str(tmp_path), "--json")
     assert cp.returncode == 0, cp.stderr
     rows = json.loads(cp.stdout)
     assert [(r["kind"], r["key"]) for r in rows] == [("layer", KEY_A)] and rows[0]["bytes"] > 0
-    cp = nf("cache", "prune", "--cache-dir", str(tmp_path), "--max-size", "huge")
+    cp = run_cli("cache", "prune", "--cache-dir", str(tmp_path), "--max-size", "huge")
     assert cp.returncode == 2 and "'huge' is not a size" in cp.stderr
-    cp = nf("cache", "prune", "--cache-dir", str(tmp_path), "--all")
+    cp = run_cli("cache", "prune", "--cache-dir", str(tmp_path), "--all")
     assert cp.returncode == 0 and f"removed {KEY_A}" in cp.stdout
     assert store.entries() == []
 

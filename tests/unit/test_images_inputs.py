@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ from nodeforge.errors import NodeforgeError
 from nodeforge.images import build, manifest, scan, seal, varfile
 from tests.conftest import make_keypair
 from tests.helpers import dpkg_ship
+from tests.unit.support import run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -139,24 +138,14 @@ def test_manifest_schema_rejects_incomplete():
     assert "missing 'artifacts'" in errs and "'phases.export' is missing" in errs
 
 
-def _cli(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "nodeforge", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-
-
 def test_cli_unknown_target():
-    cp = _cli("build", "--target", "gce")
+    cp = run_cli("build", "--target", "gce")
     assert cp.returncode == 2 and "invalid choice: 'gce'" in cp.stderr
 
 
 def test_cli_missing_tool_names_apt_package(tmp_path):
     env = dict(os.environ, PATH=str(tmp_path))  # nothing on PATH
-    cp = _cli("build", env=env)
+    cp = run_cli("build", env=env)
     assert cp.returncode == 2
     assert "required tool 'packer' not found" in cp.stderr and "apt-get install packer" in cp.stderr
 
@@ -171,17 +160,17 @@ def test_build_refuses_non_root(monkeypatch):
 def test_cli_bad_var_file_reported(tmp_path):
     f = tmp_path / "x.pkrvars.hcl"
     f.write_text("image_name = \n")
-    cp = _cli("validate", "--target", "local", "--var-file", str(f))
+    cp = run_cli("validate", "--target", "local", "--var-file", str(f))
     assert cp.returncode == 2 and f"{f}:1:" in cp.stderr
 
 
 def test_cli_render_prints_template():
-    cp = _cli("render", "--target", "local")
+    cp = run_cli("render", "--target", "local")
     assert cp.returncode == 0 and 'source "null" "sandbox"' in cp.stdout
 
 
 def test_cli_versions_show_json():
-    cp = _cli("versions", "show", "--json")
+    cp = run_cli("versions", "show", "--json")
     rows = json.loads(cp.stdout)
     assert {r["artifact"] for r in rows} == {
         "enroot_deb",
@@ -212,7 +201,7 @@ def test_aws_credentials_detection(tmp_path):
 def test_amazon_build_without_credentials_names_the_fix(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["HOME"] = str(tmp_path)
-    cp = _cli("build", "--target", "amazon-ebs", env=env)
+    cp = run_cli("build", "--target", "amazon-ebs", env=env)
     assert cp.returncode == 2 and "needs AWS credentials" in cp.stderr
 
 

@@ -23,10 +23,10 @@ from nodeforge.bootstrap.paths import Paths
 from nodeforge.errors import NodeforgeError
 from tests.conftest import make_keypair
 from tests.helpers import QuietHandler, http_server
+from tests.unit.support import MUNGE_KEY as KEY
 
 pytestmark = pytest.mark.unit
 
-KEY = base64.b64encode(b"k" * 64).decode()
 SHA = "a" * 64
 
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import json
 
 import pytest
 
 from nodeforge.cli import main
+from tests.unit.support import MUNGE_KEY as KEY
 
 pytestmark = pytest.mark.unit
 
-KEY = base64.b64encode(b"k" * 64).decode()
 NODE = (
     "role: compute\ncluster_name: demo\ncontroller: {host: ctl, address: 10.9.0.2}\n"
     f"munge_key: {KEY}\nfeatures: [gpu]\n"

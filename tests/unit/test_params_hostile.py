@@ -28,10 +28,9 @@ from nodeforge.bootstrap.state import State
 from nodeforge.bootstrap.status import as_text
 from nodeforge.errors import NodeforgeError
 from tests.helpers import http_server, routes_handler
+from tests.unit.support import MUNGE_KEY as KEY
 
 pytestmark = pytest.mark.unit
-
-KEY = base64.b64encode(b"k" * 64).decode()
 
 
 def base(**kw):

@@ -17,10 +17,10 @@ from nodeforge.bootstrap.params_sources import SourceConfig, load_params
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.errors import NodeforgeError
 from nodeforge.lab.imds import IMDS, Instance
+from tests.unit.support import MUNGE_KEY as MUNGE
 
 pytestmark = pytest.mark.unit
 
-MUNGE = "a2V5LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzLWxvbmctb2s="
 ADMIN = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKz0wGwRrZ6Oq2Zx9m1e8yq0kQ5rFJ1dJYqk7pL0aB1c admin@lab"
 USER_DATA = json.dumps(
     {

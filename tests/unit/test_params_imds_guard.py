@@ -10,14 +10,15 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
-from tests.unit.test_roles import ROLES_DIR, _ansible_render, _yaml
+from tests.unit.support import ROLES_DIR, ansible_render
 
 pytestmark = pytest.mark.unit
 
 
 def rules() -> str:
-    return _ansible_render(
+    return ansible_render(
         "node_agent", "imds-root-only.nft.j2", {"node_agent_imds_root_only": True}
     )
 
@@ -60,7 +61,7 @@ def test_ruleset_passes_nft_check():
 
 
 def test_unit_loads_rules_before_network_and_agent():
-    unit = _ansible_render("node_agent", "nodeforge-imds-guard.service.j2")
+    unit = ansible_render("node_agent", "nodeforge-imds-guard.service.j2")
     assert "ExecStart=/usr/sbin/nft -f /etc/nodeforge/imds-root-only.nft" in unit
     assert re.search(r"^Before=network-pre\.target nodeforge-init\.service", unit, re.MULTILINE)
     assert "RequiredBy=nodeforge-init.service" in unit and "DefaultDependencies=no" in unit
@@ -69,7 +70,7 @@ def test_unit_loads_rules_before_network_and_agent():
 def test_option_off_by_default_and_path_matches_agent():
     from nodeforge.bootstrap.params_sources import IMDS_GUARD_RULES
 
-    d = _yaml(ROLES_DIR / "node_agent/defaults/main.yml")
+    d = yaml.safe_load((ROLES_DIR / "node_agent/defaults/main.yml").read_text())
     assert d["node_agent_imds_root_only"] is False
     assert d["node_agent_imds_rules"] == str(IMDS_GUARD_RULES)
     tasks = (ROLES_DIR / "node_agent/tasks/install.yml").read_text()

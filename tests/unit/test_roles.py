@@ -20,7 +20,6 @@ import yaml
 from nodeforge import slurm as slurm_facts
 
 REPO = Path(__file__).resolve().parents[2]
-ROLES_DIR = REPO / "roles"
 SITE = REPO / "images" / "site.yml"
 ROLE_ORDER = [
     "base",
@@ -47,6 +46,7 @@ DRIVER_VARS = [
 
 sys.path.insert(0, str(REPO))
 from tests.fixtures.mirror import make_mirror
+from tests.unit.support import ROLES_DIR, ansible_render
 
 
 def _yaml(path: Path):
@@ -328,30 +328,6 @@ def test_slurmdbd_conf_template():
     assert "0600" in (ROLES_DIR / "accounting/templates/slurmdbd.conf.j2").read_text()
 
 
-def _ansible_render(role: str, template: str, extra: dict | None = None) -> str:
-    """Render a bake-time template the way Ansible does, with the role's defaults."""
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar, trust_as_template
-
-    loader = DataLoader()
-
-    def trust(v):  # role defaults are templates themselves (e.g. paths built from others)
-        if isinstance(v, str):
-            return trust_as_template(v)
-        if isinstance(v, list):
-            return [trust(x) for x in v]
-        if isinstance(v, dict):
-            return {k: trust(x) for k, x in v.items()}
-        return v
-
-    variables = trust(_yaml(ROLES_DIR / role / "defaults/main.yml") or {})
-    variables.update(extra or {})
-    variables.setdefault("ansible_managed", "Ansible managed")
-    templar = Templar(loader=loader, variables=variables)
-    source = (ROLES_DIR / role / "templates" / template).read_text()
-    return templar.template(trust_as_template(source))
-
-
 @pytest.mark.unit
 def test_bake_templates_render_with_defaults():
     facts = {"ansible_facts": {"architecture": "x86_64"}}
@@ -368,7 +344,7 @@ def test_bake_templates_render_with_defaults():
         ("logrotate", "nodeforge.j2"): None,
         ("node_agent", "nodeforge-init.service.j2"): None,
     }
-    rendered = {k: _ansible_render(k[0], k[1], v) for k, v in out.items()}
+    rendered = {k: ansible_render(k[0], k[1], v) for k, v in out.items()}
     for text in rendered.values():
         assert "{{" not in text and "{%" not in text
     daemon = json.loads(rendered[("docker", "daemon.json.j2")])

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from nodeforge.lab import verify
 from nodeforge.lab.verify import CheckResult, HostSpecError, parse_host_spec, parse_host_specs
+from tests.unit.support import run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -235,13 +236,8 @@ def test_any_spec_text_parses_or_is_a_spec_error(text):
 
 
 def test_vm_spec_without_a_built_image_fails_before_booting(tmp_path):
-    import subprocess
-    import sys
 
-    cp = subprocess.run(
-        [sys.executable, "-m", "nodeforge", "verify", "--hosts", f"vm://{tmp_path}?role=compute"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    cp = run_cli("verify", "--hosts", f"vm://{tmp_path}?role=compute")
     assert cp.returncode == 2, cp.stderr
     assert f"{tmp_path} has no manifest.json or disk.qcow2" in cp.stderr
     assert "Traceback" not in cp.stderr

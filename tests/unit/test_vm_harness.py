@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from nodeforge.errors import CommandError, NodeforgeError
 from nodeforge.lab import vm as vmmod
 from tests.helpers import process_running
+from tests.unit.support import fake_vm_runner
 
 pytestmark = pytest.mark.unit
 
@@ -153,21 +154,6 @@ def test_cmdline_params_reject_mappings_and_spaces():
     ]
 
 
-def fake_runner(argv, **kw):
-    """proc.run for the VM harness without qemu-img / ssh-keygen (fake overlay and key)."""
-    if Path(argv[0]).name == "qemu-img":
-        Path(argv[-1]).write_bytes(b"overlay")
-        return None
-    if argv[0] == "ssh-keygen":
-        k = Path(argv[argv.index("-f") + 1])
-        k.write_text("priv")
-        k.with_suffix(".pub").write_text("ssh-ed25519 AAAA fake\n")
-        return None
-    from nodeforge import proc
-
-    return proc.run(argv, **kw)
-
-
 FAKE_QEMU = r"""#!PYTHON
 # Fake qemu: prints a few console lines to -serial file:, daemonizes like qemu and hangs.
 import os, sys, time
@@ -212,7 +198,7 @@ def test_boot_timeout_reports_console_tail_and_wait(tmp_path, monkeypatch):
         qemu=str(fake),
         keep=True,
     )
-    v = vmmod.VM(cfg, runner=fake_runner)
+    v = vmmod.VM(cfg, runner=fake_vm_runner)
     t = time.monotonic()
     with pytest.raises(vmmod.BootTimeout) as ei, v:
         v.wait_ssh()
@@ -229,10 +215,10 @@ import sys
 from pathlib import Path
 sys.path.insert(0, REPO)
 from nodeforge.lab import vm as vmmod
-from tests.unit.test_vm_harness import fake_runner
+from tests.unit.support import fake_vm_runner
 
 cfg = vmmod.VMConfig(image_dir=Path(IMG), workdir=Path(WORK), accel="tcg", qemu=QEMU, keep=True)
-v = vmmod.VM(cfg, runner=fake_runner)
+v = vmmod.VM(cfg, runner=fake_vm_runner)
 v.start()
 print(v.pid, flush=True)
 import time
