@@ -264,13 +264,18 @@ class Agent:
             # hooks get the PATH of the root-only private key, never the key itself
             public["users_keypair_file"] = str(identity.users_keypair_paths(self.paths)[0])
         write_atomic(self.paths.params_json, json.dumps(public, indent=2) + "\n", 0o600)
-        return {
+        detail = {
             "source": self.loaded.source,
             "role": p.role,
             "node": self.node,
             "address": self.address,
             "metrics": metrics.apply(self.host, self.paths, p.metrics_listen, self.address),
         }
+        if p.gang is not None and p.role != "controller":
+            # validated (a shared params document fails everywhere), used by the controller
+            detail["gang"] = "ignored: only the controller runs the gang governor"
+            log.info("params: gang ignored on a %s (only the controller uses it)", p.role)
+        return detail
 
     def _refuse_local_broadcast(self) -> None:
         """A controller address that is the broadcast address of one of this node's subnets

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from nodeforge import redact, scalars
+from nodeforge import gang_config, redact, scalars
 from nodeforge.errors import NodeforgeError
 
 ROLES = ("controller", "compute", "login")
@@ -212,6 +212,9 @@ class Params:
     # node_exporter's listen address: "node:PORT" (this node's address), "*:PORT" (every
     # interface), "ADDR:PORT" / "[ADDR6]:PORT" (an IP of this node), or "off"
     metrics_listen: str = "node:9100"
+    # controller: the gang governor's config (gang.yaml's keys), as given and validated; the
+    # agent writes it to /etc/nodeforge/gang.yaml. None: that file is left as it is.
+    gang: dict[str, Any] | None = None
 
     def munge_key_bytes(self) -> bytes | None:
         if self.munge_key is None:
@@ -370,7 +373,7 @@ _TOP = {
     "gres", "gres_types", "cpus", "real_memory", "partitions", "max_node_count", "accounting", "docker", "hooks",
     "hook_timeout", "hook_retries", "hook_backoff", "hook_backoff_max", "wait_timeout",
     "users_keypair", "extra", "hook_output_max", "s3_endpoint_url", "s3_ca_bundle", "expected_gpus",
-    "health_interval", "metrics_listen",
+    "health_interval", "metrics_listen", "gang",
 }  # fmt: skip
 
 
@@ -490,7 +493,21 @@ def parse_params(data: Any, source: str) -> Params:
         kw["metrics_listen"] = _metrics_listen(v, d["metrics_listen"])
     if "extra" in d:
         kw["extra"] = dict(v.plain(v.mapping(d["extra"] or {}, "extra"), "extra"))
+    if d.get("gang") is not None:
+        kw["gang"] = _gang(v, d["gang"])
     return Params(**kw)
+
+
+def _gang(v: _V, raw: Any) -> dict[str, Any]:
+    """gang.yaml's keys, by gang.yaml's own rules (nodeforge/gang_config.py). Checked on every
+    role, so one params document shared by all roles (a HyperPod `nodeforge` section, a launch
+    template's user-data) fails on every node when it is wrong; only the controller uses it."""
+    d = v.mapping(raw, "gang")
+    try:
+        gang_config.from_dict(d, v.source, prefix="gang.")
+    except gang_config.ConfigError as exc:
+        raise ParamsError(str(exc)) from None
+    return d
 
 
 _LISTEN_RE = re.compile(

@@ -2,7 +2,9 @@
 
 1. file          /etc/nodeforge/node.yaml
 2. cmdline       nodeforge.* keys on the kernel command line (+ nodeforge.params=<url>)
-3. user-data     cloud-init's copy (/var/lib/cloud/instance/user-data.txt), else EC2 IMDSv2
+3. user-data     cloud-init's copy (/var/lib/cloud/instance/user-data.txt), else a seed device
+                 (OpenStack config drive `config-2`, NoCloud `cidata`: params_seed.py), else
+                 EC2 IMDSv2
 4. hyperpod      /opt/ml/config/resource_config.json + provisioning_parameters.json
 
 A source that is present but invalid is an error (it does not fall through to the next one):
@@ -33,6 +35,8 @@ from .private_read import UnsafeFileError, read_private
 if TYPE_CHECKING:
     from nodeforge import download
 
+    from .params_seed import SeedDevices
+
 log = logging.getLogger("nodeforge.params")
 
 IMDS_URL = "http://169.254.169.254"
@@ -42,7 +46,9 @@ IMDS_TOKEN_TTL = 21600
 @dataclass(frozen=True)
 class Loaded:
     params: Params
-    source: str  # "file:/etc/nodeforge/node.yaml", "cmdline", "imds", "cloud-init", "hyperpod"
+    # "file:/etc/nodeforge/node.yaml", "cmdline", "cloud-init", "config-drive", "nocloud",
+    # "imds", "hyperpod"
+    source: str
     # The instance's admin SSH keys (IMDS public-keys), read when params came from IMDS.
     ssh_keys: tuple[str, ...] = ()
 
@@ -55,6 +61,9 @@ class SourceConfig:
     own_addresses: Callable[[], Iterable[str]] | None = None  # for HyperPod self-lookup
     hostname: Callable[[], str] | None = None
     imds_guarded: Callable[[], bool] | None = None  # None: imds_guard_installed(paths)
+    # Seed devices (config drive, NoCloud). None: the machine's own (blkid, mount) when the
+    # paths are the machine's (root "/"), none under a re-rooted tree (tests, offline trees).
+    seed_devices: SeedDevices | None = None
 
 
 def load_params(cfg: SourceConfig) -> Loaded:
@@ -72,7 +81,8 @@ def load_params(cfg: SourceConfig) -> Loaded:
     raise NodeforgeError(
         "no node params found. Provide one of: "
         f"{p.node_yaml} (see docs/agent.md), nodeforge.role=... on the kernel command line, "
-        "EC2 user-data with a `nodeforge:` section, or HyperPod's "
+        "user-data with a `nodeforge:` section (cloud-init's copy, an OpenStack config drive "
+        "or NoCloud seed device, EC2's IMDSv2), or HyperPod's "
         f"{p.hyperpod_resource_config} + {p.hyperpod_provisioning_parameters}"
     )
 
@@ -427,6 +437,9 @@ def _from_user_data(cfg: SourceConfig) -> Loaded | None:
         section = _user_data_section(_read_capped(ci), str(ci), guarded)
         if section is not None:
             return Loaded(parse_params(section, f"{ci} nodeforge"), "cloud-init")
+    seeded = _from_seed(cfg, guarded)
+    if seeded is not None:
+        return seeded
     if not cfg.imds_url:
         return None
     session = ImdsSession.open(cfg.imds_url, cfg.imds_timeout)
@@ -441,6 +454,48 @@ def _from_user_data(cfg: SourceConfig) -> Loaded | None:
         return None
     params = parse_params(section, label + " nodeforge")
     return Loaded(params, "imds", imds_public_keys(session))
+
+
+# OpenStack serves the config drive's user-data from its metadata service as well, to every
+# local user unless the image blocks it (the IMDS guard covers 169.254.169.254).
+METADATA_EXPOSURE = (
+    "OpenStack's metadata service serves the same user-data to every local user (enable the "
+    "image's node_agent_imds_root_only to block that)"
+)
+
+
+def _from_seed(cfg: SourceConfig, guarded: bool) -> Loaded | None:
+    """User-data from a seed device (params_seed.py). Two seeds are an error: which one the
+    platform meant is not ours to guess."""
+    devices = cfg.seed_devices
+    if devices is None:
+        if cfg.paths.root != Path("/"):
+            return None
+        from .params_seed import SeedDevices
+
+        devices = SeedDevices(workdir=cfg.paths.run_dir)
+    seeds = devices.find()
+    if not seeds:
+        return None
+    if len(seeds) > 1:
+        raise ParamsError(
+            "seed devices: more than one ("
+            + ", ".join(f"{s.device} {s.kind}" for s in seeds)
+            + "); attach one config drive or NoCloud seed"
+        )
+    seed = seeds[0]
+    text = devices.read(seed)
+    if text is None:
+        return None
+    section = params_from_user_data(text, seed.label)
+    if section is None:
+        return None
+    exposed = devices.device_exposure(seed.device)
+    if exposed is None and seed.kind == "config-drive" and not guarded:
+        exposed = METADATA_EXPOSURE
+    if exposed is not None:
+        refuse_secrets(section, seed.label, exposed)
+    return Loaded(parse_params(section, f"{seed.label} nodeforge"), seed.kind)
 
 
 def _read_capped(path: Path) -> str:

@@ -35,6 +35,8 @@ class Paths:
     # node_exporter's arguments from params (role metrics: its unit reads this file, and does
     # not start without it)
     metrics_env: Path = Path("/etc/nodeforge/metrics.env")
+    # controller: the gang governor's config, written from params `gang` when they have it
+    gang_yaml: Path = Path("/etc/nodeforge/gang.yaml")
     run_dir: Path = Path("/run/nodeforge")
     # The agent's health pass, for slurmd's start-up HealthCheckProgram run (health.py, stamp).
     health_stamp: Path = Path("/run/nodeforge/health/passed")

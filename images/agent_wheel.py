@@ -34,6 +34,7 @@ NODE_CORE = (
     "download.py",
     "errors.py",
     "fsutil.py",
+    "gang_config.py",
     "proc.py",
     "redact.py",
     "scalars.py",

@@ -137,13 +137,38 @@ def run(ctx: RoleContext) -> dict:
         ),
         2,
     )
+    changed = write_gang_yaml(ctx)
+    if changed is not None:
+        detail["gang_yaml"] = "written" if changed else "unchanged"
     if paths.unit_exists(GANG_UNIT):
+        if changed:
+            # a governor already running (`node init` run again by hand) reads the new file;
+            # a stopped one is left stopped (try-restart), and starts below or after us
+            h.systemctl("try-restart", "--no-block", GANG_UNIT)
         # --no-block: the gang unit is ordered After=nodeforge-init.service, i.e. after us
         h.systemctl("enable", "--now", "--no-block", GANG_UNIT)
         detail["gang"] = "enabled"
     else:
         detail["gang"] = f"{GANG_UNIT} not installed"
     return detail
+
+
+def write_gang_yaml(ctx: RoleContext) -> bool | None:
+    """Params `gang` -> /etc/nodeforge/gang.yaml (atomic, 0644: no secrets in it). The keys
+    were validated at the params step by gang.yaml's own parser; they are written as given, so
+    a default the operator did not set stays the governor's default. Returns whether the file
+    changed, or None when params have no `gang` (an existing file is then left as it is)."""
+    import yaml
+
+    gang = ctx.params.gang
+    if gang is None:
+        return None
+    text = (
+        "# Written by `nodeforge node init` from the node params' `gang` section; it is\n"
+        "# rewritten at every boot: change the params, not this file (docs/gang.md).\n"
+        + yaml.safe_dump(gang, sort_keys=False, default_flow_style=False)
+    )
+    return write_atomic(ctx.paths.gang_yaml, text, 0o644)
 
 
 def _checked(context: dict) -> dict:

@@ -276,3 +276,21 @@ def test_params_table_lists_every_key_once():
         f"undocumented keys: {sorted(set(params._TOP) - set(named))}; "
         f"documented but unknown: {sorted(set(named) - set(params._TOP))}"
     )
+
+
+def test_sinfo_reason_commands_show_the_whole_reason():
+    """`sinfo -R` prints REASON in 20 characters: `nodeforge: hook 20-s`. Every `sinfo -R` the
+    docs tell a user to run widens it (`-o '%100E …'`, at least 60)."""
+    cmds = []
+    for f in DOCS:
+        for tok in _md().parse(f.read_text()):
+            if tok.type != "fence" or tok.info.strip().split(" ")[0] not in SHELL_FENCES:
+                continue
+            cmds += [(f, ln) for ln in tok.content.splitlines() if re.search(r"\bsinfo -R\b", ln)]
+    assert cmds, "the docs show no sinfo -R command: this test checks nothing"
+    narrow = [
+        f"{f.relative_to(REPO)}: {ln.strip()}"
+        for f, ln in cmds
+        if not any(int(w) >= 60 for w in re.findall(r"%(\d+)E", ln))
+    ]
+    assert not narrow, "\n".join(narrow)
