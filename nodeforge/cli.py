@@ -78,8 +78,19 @@ def light_module(argv: list[str]) -> str | None:
     return None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, less one bug: `--opt=--` (or `-o--`) gives a one-value option the list `[]`
+    without calling its type (CPython strips the `--` first), which no command expects and
+    which crashed `versions lock --arch=--`. Subparsers inherit this class."""
+
+    def _get_values(self, action, arg_strings):
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one value, got '--'")
+        return super()._get_values(action, arg_strings)
+
+
 def build_parser(modules: tuple[str, ...] = _CLI_MODULES) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nodeforge",
         description="Bake sealed Slurm node images and bootstrap the nodes that boot from them.",
     )

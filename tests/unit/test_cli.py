@@ -322,3 +322,26 @@ def test_light_parser_usage_errors_match_the_full_parser(argv, tmp_path, capsys)
     light = run_cli(*argv, cwd=tmp_path)  # the real command: light dispatch
     assert (light.returncode, light.stderr) == (full.value.code, expected) == (2, expected)
     assert expected.startswith("usage: nodeforge")
+
+
+def _one_value_options(parser: argparse.ArgumentParser, path: list[str]):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _one_value_options(sub, [*path, name])
+        elif action.option_strings and action.nargs is None:
+            yield path, action.option_strings[-1]
+
+
+def test_every_one_value_option_refuses_a_bare_double_dash(capsys):
+    """`--opt=--` gave the option `[]` (argparse strips the `--`) and `versions lock --arch=--`
+    crashed with a TypeError: every one-value option of every command is a usage error now."""
+    cases = list(_one_value_options(cli.build_parser(), []))
+    assert len(cases) > 50  # the walk reached the subcommands' options
+    for path, opt in cases:
+        with pytest.raises(SystemExit) as exc:
+            cli.main([*path, f"{opt}=--"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2, (path, opt, err)
+        assert f"{opt}: expected one value, got '--'" in err, (path, opt, err)
+        assert "Traceback" not in err
