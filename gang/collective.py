@@ -240,6 +240,8 @@ def _connect_mesh(plan: Plan, listener: socket.socket) -> dict[int, socket.socke
                 s = socket.socket(_family(plan.addrs[j]), socket.SOCK_STREAM)
                 s.settimeout(min(_left(plan.deadline), 5.0))
                 try:
+                    # from our own allocation address: what the peer checks us by
+                    s.bind((plan.addrs[plan.rank], 0))
                     s.connect((plan.addrs[j], plan.ports[j]))
                     break
                 except (ConnectionRefusedError, TimeoutError, OSError):
@@ -340,7 +342,7 @@ def _exchange(
         except BaseException as exc:  # reported by the caller
             err.append(exc)
 
-    t = threading.Thread(target=send, daemon=True)
+    t = threading.Thread(target=send, name=f"{threading.current_thread().name}-send", daemon=True)
     t.start()
     kind, length = _header(frm, plan.deadline, cap)
     if kind != DATA:

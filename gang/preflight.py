@@ -111,12 +111,15 @@ def read_result(output: str, hosts: Sequence[str]) -> collective.Verdict:
         raise PreflightFailed(f"expected one preflight result line, got {len(lines)}")
     try:
         d = json.loads(lines[0][len(collective.RESULT_PREFIX) :])
+        slow = d["slow"]
+        if not isinstance(slow, list) or not all(isinstance(n, str) for n in slow):
+            raise TypeError
         nodes = tuple(
             collective.NodeFigure(
                 str(n["node"]),
                 float(n["latency_ms"]) if n["latency_ms"] is not None else math.inf,
                 float(n["bandwidth_mbps"]) if n["bandwidth_mbps"] is not None else math.inf,
-                bool(n["why"]),
+                n["node"] in slow,
                 str(n["why"]),
             )
             for n in d["nodes"]
@@ -124,7 +127,7 @@ def read_result(output: str, hosts: Sequence[str]) -> collective.Verdict:
         transport = str(d["transport"])
     except (ValueError, KeyError, TypeError):
         raise PreflightFailed("the preflight result line is malformed") from None
-    if sorted(n.node for n in nodes) != sorted(hosts):
+    if sorted(n.node for n in nodes) != sorted(hosts) or not set(slow) <= set(hosts):
         raise PreflightFailed("the preflight result does not name exactly the job's nodes")
     return collective.Verdict(nodes, transport)
 
