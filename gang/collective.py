@@ -153,9 +153,22 @@ def _finite(x: float) -> float | None:
     return round(x, 3) if math.isfinite(x) else None  # one node has no link: no figure
 
 
+def _base(nbytes: int) -> bytes:
+    return hashlib.shake_256(b"nfg-preflight").digest(nbytes)
+
+
+def _tile(word: bytes, nbytes: int) -> bytes:
+    return (word * (nbytes // len(word) + 1))[:nbytes]
+
+
+def _word(rank: int) -> bytes:
+    return hashlib.shake_256(b"nfg-preflight-%d" % rank).digest(8)
+
+
 def vector(rank: int, nbytes: int) -> bytes:
-    """Rank's all-reduce input: deterministic, so every rank can check the result."""
-    return hashlib.shake_256(b"nfg-preflight-%d" % rank).digest(nbytes)
+    """Rank's all-reduce input: a common random buffer XOR a rank word repeated, so that
+    every rank can compute the expected XOR of all inputs in O(bytes), not O(n x bytes)."""
+    return xor(_base(nbytes), _tile(_word(rank), nbytes))
 
 
 def xor(a: bytes, b: bytes) -> bytes:
@@ -163,10 +176,11 @@ def xor(a: bytes, b: bytes) -> bytes:
 
 
 def expected(size: int, nbytes: int) -> bytes:
-    acc = bytes(nbytes)
+    acc = bytes(8)
     for r in range(size):
-        acc = xor(acc, vector(r, nbytes))
-    return acc
+        acc = xor(acc, _word(r))
+    tiled = _tile(acc, nbytes)
+    return xor(_base(nbytes), tiled) if size % 2 else tiled
 
 
 def chunks(nbytes: int, size: int) -> list[tuple[int, int]]:
@@ -400,6 +414,7 @@ def participate(plan: Plan, listener: socket.socket | None = None) -> Verdict | 
     the check cannot complete within the deadline (the caller: not ready)."""
     if not 0 <= plan.rank < plan.size <= MAX_NODES or not 0 < plan.nbytes <= MAX_BYTES:
         raise PreflightError(f"bad plan: rank {plan.rank} of {plan.size}, {plan.nbytes} bytes")
+    _enough_files(plan.size)
     own = listener is None
     if listener is None:
         listener = socket.socket(_family(plan.addrs[plan.rank]), socket.SOCK_STREAM)
@@ -449,6 +464,20 @@ def participate(plan: Plan, listener: socket.socket | None = None) -> Verdict | 
             s.close()
         if own:
             listener.close()
+
+
+def _enough_files(size: int) -> None:
+    """The full mesh holds size-1 sockets: raise the soft open-files limit if it is short."""
+    import resource
+
+    need = size + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise PreflightError(
+                f"{size} nodes need {need} open files, the hard limit is {hard} (ulimit -Hn)"
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 # thresholds are applied by the caller's judge(); participate() returns raw figures
