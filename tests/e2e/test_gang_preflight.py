@@ -52,7 +52,7 @@ SCRIPT = (
 
 
 def _copy_checkout(root: Path) -> None:
-    """This checkout's package (its .py files, in the installed layout) under *root*."""
+    """This checkout's package (code and package data, in the installed layout) under *root*."""
     pkg = root / "nodeforge"
     if pkg.exists():
         shutil.rmtree(pkg)
@@ -62,7 +62,12 @@ def _copy_checkout(root: Path) -> None:
             REPO / src,
             dst,
             ignore=lambda d, names: (
-                [n for n in names if not n.endswith(".py") and not (Path(d) / n).is_dir()]
+                [
+                    n
+                    for n in names
+                    if not n.endswith((".py", ".json", ".yaml", ".yml", ".j2"))
+                    and not (Path(d) / n).is_dir()
+                ]
                 + ["__pycache__", "tests", "roles"]
             ),
             dirs_exist_ok=True,
