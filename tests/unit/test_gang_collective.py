@@ -441,3 +441,45 @@ def test_slow_nodes_not_struck_without_collective_mode():
     st, _ = decide(c, GovState(), _snap(j), T0 + 1)
     st, acts = decide(c, st, _snap(j), T0 + 10)
     assert not [a for a in acts if a.kind == "strike"]
+
+
+def test_participants_as_processes_through_the_cli(tmp_path):
+    """`nodeforge gang ready --local` with probe.mode collective, one process per rank (what
+    srun starts), each on its own loopback address: rank 0 prints the one result line."""
+    import os
+    import subprocess
+    import sys
+
+    port = _ports(1)[0]
+    cfgfile = tmp_path / "gang.yaml"
+    cfgfile.write_text(
+        f"probe:\n  mode: collective\n  port: {port}\n  bytes: 64KiB\n  timeout: 20\n"
+        "  min_bandwidth_mb_s: 1\n  max_latency_ms: 500\n"
+    )
+    hosts = ["gn1", "gn2", "gn3"]
+    peers = ",".join(f"{h}=127.0.0.{i + 1}" for i, h in enumerate(hosts))
+    procs = []
+    for r, h in enumerate(hosts):
+        env = {
+            **os.environ,
+            pf.ENV_PEERS: peers,
+            pf.ENV_DEADLINE: str(time.time() + 20),
+            pf.ENV_JOB: "33",
+            "SLURM_NODEID": str(r),
+            "SLURMD_NODENAME": h,
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "nodeforge.cli", "gang", "ready", "--local"]
+                + ["--config", str(cfgfile)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=40)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    v = pf.read_result(outs[0], hosts)
+    assert v.slow == () and v.transport == "tcp"
+    assert all(col.RESULT_PREFIX not in o for o in outs[1:])
