@@ -275,7 +275,9 @@ def _connect_mesh(plan: Plan, listener: socket.socket) -> dict[int, socket.socke
                     "never connected"
                 ) from None
             try:
-                kind, body = _frame(s, plan.deadline, HELLO_BODY.size)
+                # a connection that says nothing holds the accept loop 5 s at most
+                hello_by = min(plan.deadline, time.monotonic() + 5)
+                kind, body = _frame(s, hello_by, HELLO_BODY.size)
                 job, rank, size = (
                     HELLO_BODY.unpack(body) if len(body) == HELLO_BODY.size else (0,) * 3
                 )
