@@ -138,6 +138,7 @@ def test_slow_node_is_named_not_ready_and_struck(lab, gov):  # noqa: F811 (the f
     finally:
         _slow(lab, "gn2", False)
     out = _output(lab, j)
+    print(f"job {j} output (slow gn2):\n{out}")  # what the user sees (pytest -s)
     assert "TCP check used" not in out  # transport: tcp was asked for
     assert "NOT ready: below threshold: gn2" in out, out
     # the note at once, naming the node; at the timeout one strike, for gn2 only
@@ -162,6 +163,7 @@ def test_without_slow_node_the_gang_becomes_ready(lab, gov):  # noqa: F811 (the 
         show,
     )
     out = _output(lab, j)
+    print(f"job {j} output:\n{out}")
     assert "marked nfg-ready=0" in out, out
     for n in NODES:
         assert any(line.startswith(n) and line.endswith("ok") for line in out.splitlines()), out
