@@ -87,6 +87,9 @@ def lab(built_image):
             _copy_checkout(root / "py")
             (root / "pf").mkdir(exist_ok=True)
             (root / "pf" / "gang.yaml").write_text(yaml.safe_dump({"probe": PROBE}))
+            # a short probe.timeout for the case where the check cannot complete
+            short = {**PROBE, "timeout": 8}
+            (root / "pf" / "short.yaml").write_text(yaml.safe_dump({"probe": short}))
             (root / "pf").chmod(0o755)
         yield lab
     finally:
@@ -169,3 +172,40 @@ def test_without_slow_node_the_gang_becomes_ready(lab, gov):  # noqa: F811 (the 
         assert any(line.startswith(n) and line.endswith("ok") for line in out.splitlines()), out
     assert "nfg-ready=0" in lab.job(j).get("Comment", "")
     assert not g.events(j, "strike") and not g.events(j, "requeue")
+
+
+def test_a_check_that_cannot_complete_is_bounded_and_not_ready(lab, gov):  # noqa: F811
+    """gn1 (rank 0, the rendezvous) drops the probe port: no participant can finish. Every
+    one stops at probe.timeout (8 s), `gang ready` says so, the job is not marked, no node is
+    named or struck (nothing says which one is at fault), and the governor requeues it at its
+    own timeout as any unready gang."""
+    require_tools("nft")
+    g = _gov(gov)
+    ns = _netns(lab, "gn1")
+    rules = (
+        "table inet nfpf { chain in { type filter hook input priority 0; "
+        f"tcp dport {gcfg_port()} drop; }} }}"
+    )
+    proc.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, timeout=10)
+    try:
+        script = SCRIPT.replace("pf/gang.yaml", "pf/short.yaml")
+        j = lab.sbatch("-N3", "-w", ",".join(NODES), script=script)
+        show = lambda: (_output(lab, j), g.events(j))  # noqa: E731
+        wait_for(lambda: "did not complete" in _output(lab, j), 40, "gang ready gives up", show)
+        wait_for(lambda: g.events(j, "requeue"), 40, "the requeue at the timeout", show)
+    finally:
+        proc.run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "nfpf"], check=False)
+    out = _output(lab, j)
+    print(f"job {j} output (gn1 drops the port):\n{out}")
+    assert "within probe.timeout (8s)" in out and "job not marked ready" in out, out
+    assert "never connected" in out, out
+    comment = lab.job(j).get("Comment", "")
+    assert "nfg-ready" not in comment and "nfg-slow" not in comment, comment
+    assert not g.events(j, "strike")
+    assert not [e for e in g.events(j, "note") if e["reason"] in ("PodsReady", "PreflightSlow")]
+
+
+def gcfg_port() -> int:
+    from nodeforge.gang.config import Probe
+
+    return Probe().port
