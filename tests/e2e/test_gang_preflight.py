@@ -183,8 +183,8 @@ def test_a_check_that_cannot_complete_is_bounded_and_not_ready(lab, gov):  # noq
     g = _gov(gov)
     ns = _netns(lab, "gn1")
     rules = (
-        "table inet nfpf { chain in { type filter hook input priority 0; "
-        f"tcp dport {gcfg_port()} drop; }} }}"
+        "table inet nfpf {\n  chain in {\n    type filter hook input priority 0;\n"
+        f"    tcp dport {gcfg_port()} drop\n  }}\n}}\n"
     )
     proc.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, timeout=10)
     try:
