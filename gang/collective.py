@@ -258,9 +258,14 @@ def _connect_mesh(plan: Plan, listener: socket.socket) -> dict[int, socket.socke
                     s.bind((plan.addrs[plan.rank], 0))
                     s.connect((plan.addrs[j], plan.ports[j]))
                     break
-                except (ConnectionRefusedError, TimeoutError, OSError):
+                except OSError as exc:  # refused (not listening yet), timed out, ...
                     s.close()
-                    time.sleep(min(0.1, _left(plan.deadline)))
+                    if plan.deadline - time.monotonic() <= 0.1:
+                        raise PreflightError(
+                            f"cannot reach rank {j} ({plan.hosts[j]} at {plan.addrs[j]}:"
+                            f"{plan.ports[j]}) before probe.timeout: {exc.strerror or exc}"
+                        ) from None
+                    time.sleep(0.1)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peers[j] = s
             _send(s, HELLO, hello, plan.deadline)

@@ -159,6 +159,9 @@ def test_a_missing_participant_fails_within_the_deadline_naming_it():
     assert time.monotonic() - t0 < 5
     assert isinstance(out[0], col.PreflightError) and "n2" in str(out[0])
     assert isinstance(out[1], col.PreflightError)
+    # a rank that cannot reach a lower rank names it
+    out = _run(2, secs=1.0, ranks=[1])
+    assert isinstance(out[1], col.PreflightError) and "cannot reach rank 0 (n0" in str(out[1])
 
 
 def test_connections_from_elsewhere_are_dropped():
