@@ -147,7 +147,7 @@ def _ready(args) -> int:
     from nodeforge import proc
     from nodeforge.errors import NodeforgeError
 
-    from .readiness import READY_MARK, ready_marker
+    from .readiness import ready_marker
     from .slurm import SlurmCli
 
     cfg = _load(args.config)
@@ -159,6 +159,12 @@ def _ready(args) -> int:
                 timeout=timeout,
                 hint=f"probe.command in {args.config} failed on {os.uname().nodename}",
             )
+        if cfg.probe.mode == "collective":
+            from . import preflight
+
+            line = preflight.participate(cfg.probe)
+            if line is not None:
+                print(line, flush=True)
         return 0
     raw_id = os.environ.get("SLURM_JOB_ID", "")
     if not raw_id:
@@ -188,16 +194,115 @@ def _ready(args) -> int:
         "--config",
         args.config,
     ]
-    proc.run(cmd, timeout=timeout, hint="the gang readiness probe failed on a node")
     slurm = SlurmCli(timeout=cfg.command_timeout)
+    if cfg.probe.mode == "collective":
+        return _ready_collective(args, cfg, slurm, job_id, cmd)
+    proc.run(cmd, timeout=timeout, hint="the gang readiness probe failed on a node")
+    job = _own_job(slurm, job_id)
+    _mark(slurm, job, ready_marker(job.restarts))
+    print(f"gang ready: job {job_id} ({nnodes} nodes) marked {ready_marker(job.restarts)}")
+    return 0
+
+
+def _own_job(slurm, job_id: int):
+    from nodeforge.errors import NodeforgeError
+
     job = slurm.show_job(job_id)
     if job is None:
         raise NodeforgeError(f"job {job_id} not found by scontrol; cannot record readiness")
     if not job.address:
         raise NodeforgeError(f"job {job_id}: Slurm's record names no single job; not marked")
-    toks = [t for t in job.comment.split() if not t.startswith(READY_MARK)]
+    return job
+
+
+def _mark(slurm, job, token: str) -> None:
+    """Replace our readiness tokens in the job's Comment with *token*."""
+    from .readiness import READY_MARK, SLOW_MARK
+
+    toks = [t for t in job.comment.split() if not t.startswith((READY_MARK, SLOW_MARK))]
     # (by the job's address: for the array task that carries the array's id, JobId=<id>
     # would mark every task of the array ready)
-    slurm.set_comment(job.address, " ".join(toks + [ready_marker(job.restarts)]))
-    print(f"gang ready: job {job_id} ({nnodes} nodes) marked {ready_marker(job.restarts)}")
+    slurm.set_comment(job.address, " ".join([*toks, token]))
+
+
+def _ready_collective(args, cfg, slurm, job_id: int, cmd: list[str]) -> int:
+    """Every node up: the all-reduce across exactly the job's nodes (Slurm's record of
+    them), then the verdict in the Comment. Exit 0 only when the job was marked ready."""
+    from nodeforge import proc
+
+    from . import preflight
+    from .readiness import ready_marker, slow_marker
+
+    probe = cfg.probe
+    job = _own_job(slurm, job_id)
+    hosts = list(job.nodes)
+    started = time.monotonic()
+    if probe.transport == "auto" and preflight.nccl_available():
+        nccl = _nccl(probe, len(hosts))
+        if nccl is not None and nccl >= probe.min_bandwidth_mb_s:
+            _mark(slurm, job, ready_marker(job.restarts))
+            print(f"gang ready: NCCL all_reduce_perf bus bandwidth {nccl:.0f} MB/s: marked ready")
+            return 0
+        print("gang ready: NCCL all-reduce below threshold or failed; the TCP check names nodes")
+    elif probe.transport == "auto":
+        print("gang ready: NCCL all_reduce_perf not installed (or no GPU): TCP check used")
+    shown = proc.run(
+        [*slurm.prefix, "scontrol", "-o", "show", "node", ",".join(hosts)],
+        timeout=cfg.command_timeout,
+        env=slurm.env,
+        hint="scontrol show node (the job's node addresses) failed",
+    ).stdout
+    addrs = preflight.node_addresses(shown, hosts)
+    left = max(1.0, probe.timeout - (time.monotonic() - started))
+    env = {
+        preflight.ENV_PEERS: preflight.encode_peers(addrs),
+        preflight.ENV_DEADLINE: f"{time.time() + left:.3f}",
+        preflight.ENV_JOB: str(job_id),
+    }
+    # srun passes our environment on to every task; the participants stop at the deadline,
+    # srun is given a little more to collect them
+    cp = proc.run(cmd, timeout=left + 10, env=env, check=False)
+    out = cp.stdout or ""
+    try:
+        verdict = preflight.read_result(out, hosts)
+    except preflight.PreflightFailed as exc:
+        tail = "\n".join(out.strip().splitlines()[-10:])
+        raise preflight.PreflightFailed(
+            f"collective preflight of job {job_id} did not complete within probe.timeout "
+            f"({probe.timeout:g}s): {exc}; job not marked ready\n{tail}"
+        ) from None
+    print(preflight.table(verdict))
+    slow = [n for n in verdict.slow if n in hosts]
+    if slow:
+        _mark(slurm, job, slow_marker(job.restarts, slow))
+        print(f"gang ready: job {job_id} NOT ready: below threshold: {', '.join(slow)}")
+        return 1
+    _mark(slurm, job, ready_marker(job.restarts))
+    print(f"gang ready: job {job_id} ({len(hosts)} nodes) marked {ready_marker(job.restarts)}")
     return 0
+
+
+def _nccl(probe, nodes: int) -> float | None:
+    """NCCL's all-reduce across the job (one task per node, as the TCP check): its bus
+    bandwidth in MB/s, or None when it did not run or printed no figure."""
+    from nodeforge import proc
+
+    from . import preflight
+
+    cp = proc.run(
+        [
+            "srun",
+            f"--nodes={nodes}",
+            "--ntasks-per-node=1",
+            f"--ntasks={nodes}",
+            "--kill-on-bad-exit=1",
+            "all_reduce_perf",
+            "-b",
+            str(probe.bytes),
+            "-e",
+            str(probe.bytes),
+        ],
+        timeout=probe.timeout,
+        check=False,
+    )
+    return preflight.nccl_busbw(cp.stdout or "") if cp.returncode == 0 else None

@@ -677,6 +677,9 @@ def _wait_for_ready(c: _Cycle, rec: GangRecord, job: JobObs, start: float) -> No
     elif c.now >= deadline:
         _evict(c, rec, job, REASON_TIMEOUT, CAUSE_START, c.now - start, deadline)
     else:
+        if why != rec.why and why.startswith(readiness.PREFLIGHT_SLOW):
+            # at once, so the owner sees which node; the strike waits for the timeout
+            c.act(ActionKind.NOTE, rec, job, "PreflightSlow", why)
         rec.why = why
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from .slurm import JobObs
@@ -29,6 +30,13 @@ LOSS_FLAGS = ("DOWN", "NOT_RESPONDING", "FAIL")
 # its flags differ in these (or it appeared or went), so a drain alone re-decides no job.
 READ_FLAGS = frozenset(NODE_DOWN_FLAGS) | frozenset(BAD_NODE_FLAGS) | frozenset(LOSS_FLAGS)
 READY_MARK = "nfg-ready="
+# `nodeforge gang ready` with probe.mode collective: the nodes below the thresholds, bound to
+# the run (Restarts) like the ready mark. Job text is the user's: full-match grammar, and only
+# nodes of the job's own allocation count (a forged name strikes nothing).
+SLOW_MARK = "nfg-slow="
+_NODE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_SLOW = re.compile(rf"nfg-slow=(0|[1-9][0-9]{{0,9}}):({_NODE}(?:,{_NODE}){{0,1023}})")
+PREFLIGHT_SLOW = "collective preflight: below threshold:"
 
 
 def ready_marker(restarts: int) -> str:
@@ -38,6 +46,20 @@ def ready_marker(restarts: int) -> str:
 
 def probe_passed(job: JobObs) -> bool:
     return ready_marker(job.restarts) in job.comment.replace(",", " ").split()
+
+
+def slow_marker(restarts: int, nodes: list[str] | tuple[str, ...]) -> str:
+    return f"{SLOW_MARK}{restarts}:{','.join(nodes)}"
+
+
+def slow_nodes(job: JobObs) -> tuple[str, ...]:
+    """The job's own nodes that its collective preflight of this run named slow."""
+    named: set[str] = set()
+    for word in job.comment.split():
+        m = _SLOW.fullmatch(word)
+        if m and int(m.group(1)) == job.restarts:
+            named.update(m.group(2).split(","))
+    return tuple(n for n in job.nodes if n in named)
 
 
 def check(
@@ -62,6 +84,12 @@ def check(
         bad = [f for f in BAD_NODE_FLAGS if f in flags]
         if bad:
             return False, f"node {n} {'+'.join(bad)}"
+    if probe_mode == "collective":
+        slow = slow_nodes(job)
+        if slow:
+            return False, f"{PREFLIGHT_SLOW} {','.join(slow)}"
+        if not probe_passed(job):
+            return False, "collective preflight not passed (nodeforge gang ready)"
     if probe_mode == "command" and not probe_passed(job):
         return False, "app probe not signalled (nodeforge gang ready)"
     return True, ""

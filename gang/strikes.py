@@ -141,7 +141,15 @@ def strike(
         return []
     acts: list[Action] = []
     window = int(cfg.node_strike_window_seconds)
-    for name, why in readiness.unready_nodes(job, snap.nodes):
+    named = readiness.unready_nodes(job, snap.nodes)
+    if cfg.probe.mode == "collective":
+        down = {n for n, _ in named}
+        named += [
+            (n, "below the collective preflight's threshold")
+            for n in readiness.slow_nodes(job)
+            if n not in down
+        ]
+    for name, why in named:
         if name in struck:
             continue  # gangs sharing a node that time out in one cycle are one observation
         struck.add(name)

@@ -48,9 +48,18 @@ class Gangs:
 
 @dataclass(frozen=True)
 class Probe:
-    mode: str = "none"  # none | command (`nodeforge gang ready` marks the job)
+    # none | command (`nodeforge gang ready` marks the job) | collective (the same, after a
+    # bounded all-reduce across the job's nodes: gang/collective.py)
+    mode: str = "none"
     command: tuple[str, ...] = ()  # run on every node by `gang ready --local`
     timeout: float = 60.0
+    # collective only: where every node listens, how much each all-reduce moves, thresholds
+    port: int = 29571
+    bytes: int = 4 * 1024 * 1024
+    pings: int = 5
+    min_bandwidth_mb_s: float = 0.0  # MB/s (10^6 bytes); 0 = not checked
+    max_latency_ms: float = 0.0  # round trip; 0 = not checked
+    transport: str = "auto"  # auto (NCCL's all_reduce_perf on GPU nodes when installed) | tcp
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,8 @@ class GangConfig:
 _DURATION = re.compile(r" *((?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,9})?) *(ms|s|m|h)? *")
 _ENUMS = {
     "requeuing.timestamp": ("eviction", "creation"),
-    "probe.mode": ("none", "command"),
+    "probe.mode": ("none", "command", "collective"),
+    "probe.transport": ("auto", "tcp"),
     "not_requeueable": ("record", "cancel"),
     "requeuing.backoff_limit_combine": ("any", "all"),
     "deadlines.field": ("none", "comment", "extra"),
@@ -125,6 +135,16 @@ _COUNTS = (
 
 
 _DEADLINE_KEY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+# probe.bytes: a number, or with a binary suffix; the all-reduce's vector is at most 256 MiB
+_SIZE = re.compile(r" *(0|[1-9][0-9]{0,11}) *(KiB|MiB)? *")
+MAX_PROBE_BYTES = 256 * 1024 * 1024
+# (key, low, high, unit): bounded numbers of the collective probe
+_BOUNDED = {
+    "probe.port": (1024, 65535, "a TCP port"),
+    "probe.pings": (1, 100, "a count"),
+    "probe.min_bandwidth_mb_s": (0.0, 1e6, "MB/s"),
+    "probe.max_latency_ms": (0.0, 60000.0, "milliseconds"),
+}
 MAX_SECONDS = 30 * 86400.0  # no duration knob makes sense beyond 30 days
 MAX_COUNT = 10**9
 
@@ -147,6 +167,34 @@ def _duration(value: Any, where: str) -> float:
             f"{where}: must be a finite number of seconds in 0..{MAX_SECONDS:.0f}, got {value!r}"
         )
     return v
+
+
+def _size(value: Any, where: str) -> int:
+    forms = "expected bytes (an integer, or '512KiB'/'4MiB')"
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: {forms}, got {value!r}")
+    if isinstance(value, int):
+        v = value
+    elif isinstance(value, str) and (m := _SIZE.fullmatch(value)):
+        v = int(m.group(1)) * {None: 1, "KiB": 1024, "MiB": 1024 * 1024}[m.group(2)]
+    else:
+        raise ConfigError(f"{where}: {forms}, got {value!r:.60}")
+    if not 1 <= v <= MAX_PROBE_BYTES:
+        raise ConfigError(f"{where}: must be 1..{MAX_PROBE_BYTES} bytes (256MiB), got {value!r}")
+    return v
+
+
+def _bounded(value: Any, where: str, key: str) -> Any:
+    lo, hi, unit = _BOUNDED[key]
+    integral = isinstance(lo, int) and isinstance(hi, int)
+    ok_type = (int,) if integral else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok_type):
+        kind = "an integer" if integral else "a number"
+        raise ConfigError(f"{where}: expected {kind} ({unit}) in {lo}..{hi:g}, got {value!r:.60}")
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ConfigError(f"{where}: must be in {lo}..{hi:g} ({unit}), got {value!r}")
+    return value if integral else float(value)
+
 
 
 _PATH = re.compile(r"/(?:[A-Za-z0-9_.+@-]{1,255}/){0,31}[A-Za-z0-9_.+@-]{1,255}")
@@ -242,6 +290,10 @@ def _build(cls, data: Any, rel: str, src: str, outer: str):
                 kw[name] = None
                 continue
             kw[name] = _duration(v, where)
+        elif key == "probe.bytes":
+            kw[name] = _size(v, where)
+        elif key in _BOUNDED:
+            kw[name] = _bounded(v, where, key)
         elif key in _ENUMS:
             if v not in _ENUMS[key]:
                 raise ConfigError(
@@ -308,6 +360,10 @@ def from_dict(data: Any, src: str = "<config>", *, prefix: str = "") -> GangConf
         raise ConfigError(
             f"{src}: '{k}deadlines.min_seconds' ({d.min_seconds}) must be > 0 and <= "
             f"'{k}deadlines.max_seconds' ({d.max_seconds})"
+        )
+    if cfg.probe.mode == "collective" and cfg.probe.timeout <= 0:
+        raise ConfigError(
+            f"{src}: '{k}probe.timeout' must be > 0 seconds with probe.mode collective"
         )
     return cfg
 
