@@ -30,7 +30,6 @@ from nodeforge.lab.localcluster import Cluster
 from tests.conftest import require_tools
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
 NODES = ["gn1", "gn2", "gn3"]
 # (what `gang ready` reads on every node; the governor gets the same probe block)
 PROBE = {
