@@ -6,6 +6,7 @@ controller's `gang` params with it, and the agent does not import the gang packa
 
 from nodeforge.gang_config import (
     DEFAULT_PATH,
+    MAX_PROBE_BYTES,
     ConfigError,
     Deadlines,
     GangConfig,
@@ -18,6 +19,7 @@ from nodeforge.gang_config import (
 
 __all__ = [
     "DEFAULT_PATH",
+    "MAX_PROBE_BYTES",
     "ConfigError",
     "Deadlines",
     "GangConfig",
