@@ -144,6 +144,7 @@ class Agent:
         except Exception:  # StepFailed, or a crash already logged with its traceback
             st.status = "failed"
             self._save(durable=True)
+            self._write_outcome_metric()
             raise
         finally:
             if self.early is not None:  # joined (also on failure): no thread outlives init
@@ -156,7 +157,20 @@ class Agent:
             st.time_to_ready = round(st.ready_at - st.first_started, 3)
         st.uptime_at_ready = uptime(self.paths.root / "proc")
         self._save(durable=True)
+        self._write_outcome_metric()
         return st
+
+    def _write_outcome_metric(self) -> None:
+        """nodeforge_bootstrap_failed{step} for node_exporter (failures.py); best effort: a
+        metric that cannot be written never changes the node's outcome."""
+        from . import failures
+
+        try:
+            d = self.paths.textfile_dir
+            d.mkdir(parents=True, exist_ok=True)
+            write_atomic(d / failures.PROM_FILE, failures.prometheus(self.state.to_dict()), 0o644)
+        except OSError as exc:
+            log.warning("bootstrap metric not written (%s)", exc)
 
     def _save(self, *, durable: bool = False) -> None:
         """Progress records are atomic but not fsynced (two fsyncs per save, ~14 saves on the

@@ -35,6 +35,9 @@ class Paths:
     # node_exporter's arguments from params (role metrics: its unit reads this file, and does
     # not start without it)
     metrics_env: Path = Path("/etc/nodeforge/metrics.env")
+    # node_exporter's textfile collector directory (metrics.TEXTFILE_DIR): health report,
+    # gang metrics, the agent's bootstrap outcome (failures.PROM_FILE)
+    textfile_dir: Path = Path("/var/lib/nodeforge/gang")
     run_dir: Path = Path("/run/nodeforge")
     # The agent's health pass, for slurmd's start-up HealthCheckProgram run (health.py, stamp).
     health_stamp: Path = Path("/run/nodeforge/health/passed")
