@@ -1059,3 +1059,22 @@ def test_status_exit_says_ready_not_ready_failed_or_not_a_node(tmp_path, capsys)
     st.status = "ready"
     st.save(paths.state_file, durable=False)
     assert main(["node", "status", "--root", str(tmp_path)]) == EXIT_OK
+
+
+def test_agent_outcome_metric_names_the_failed_step_then_clears(tmp_path):
+    """The agent writes nodeforge_bootstrap_failed{step} for node_exporter at each outcome:
+    1 for the step it failed in, then all 0 once a rerun made the node ready."""
+    agent, _fm, paths, _ = make(tmp_path, {**COMPUTE, "hook_retries": 0})
+    paths.on_init_d.mkdir(parents=True)
+    (paths.on_init_d / "20-bad").write_text("#!/bin/sh\nexit 4\n")
+    (paths.on_init_d / "20-bad").chmod(0o755)
+    prom = paths.textfile_dir / "nodeforge_bootstrap.prom"
+    with pytest.raises(StepFailed):
+        agent.init()
+    text = prom.read_text()
+    assert 'nodeforge_bootstrap_failed{step="hooks"} 1' in text
+    assert 'nodeforge_bootstrap_failed{step="role"} 0' in text
+    (paths.on_init_d / "20-bad").write_text("#!/bin/sh\nexit 0\n")
+    agent.init()
+    assert 'nodeforge_bootstrap_failed{step="hooks"} 0' in prom.read_text()
+    assert " 1\n" not in prom.read_text()
