@@ -116,6 +116,8 @@ class Agent:
     node: str = field(init=False, default="")
     address: str = field(init=False, default="")
     early: Early | None = field(init=False, default=None)
+    # steps an earlier run left "running": it was killed or the power was cut mid-step
+    interrupted: frozenset[str] = field(init=False, default=frozenset())
 
     @property
     def params(self) -> Params:
@@ -127,6 +129,7 @@ class Agent:
         restrict_outputs(self.paths)
         self.state = State.load(self.paths.state_file)
         st = self.state
+        self.interrupted = frozenset(n for n, r in st.steps.items() if r.status == "running")
         t0 = now()
         st.first_started = st.first_started or t0
         st.last_started = t0
@@ -379,6 +382,10 @@ class Agent:
         except hooks_mod.HookError as exc:  # a refused hook: none runs, the reason drains
             self._fail("hooks", str(exc), reason=str(exc).splitlines()[0])
             raise StepFailed(f"step hooks failed: {exc}") from exc
+        if "hooks" in self.interrupted:
+            # the killed run's hook may still run (its scope outlives the agent): stop it
+            # before running the hooks again, never two copies of a hook at once
+            hooks_mod.stop_leftovers(self.host)
         controller_name = p.controller.target if p.role != "controller" else self.node
         results: list[dict[str, Any]] = []
 
