@@ -91,3 +91,25 @@ def test_summary_counts_every_failed_node_once(nodes):
     assert sorted(counted) == sorted(n for n, (s, _, _) in nodes.items() if s)
     assert all("\n" not in s.first_error for s in summary)
     assert [len(s.nodes) for s in summary] == sorted((len(s.nodes) for s in summary), reverse=True)
+
+
+def test_cluster_status_prints_the_summary_once_under_the_table(capsys):
+    """`nodeforge cluster status` (lab/cluster_cli.py) over a status whose summary came from
+    failures.summarize: one line per failing step, after the node rows."""
+    from nodeforge.lab.cluster_cli import _print_status
+
+    states = {f"c{i}": failed("hooks", "hook 10-x failed (exit 2)", float(i)) for i in (3, 1, 2)}
+    row = {"role": "compute", "address": "10.0.0.9", "agent": "failed", "slurm_state": "idle+drain"}
+    st = {
+        "cluster": "demo",
+        "image": "/img",
+        "nodes": [{**row, "name": n, "time_to_ready_s": None, "reason": "r"} for n in states],
+        "bootstrap_failures": [s.to_dict() for s in failures.summarize(states)],
+    }
+    _print_status(st, as_json=False)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == (
+        "bootstrap: step hooks failed on 3 nodes (c1, c2, c3); first error (c1): "
+        "hook 10-x failed (exit 2)"
+    )
+    assert sum("bootstrap:" in ln for ln in out) == 1
