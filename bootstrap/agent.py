@@ -382,12 +382,18 @@ class Agent:
         except hooks_mod.HookError as exc:  # a refused hook: none runs, the reason drains
             self._fail("hooks", str(exc), reason=str(exc).splitlines()[0])
             raise StepFailed(f"step hooks failed: {exc}") from exc
+        results: list[dict[str, Any]] = []
         if "hooks" in self.interrupted:
             # the killed run's hook may still run (its scope outlives the agent): stop it
             # before running the hooks again, never two copies of a hook at once
             hooks_mod.stop_leftovers(self.host)
+            # hooks that succeeded in the interrupted run are not run again (as after a
+            # reboot once the step is done: extensions/README.md); the one cut off runs again
+            prev = self.state.steps["hooks"].detail.get("results") or []
+            ok = {r["name"]: r for r in prev if isinstance(r, dict) and r.get("status") == "ok"}
+            results = [{**ok[h.name], "resumed": True} for h in hooks if h.name in ok]
+            hooks = [h for h in hooks if h.name not in ok]
         controller_name = p.controller.target if p.role != "controller" else self.node
-        results: list[dict[str, Any]] = []
 
         def record(res: Any) -> None:  # hooks_mod.HookResult
             results.append(

@@ -38,16 +38,20 @@ def ctl(lc: LocalCluster, *argv: str, check: bool = True, timeout: float = 60):
     return node_exec(c.controller, list(argv), check=check, timeout=timeout)
 
 
-def join(lc: LocalCluster, tmp_path: Path, name: str, hook: str, **kw):
-    """Start compute *name* with one extension hook (*hook*: the script), without waiting."""
-    script = tmp_path / f"{name}-hook.sh"
-    script.write_text(hook)
-    script.chmod(0o755)
-    params = {
-        "hooks": [{"uri": "file:///opt/e2e-hooks/10-mark.sh", "name": "10-mark", "timeout": 120}],
-        "hook_retries": 0,
-    }
-    return lc.start_node(name, params=params, copies=[(script, "/opt/e2e-hooks/10-mark.sh")], **kw)
+def join(lc: LocalCluster, tmp_path: Path, name: str, hook: str, *, first: str | None = None, **kw):
+    """Start compute *name* with the extension hook 10-mark (*hook*: the script), after the
+    hook 05-first if *first* is given, without waiting."""
+    scripts = ([("05-first", first)] if first is not None else []) + [("10-mark", hook)]
+    hooks, copies = [], []
+    for hname, body in scripts:
+        f = tmp_path / f"{name}-{hname}.sh"
+        f.write_text(body)
+        f.chmod(0o755)
+        dest = f"/opt/e2e-hooks/{hname}.sh"
+        hooks.append({"uri": f"file://{dest}", "name": hname, "timeout": 120})
+        copies.append((f, dest))
+    params = {"hooks": hooks, "hook_retries": 0}
+    return lc.start_node(name, params=params, copies=copies, **kw)
 
 
 def hook_lines(lc: LocalCluster, name: str) -> list[str]:
@@ -206,15 +210,26 @@ def test_node_power_cut_during_first_boot(lc, tmp_path):
     disk: it ends schedulable, the hook completed once (the cut-off run never finished),
     completed steps are not run again (identity)."""
     n = "c105"
-    join(lc, tmp_path, n, MARK_HOOK.format(log=HOOK_LOG, secs=15))
-    wait_for(f"{n}'s hook to start", lambda: hook_lines(lc, n), timeout=SETTLE_S)
+    first = f"#!/bin/sh\necho first $$ >> /{HOOK_LOG}\n"
+    join(lc, tmp_path, n, MARK_HOOK.format(log=HOOK_LOG, secs=15), first=first)
+    wait_for(
+        f"{n}'s second hook to start",
+        lambda: any(ln.startswith("start") for ln in hook_lines(lc, n)),
+        timeout=SETTLE_S,
+    )
     lc.power_cycle(n)
     assert settle(lc, [n]) == {n: "ready"}
     lines = hook_lines(lc, n)
-    assert [ln.split()[0] for ln in lines] == ["start", "start", "done"], lines
+    # 05-first completed before the cut: not run again; 10-mark cut off, run again, completed
+    assert [ln.split()[0] for ln in lines] == ["first", "start", "start", "done"], lines
     st = agent(lc, n)
     assert st["boots"] == 2 and st["steps"]["hooks"]["runs"] == 2, st
     assert st["steps"]["identity"]["runs"] == 1, st
+    res = st["steps"]["hooks"]["detail"]["results"]
+    assert [(r["name"], r.get("resumed", False)) for r in res] == [
+        ("05-first", True),
+        ("10-mark", False),
+    ], res
 
 
 FILL_HOOK = """#!/bin/sh

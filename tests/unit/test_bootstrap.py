@@ -1080,29 +1080,37 @@ def test_agent_outcome_metric_names_the_failed_step_then_clears(tmp_path):
     assert " 1\n" not in prom.read_text()
 
 
-def test_rerun_after_a_killed_hooks_step_stops_the_old_hook_first(tmp_path):
+def test_rerun_after_a_killed_hooks_step_stops_the_old_hook_and_resumes(tmp_path):
     """An agent killed mid-hook (SIGKILL) leaves its hook running in its own scope, and
     systemd's restart of the unit does not stop it (seen in e2e test_cluster_faults). The
-    rerun stops every leftover hook scope before it runs the hooks again; a run that was not
-    interrupted (first boot, a rerun after a failed hook) does not."""
+    rerun stops every leftover hook scope first, does not run again the hooks that succeeded
+    in the interrupted run, and runs the one cut off. A run that was not interrupted (first
+    boot, a rerun after a failed hook) stops nothing."""
     agent, fm, paths, _ = make(tmp_path, {**COMPUTE, "hook_retries": 0})
     paths.on_init_d.mkdir(parents=True)
     ran = tmp_path / "ran"
-    hook = paths.on_init_d / "20-mark"
-    hook.write_text(f"#!/bin/sh\necho run >> {ran}\n")
-    hook.chmod(0o755)
+    for name in ("10-a", "20-b"):
+        (paths.on_init_d / name).write_text(f"#!/bin/sh\necho {name} >> {ran}\n")
+        (paths.on_init_d / name).chmod(0o755)
     stop = ["systemctl", "stop", "nodeforge-hook-*.scope"]
     agent.init()
-    assert stop not in fm.calls and ran.read_text() == "run\n"
-    # the record a SIGKILL mid-hook leaves: the hooks step (and the agent) still "running"
+    assert stop not in fm.calls and ran.read_text().split() == ["10-a", "20-b"]
+    # the record a SIGKILL during 20-b leaves: 10-a ok, the step and the agent "running"
     st = State.load(paths.state_file)
     st.status, st.steps["hooks"].status, st.steps["ready"].status = "running", "running", "pending"
+    first = st.steps["hooks"].detail["results"][0]
+    st.steps["hooks"].detail = {"results": [first]}
     st.save(paths.state_file)
     n_calls = len(fm.calls)
     st = agent.init()
     assert st.status == "ready" and st.steps["hooks"].runs == 2
     assert fm.calls[n_calls:].count(stop) == 1
-    assert ran.read_text() == "run\nrun\n"  # the hook ran again, after the stop
+    assert ran.read_text().split() == ["10-a", "20-b", "20-b"]  # 10-a once, 20-b again
+    res = st.steps["hooks"].detail["results"]
+    assert [(r["name"], r["status"], r.get("resumed", False)) for r in res] == [
+        ("10-a", "ok", True),
+        ("20-b", "ok", False),
+    ]
     n_calls = len(fm.calls)
     agent.init()  # a plain rerun: hooks done before, nothing interrupted
-    assert stop not in fm.calls[n_calls:]
+    assert stop not in fm.calls[n_calls:] and len(ran.read_text().split()) == 3
