@@ -165,9 +165,13 @@ class Agent:
 
     def _write_outcome_metric(self) -> None:
         """nodeforge_bootstrap_failed{step} for node_exporter (failures.py); best effort: a
-        metric that cannot be written never changes the node's outcome."""
+        metric that cannot be written never changes the node's outcome. Not when the params
+        step failed: bad params write nothing but state.json, and where node_exporter serves
+        is itself a param (metrics.env), so nothing would serve it."""
         from . import failures
 
+        if self.loaded is None:
+            return
         try:
             d = self.paths.textfile_dir
             d.mkdir(parents=True, exist_ok=True)
