@@ -187,8 +187,8 @@ def test_slurmdbd_down_when_a_node_joins(lc, tmp_path):
         wait_for(
             f"job {job} to complete",
             lambda: (
-                "COMPLETED" in ctl(lc, "scontrol", "show", "job", job, check=False).stdout
-                or "Invalid job id" in ctl(lc, "scontrol", "show", "job", job, check=False).stderr
+                "COMPLETED"
+                in ctl(lc, "squeue", "-h", "-t", "all", "-j", job, "-o", "%T", check=False).stdout
             ),
             timeout=120,
         )
