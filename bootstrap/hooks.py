@@ -730,8 +730,12 @@ def stop_leftovers(host: Host, timeout: float = 120) -> None:
     restart of the unit after the agent was killed is no stop job, so the old hook kept
     running beside its rerun (e2e test_cluster_faults). `systemctl stop` waits until they are
     gone (TERM, then KILL after the scope's TimeoutStopSec); a pattern matching nothing is
-    not an error."""
-    host.run(["systemctl", "stop", LEFTOVER_SCOPES], timeout=timeout)
+    not an error. Without systemd as PID 1 hooks ran in the agent's own cgroup or as its
+    children, which died with it: then there is nothing to stop, and a refusal only warns."""
+    cp = host.run(["systemctl", "stop", LEFTOVER_SCOPES], check=False, timeout=timeout)
+    if cp.returncode != 0:
+        out = ((cp.stdout or "") + (cp.stderr or "")).strip()[-300:]
+        log.warning("leftover hook scopes not stopped (exit %s): %s", cp.returncode, out)
 
 
 def _now() -> str:

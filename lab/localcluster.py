@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -508,9 +509,9 @@ class LocalCluster:
         cluster = Cluster.load(self.name)
         node = cluster.node(name)
         if node.role == "controller":
-            raise NodeforgeError("the controller's power is not cycled (its state would be lost)")
+            raise NodeforgeError(f"{name} is the controller; power_cycle takes a compute")
         if _alive(node.pid):
-            os.kill(leader_pid(node), 9)
+            os.kill(leader_pid(node), signal.SIGKILL)
             deadline = time.monotonic() + STOP_TIMEOUT
             while _alive(node.pid) and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -1114,3 +1114,21 @@ def test_rerun_after_a_killed_hooks_step_stops_the_old_hook_and_resumes(tmp_path
     n_calls = len(fm.calls)
     agent.init()  # a plain rerun: hooks done before, nothing interrupted
     assert stop not in fm.calls[n_calls:] and len(ran.read_text().split()) == 3
+
+
+def test_resume_without_systemd_scopes_warns_and_runs_the_hooks(tmp_path, caplog):
+    """Without systemd as PID 1 (hooks ran in the agent's cgroup or as its children, dead with
+    it) `systemctl stop` of the leftover scopes is refused: a warning, and the hooks run."""
+    agent, fm, paths, _ = make(tmp_path, {**COMPUTE, "hook_retries": 0})
+    paths.on_init_d.mkdir(parents=True)
+    (paths.on_init_d / "10-a").write_text("#!/bin/sh\nexit 0\n")
+    (paths.on_init_d / "10-a").chmod(0o755)
+    st = State(status="running")
+    st.steps["params"].status = "done"
+    st.steps["hooks"].status = "running"
+    st.save(paths.state_file)
+    fm.fail_on["systemctl stop nodeforge-hook-*.scope"] = 1
+    with caplog.at_level("WARNING"):
+        st = agent.init()
+    assert st.status == "ready" and st.steps["hooks"].detail["results"][0]["name"] == "10-a"
+    assert "leftover hook scopes not stopped (exit 1)" in caplog.text
