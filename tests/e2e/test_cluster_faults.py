@@ -6,8 +6,8 @@ none idle without its hooks, none stuck with its agent still "running", none mis
 Slurm. One module-scoped cluster ("e2efault", with accounting: slurmdbd is one of the faults);
 each case joins its own computes (c1NN) and leaves the controller as it found it.
 
-A node's clock skewed beyond munge's TTL is not here: see docs/operate.md "Faults while nodes
-join" for why an nspawn node cannot have its own wall clock, and what the case needs.
+A node's clock skewed beyond munge's TTL is not here but in tests/e2e/test_vm_clock_skew.py:
+an nspawn node cannot have its own wall clock (docs/operate.md "Faults while nodes join").
 """
 
 from __future__ import annotations
