@@ -17,7 +17,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -511,7 +510,7 @@ class LocalCluster:
         if node.role == "controller":
             raise NodeforgeError(f"{name} is the controller; power_cycle takes a compute")
         if _alive(node.pid):
-            os.kill(leader_pid(node), signal.SIGKILL)
+            proc.kill_now(leader_pid(node))
             deadline = time.monotonic() + STOP_TIMEOUT
             while _alive(node.pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
