@@ -116,6 +116,8 @@ class Agent:
     node: str = field(init=False, default="")
     address: str = field(init=False, default="")
     early: Early | None = field(init=False, default=None)
+    # steps an earlier run left "running": it was killed or the power was cut mid-step
+    interrupted: frozenset[str] = field(init=False, default=frozenset())
 
     @property
     def params(self) -> Params:
@@ -127,6 +129,7 @@ class Agent:
         restrict_outputs(self.paths)
         self.state = State.load(self.paths.state_file)
         st = self.state
+        self.interrupted = frozenset(n for n, r in st.steps.items() if r.status == "running")
         t0 = now()
         st.first_started = st.first_started or t0
         st.last_started = t0
@@ -144,6 +147,7 @@ class Agent:
         except Exception:  # StepFailed, or a crash already logged with its traceback
             st.status = "failed"
             self._save(durable=True)
+            self._write_outcome_metric()
             raise
         finally:
             if self.early is not None:  # joined (also on failure): no thread outlives init
@@ -156,7 +160,24 @@ class Agent:
             st.time_to_ready = round(st.ready_at - st.first_started, 3)
         st.uptime_at_ready = uptime(self.paths.root / "proc")
         self._save(durable=True)
+        self._write_outcome_metric()
         return st
+
+    def _write_outcome_metric(self) -> None:
+        """nodeforge_bootstrap_failed{step} for node_exporter (failures.py); best effort: a
+        metric that cannot be written never changes the node's outcome. Not when the params
+        step failed: bad params write nothing but state.json, and where node_exporter serves
+        is itself a param (metrics.env), so nothing would serve it."""
+        from . import failures
+
+        if self.loaded is None:
+            return
+        try:
+            d = self.paths.textfile_dir
+            d.mkdir(parents=True, exist_ok=True)
+            write_atomic(d / failures.PROM_FILE, failures.prometheus(self.state.to_dict()), 0o644)
+        except OSError as exc:
+            log.warning("bootstrap metric not written (%s)", exc)
 
     def _save(self, *, durable: bool = False) -> None:
         """Progress records are atomic but not fsynced (two fsyncs per save, ~14 saves on the
@@ -370,8 +391,18 @@ class Agent:
         except hooks_mod.HookError as exc:  # a refused hook: none runs, the reason drains
             self._fail("hooks", str(exc), reason=str(exc).splitlines()[0])
             raise StepFailed(f"step hooks failed: {exc}") from exc
-        controller_name = p.controller.target if p.role != "controller" else self.node
         results: list[dict[str, Any]] = []
+        if "hooks" in self.interrupted:
+            # the killed run's hook may still run (its scope outlives the agent): stop it
+            # before running the hooks again, never two copies of a hook at once
+            hooks_mod.stop_leftovers(self.host)
+            # hooks that succeeded in the interrupted run are not run again (as after a
+            # reboot once the step is done: extensions/README.md); the one cut off runs again
+            prev = self.state.steps["hooks"].detail.get("results") or []
+            ok = {r["name"]: r for r in prev if isinstance(r, dict) and r.get("status") == "ok"}
+            results = [{**ok[h.name], "resumed": True} for h in hooks if h.name in ok]
+            hooks = [h for h in hooks if h.name not in ok]
+        controller_name = p.controller.target if p.role != "controller" else self.node
 
         def record(res: Any) -> None:  # hooks_mod.HookResult
             results.append(

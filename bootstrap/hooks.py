@@ -47,6 +47,8 @@ from .paths import Paths
 if TYPE_CHECKING:
     from nodeforge import download
 
+    from .host import Host
+
 log = logging.getLogger("nodeforge.hooks")
 
 _NAME_OK = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -715,6 +717,25 @@ class Runner:
             "NODEFORGE_HOOK_ATTEMPT": str(attempt),
             "NODEFORGE_LOG_DIR": str(self.paths.hooks_log_dir),
         }
+
+
+# Every hook runs in a transient scope named nodeforge-hook-<name>-<pid>-<random>.scope when
+# systemd is PID 1 (proc.run_group contain="hook-<name>"): outside the agent's own unit.
+LEFTOVER_SCOPES = "nodeforge-hook-*.scope"
+
+
+def stop_leftovers(host: Host, timeout: float = 120) -> None:
+    """Stop the hooks an interrupted run of the agent left running (this boot only: scopes do
+    not survive a reboot). A scope is PartOf= the agent's unit, but systemd's automatic
+    restart of the unit after the agent was killed is no stop job, so the old hook kept
+    running beside its rerun (e2e test_cluster_faults). `systemctl stop` waits until they are
+    gone (TERM, then KILL after the scope's TimeoutStopSec); a pattern matching nothing is
+    not an error. Without systemd as PID 1 hooks ran in the agent's own cgroup or as its
+    children, which died with it: then there is nothing to stop, and a refusal only warns."""
+    cp = host.run(["systemctl", "stop", LEFTOVER_SCOPES], check=False, timeout=timeout)
+    if cp.returncode != 0:
+        out = ((cp.stdout or "") + (cp.stderr or "")).strip()[-300:]
+        log.warning("leftover hook scopes not stopped (exit %s): %s", cp.returncode, out)
 
 
 def _now() -> str:

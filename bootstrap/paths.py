@@ -37,6 +37,9 @@ class Paths:
     metrics_env: Path = Path("/etc/nodeforge/metrics.env")
     # controller: the gang governor's config, written from params `gang` when they have it
     gang_yaml: Path = Path("/etc/nodeforge/gang.yaml")
+    # node_exporter's textfile collector directory (metrics.TEXTFILE_DIR): health report,
+    # gang metrics, the agent's bootstrap outcome (failures.PROM_FILE)
+    textfile_dir: Path = Path("/var/lib/nodeforge/gang")
     run_dir: Path = Path("/run/nodeforge")
     # The agent's health pass, for slurmd's start-up HealthCheckProgram run (health.py, stamp).
     health_stamp: Path = Path("/run/nodeforge/health/passed")

@@ -216,6 +216,12 @@ def _print_status(st: dict, as_json: bool) -> None:
             f"{n['name']:<10} {n['role']:<11} {n['address']:<13} {n['agent']:<9} "
             f"{n['slurm_state']:<14} {ttr:>8}  {n['reason']}"
         )
+    from nodeforge.bootstrap import failures
+
+    summary = [failures.StepSummary(s["step"], tuple(s["nodes"]), s["first_node"], s["first_error"])
+               for s in st.get("bootstrap_failures", [])]  # fmt: skip
+    for line in failures.lines(summary):
+        print(line)
 
 
 def _progress(msg: str) -> None:

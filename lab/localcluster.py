@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from nodeforge import proc
-from nodeforge.bootstrap import readiness
+from nodeforge.bootstrap import failures, readiness
 from nodeforge.bootstrap.health import REASON_PREFIX as HEALTH_REASON_PREFIX
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.readiness import NodeState
@@ -429,7 +429,15 @@ class LocalCluster:
         if role == "controller":
             nspawn_args = [*controller_state(cluster, Path(lower or cluster.lower)), *(nspawn_args or [])]  # fmt: skip
         cluster.fabric().attach(node.netns, index, ipaddress.ip_address(address))
-        console = open(node_dir / "console.log", "ab")
+        self._boot(cluster, node, nspawn_args)
+        self.progress(f"{name}: started ({role}, {address})")
+        self._refresh_hosts(cluster, skip=name)
+        return node
+
+    def _boot(self, cluster: Cluster, node: Node, nspawn_args: list[str] | None) -> None:
+        """Boot *node*'s overlay (mounted, its namespace wired) with systemd-nspawn."""
+        name, merged = node.name, node.merged
+        console = open(Path(node.dir) / "console.log", "ab")
         argv = [
             proc.require_tool("systemd-nspawn"),
             "--quiet",
@@ -463,9 +471,6 @@ class LocalCluster:
         node.pid = p.pid
         node.started = time.time()
         cluster.save()
-        self.progress(f"{name}: started ({role}, {address})")
-        self._refresh_hosts(cluster, skip=name)
-        return node
 
     # -- single nodes (bench/time_to_ready.py) -----------------------------------------
     def start_node(
@@ -500,6 +505,31 @@ class LocalCluster:
             prepare=prepare,
             nspawn_args=nspawn_args,
         )
+
+    def power_cycle(self, name: str, *, nspawn_args: list[str] | None = None) -> Node:
+        """Cut a compute's power and boot it again on the same disk (its overlay): its init
+        (the PID namespace's PID 1) is SIGKILLed, which kills every process in the node at
+        once, as a power cut does (nothing is flushed or stopped cleanly); then the same
+        overlay boots again, in the same network namespace, with the same address."""
+        _require_root_and_tools()
+        cluster = Cluster.load(self.name)
+        node = cluster.node(name)
+        if node.role == "controller":
+            raise NodeforgeError(f"{name} is the controller; power_cycle takes a compute")
+        if _alive(node.pid):
+            proc.kill_now(leader_pid(node))
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while _alive(node.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(node.pid):
+                raise NodeforgeError(
+                    f"node {name}: systemd-nspawn (pid {node.pid}) did not exit within "
+                    f"{STOP_TIMEOUT:.0f}s of its init being killed"
+                )
+        node.ready_at = None
+        self._boot(cluster, node, nspawn_args)
+        self.progress(f"{name}: power cycled (same disk, {node.address})")
+        return node
 
     def remove_node(self, name: str) -> None:
         """Stop one node and remove its overlay, namespace, record and Slurm node."""
@@ -740,8 +770,10 @@ class LocalCluster:
         cluster = Cluster.load(self.name)
         sn = self.slurm_nodes(cluster) if _alive(cluster.controller.pid) else {}
         rows = []
+        states = {}
         for n in cluster.nodes:
             ast = self.agent_state(n)
+            states[n.name] = ast
             slurm = sn.get(n.name)
             rows.append(
                 {
@@ -759,7 +791,13 @@ class LocalCluster:
                     "agent_seconds": _agent_seconds(ast),
                 }
             )
-        return {"cluster": cluster.name, "image": cluster.image, "nodes": rows}
+        return {
+            "cluster": cluster.name,
+            "image": cluster.image,
+            "nodes": rows,
+            # many nodes failing the same first-boot step, said once (failures.py)
+            "bootstrap_failures": [s.to_dict() for s in failures.summarize(states)],
+        }
 
     # -- teardown -----------------------------------------------------------------------
     def down(self) -> list[str]:

@@ -292,6 +292,9 @@ class VMConfig:
     boot_timeout: float = 420.0  # to SSH login
     probe_bound: float = 20.0
     keep: bool = False  # keep the work dir (console log) after stop
+    # Seconds the VM's RTC (its wall clock at boot: no time server is reachable from the lab)
+    # is ahead of (or, negative, behind) the host's: a skewed machine. 0: the host's time.
+    rtc_offset_s: int = 0
     qemu: str = QEMU
 
     @property
@@ -369,6 +372,11 @@ class VM:
             raise NodeforgeError(
                 f"VM {cfg.name}: cmdline_params/extra_append go on a kernel command line, "
                 f"which a {cfg.boot} boot does not take: use boot='kernel', or node_yaml"
+            )
+        if type(cfg.rtc_offset_s) is not int or abs(cfg.rtc_offset_s) > 10 * 365 * 86400:
+            raise NodeforgeError(
+                f"VM {cfg.name}: rtc_offset_s {cfg.rtc_offset_s!r} must be an int of at most "
+                "10 years either way"
             )
         for tool in (cfg.qemu, "qemu-img"):
             proc.require_tool(tool)
@@ -532,6 +540,9 @@ class VM:
                    else f"connect=127.0.0.1:{cfg.link_connect}")  # fmt: skip
             argv += ["-netdev", f"socket,id=n1,{how}",
                      "-device", f"virtio-net-pci,netdev=n1,mac={cfg.link_mac}"]  # fmt: skip
+        if cfg.rtc_offset_s:
+            base = time.gmtime(time.time() + cfg.rtc_offset_s)
+            argv += ["-rtc", "base=" + time.strftime("%Y-%m-%dT%H:%M:%S", base)]
         argv += [
             "-daemonize", "-pidfile", str(self.pidfile),
         ]  # fmt: skip

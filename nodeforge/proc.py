@@ -403,6 +403,16 @@ def stop_group(target: subprocess.Popen | int, grace: float = 10.0, *, group: bo
     return True
 
 
+def kill_now(pid: int) -> None:
+    """SIGKILL *pid* at once, without SIGTERM first: a fault injected on purpose (the lab's
+    power cut of a node: its init dies, and the kernel kills its whole PID namespace). Not a
+    way to stop anything: that is stop_group."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _reap(pid: int) -> None:
     """Reap *pid* if it is our exited child (a pid without its Popen); no-op otherwise."""
     try:

@@ -102,8 +102,9 @@ def wait_controller(ctx: RoleContext, g: Gate) -> float:
         # connection while slurmctld starts), so a short poll costs little and the node does
         # not sit up to 2 s past the controller's start.
         interval=0.25,
-        hint="is the controller up, and is this node's munge key the cluster's? "
-        "Raise wait_timeout in params for slow controllers",
+        hint="is the controller up, is this node's munge key the cluster's, and is its clock "
+        "within munge's TTL (300 s) of the controller's (munged refuses credentials from a "
+        "skewed clock)? Raise wait_timeout in params for slow controllers",
     )
 
 

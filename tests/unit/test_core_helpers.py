@@ -360,3 +360,12 @@ def test_one_pid_check_in_the_tree():
             if re.search(r"/proc/\{[a-z_.]*pid[a-z_.]*\}/stat\b", text):
                 hits.append(str(f))
     assert hits == [], hits
+
+
+def test_kill_now_is_sigkill_without_warning_and_tolerates_a_gone_pid():
+    """proc.kill_now: the lab's power cut; the process dies by SIGKILL (no SIGTERM it could
+    handle), and a pid already gone is not an error."""
+    p = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"])
+    proc.kill_now(p.pid)
+    assert p.wait(timeout=10) == -9
+    proc.kill_now(p.pid)  # reaped: no such process

@@ -431,3 +431,19 @@ def test_smbios_credential_names_are_a_grammar(name):
         return
     assert argv[0] == "-smbios" and "," not in argv[1].removeprefix("type=11,")
     assert all(c.isalnum() or c in "._@~-" for c in name)
+
+
+def test_rtc_offset_starts_the_vm_clock_skewed_and_is_checked(tmp_path):
+    """rtc_offset_s: the guest's RTC (its wall clock at boot) is that far from the host's;
+    0 leaves qemu's default (the host's UTC); a non-int or absurd offset is refused."""
+    import datetime as dt
+    import time
+
+    assert "-rtc" not in _cloud_vm(tmp_path).qemu_argv("k")
+    argv = _cloud_vm(tmp_path, rtc_offset_s=1200).qemu_argv("k")
+    base = argv[argv.index("-rtc") + 1].removeprefix("base=")
+    t = dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
+    assert abs(t - (time.time() + 1200)) < 5
+    for bad in (1.5, True, 10**10):
+        with pytest.raises(NodeforgeError, match="rtc_offset_s"):
+            _cloud_vm(tmp_path, rtc_offset_s=bad).check_inputs()
