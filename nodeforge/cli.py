@@ -81,11 +81,14 @@ def light_module(argv: list[str]) -> str | None:
 class _Parser(argparse.ArgumentParser):
     """argparse, less one bug: `--opt=--` (or `-o--`) gives a one-value option the list `[]`
     without calling its type (CPython strips the `--` first), which no command expects and
-    which crashed `versions lock --arch=--`. Subparsers inherit this class."""
+    which crashed `versions lock --arch=--`. The value is the literal `--` (a kernel command
+    line may hold one), typed and checked like any other. Subparsers inherit this class."""
 
     def _get_values(self, action, arg_strings):
         if action.option_strings and action.nargs is None and arg_strings == ["--"]:
-            self.error(f"argument {'/'.join(action.option_strings)}: expected one value, got '--'")
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
         return super()._get_values(action, arg_strings)
 
 

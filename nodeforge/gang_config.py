@@ -196,7 +196,6 @@ def _bounded(value: Any, where: str, key: str) -> Any:
     return value if integral else float(value)
 
 
-
 _PATH = re.compile(r"/(?:[A-Za-z0-9_.+@-]{1,255}/){0,31}[A-Za-z0-9_.+@-]{1,255}")
 _PATH_KEYS = ("state_file", "event_log", "metrics_file")
 # Slurm partition and QOS names (the same grammar as the params' partition names)
