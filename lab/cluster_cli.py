@@ -180,14 +180,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _inputs(args):
     import yaml
 
+    from nodeforge import fsutil, strict_yaml
     from nodeforge.errors import NodeforgeError
 
     params = None
     if args.params:
         try:
-            params = yaml.safe_load(args.params.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise NodeforgeError(f"--params {args.params}: {exc}") from exc
+            params = strict_yaml.load(args.params.read_bytes()) or {}
+        except (OSError, yaml.YAMLError, strict_yaml.StrictYAMLError) as exc:
+            raise NodeforgeError(f"--params {args.params}: {exc}") from None
         if not isinstance(params, dict):
             raise NodeforgeError(f"--params {args.params}: expected a mapping of node params")
     copies = []
@@ -195,6 +196,8 @@ def _inputs(args):
         src, sep, dest = c.partition(":")
         if not sep or not dest.startswith("/"):
             raise NodeforgeError(f"--copy '{c}': expected SRC:/absolute/dest")
+        # the destination lands inside a node's root: no '..' may lead out to the host
+        fsutil.safe_name(dest.lstrip("/"), what=f"--copy '{c}' destination", nested=True)
         if not Path(src).is_file():
             raise NodeforgeError(f"--copy '{c}': {src} is not a file")
         copies.append((Path(src), dest))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from nodeforge import proc
+from nodeforge import fsutil, proc
 from nodeforge.bootstrap import failures, readiness
 from nodeforge.bootstrap.health import REASON_PREFIX as HEALTH_REASON_PREFIX
 from nodeforge.bootstrap.paths import Paths
@@ -420,7 +420,8 @@ class LocalCluster:
         nf.write_text(yaml.safe_dump(doc, sort_keys=False))
         os.chmod(nf, 0o600)  # it carries the munge key
         for src, dest in copies or []:
-            target = merged / dest.lstrip("/")
+            # confined: a link in the image (or a '..') never leads the copy onto the host
+            target = fsutil.confined(merged, dest.lstrip("/"), what=f"copy to {dest}", nested=True)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
         (merged / "etc/hosts").write_text(_hosts_text(cluster))

@@ -356,3 +356,46 @@ def test_versions_lock_arch_double_dash_is_refused_naming_the_architecture(capsy
     rc = cli.main(["versions", "lock", "--versions-file", str(tmp_path / "none.yaml"), "--arch=--"])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("copy", "msg"),
+    [
+        ("SRC:/../../root/.bashrc", "not a safe relative name"),
+        ("SRC:/etc/../../x", "not a safe relative name"),
+        ("SRC:relative/dest", "expected SRC:/absolute/dest"),
+        ("SRC", "expected SRC:/absolute/dest"),
+        ("SRC:/etc//x", "not a safe relative name"),
+    ],
+)
+def test_cluster_copy_destination_stays_inside_the_node(tmp_path, copy, msg):
+    """`cluster up/add/replace/rollout --copy SRC:DEST` writes DEST inside a node's root: a
+    destination that could lead out (onto the host) is refused before any node starts."""
+    from nodeforge.errors import NodeforgeError
+    from nodeforge.lab import cluster_cli
+
+    src = tmp_path / "f"
+    src.write_text("x")
+    args = argparse.Namespace(params=None, copy=[copy.replace("SRC", str(src))])
+    with pytest.raises(NodeforgeError, match=msg):
+        cluster_cli._inputs(args)
+
+
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("a: &x [1]\nb: *x\n", "anchor"),
+        ("[" * 200 + "]" * 200, "nested deeper"),
+        ("- 1\n", "expected a mapping"),
+        ("a: [\n", "--params"),
+    ],
+)
+def test_cluster_params_file_is_parsed_strictly(tmp_path, text, msg):
+    from nodeforge.errors import NodeforgeError
+    from nodeforge.lab import cluster_cli
+
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(NodeforgeError, match=msg) as exc:
+        cluster_cli._inputs(argparse.Namespace(params=f, copy=[]))
+    assert str(exc.value).startswith(f"--params {f}")
