@@ -12,11 +12,22 @@ from __future__ import annotations
 import operator
 import os
 from collections import Counter
+from collections.abc import Iterable
 
 from nodeforge.fsutil import write_atomic
 
 from .collector import CollectorStats
-from .state import ADMITTED, BACKOFF, DEACTIVATED, PENDING, READY, RECOVERING, WAITING, GovState
+from .state import (
+    ADMITTED,
+    BACKOFF,
+    DEACTIVATED,
+    PENDING,
+    READY,
+    RECOVERING,
+    WAITING,
+    Counters,
+    GovState,
+)
 
 _PHASE_QUEUE = operator.attrgetter("phase", "partition")
 BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -70,30 +81,62 @@ def render(
     slurm_bytes: int = 0,
     gc_stats: CollectorStats | None = None,
 ) -> str:
-    L: list[str] = []
+    """The whole textfile: one block per metric family, in a fixed order."""
+    lines = [
+        *_evictions(st),
+        *_histograms(st),
+        *_workloads(st),
+        *_counters(st.counters),
+        *_nodes(st),
+        *_cycle(up, cycle_seconds, slurm_bytes),
+        *_gc(gc_stats),
+    ]
+    return "\n".join(lines) + "\n"
 
-    def head(name: str, typ: str, help_: str) -> None:
-        L.append(f"# HELP {name} {help_}")
-        L.append(f"# TYPE {name} {typ}")
 
-    head("kueue_evicted_workloads_total", "counter", "Workloads evicted (requeued or deactivated)")
+def _family(name: str, typ: str, help_: str, samples: Iterable[str]) -> list[str]:
+    """One metric family: its HELP and TYPE lines, then its samples."""
+    return [f"# HELP {name} {help_}", f"# TYPE {name} {typ}", *samples]
+
+
+def _evictions(st: GovState) -> list[str]:
     evicted: dict[tuple[str, str, str], int] = {}
     for k, v in st.counters.evicted.items():  # one series per label set, old names merged
         key = _evicted_key(k)
         evicted[key] = evicted.get(key, 0) + v
-    for (reason, cause, q), v in sorted(evicted.items()):
-        L.append(
+    return _family(
+        "kueue_evicted_workloads_total",
+        "counter",
+        "Workloads evicted (requeued or deactivated)",
+        (
             f'kueue_evicted_workloads_total{{cluster_queue="{esc(q)}",reason="{esc(reason)}",'
             f'underlying_cause="{esc(cause)}"}} {v}'
-        )
+            for (reason, cause, q), v in sorted(evicted.items())
+        ),
+    )
+
+
+def _histograms(st: GovState) -> list[str]:
+    out: list[str] = []
     for name, help_ in HISTOGRAMS.items():
-        head(name, "histogram", help_)
         h = st.counters.hist.get(name, [0.0, 0.0] + [0.0] * len(BUCKETS))
-        for i, b in enumerate(BUCKETS):
-            L.append(f'{name}_bucket{{le="{b}"}} {int(h[2 + i])}')
-        L.append(f'{name}_bucket{{le="+Inf"}} {int(h[1])}')
-        L.append(f"{name}_sum {h[0]:.3f}")
-        L.append(f"{name}_count {int(h[1])}")
+        buckets = [f'{name}_bucket{{le="{b}"}} {int(h[2 + i])}' for i, b in enumerate(BUCKETS)]
+        out += _family(
+            name,
+            "histogram",
+            help_,
+            [
+                *buckets,
+                f'{name}_bucket{{le="+Inf"}} {int(h[1])}',
+                f"{name}_sum {h[0]:.3f}",
+                f"{name}_count {int(h[1])}",
+            ],
+        )
+    return out
+
+
+def _workloads(st: GovState) -> list[str]:
+    """Kueue's pending and admitted gauges per queue, and nodeforge's count per phase."""
     pend: dict[tuple[str, str], int] = {}
     adm: dict[str, int] = {}
     phases: dict[str, int] = {}
@@ -107,20 +150,37 @@ def render(
             pend[(q, "inadmissible")] = pend.get((q, "inadmissible"), 0) + n
         elif phase in (ADMITTED, READY, RECOVERING):
             adm[q] = adm.get(q, 0) + n
-    head(
-        "kueue_pending_workloads",
-        "gauge",
-        "Gang jobs pending (active) or in backoff/deactivated (inadmissible)",
-    )
-    for (q, s), v in sorted(pend.items()):
-        L.append(f'kueue_pending_workloads{{cluster_queue="{esc(q)}",status="{s}"}} {v}')
-    head("kueue_admitted_active_workloads", "gauge", "Gang jobs holding an allocation")
-    for q, v in sorted(adm.items()):
-        L.append(f'kueue_admitted_active_workloads{{cluster_queue="{esc(q)}"}} {v}')
-    head("nodeforge_gang_jobs", "gauge", "Gang jobs by governor phase")
-    for ph, v in sorted(phases.items()):
-        L.append(f'nodeforge_gang_jobs{{phase="{esc(ph)}"}} {v}')
-    c = st.counters
+    return [
+        *_family(
+            "kueue_pending_workloads",
+            "gauge",
+            "Gang jobs pending (active) or in backoff/deactivated (inadmissible)",
+            (
+                f'kueue_pending_workloads{{cluster_queue="{esc(q)}",status="{s}"}} {v}'
+                for (q, s), v in sorted(pend.items())
+            ),
+        ),
+        *_family(
+            "kueue_admitted_active_workloads",
+            "gauge",
+            "Gang jobs holding an allocation",
+            (
+                f'kueue_admitted_active_workloads{{cluster_queue="{esc(q)}"}} {v}'
+                for q, v in sorted(adm.items())
+            ),
+        ),
+        *_family(
+            "nodeforge_gang_jobs",
+            "gauge",
+            "Gang jobs by governor phase",
+            (f'nodeforge_gang_jobs{{phase="{esc(ph)}"}} {v}' for ph, v in sorted(phases.items())),
+        ),
+    ]
+
+
+def _counters(c: Counters) -> list[str]:
+    """The governor's own counters: actions taken, failed, and drains skipped by reason."""
+    out: list[str] = []
     for name, v, help_ in (
         (
             "nodeforge_gang_deactivated_total",
@@ -153,43 +213,84 @@ def render(
             "Nodes drained by the governor for reaching node_strike_limit",
         ),
     ):
-        head(name, "counter", help_)
-        L.append(f"{name} {v}")
-    head(
+        out += _family(name, "counter", help_, [f"{name} {v}"])
+    out += _family(
         "nodeforge_gang_node_drains_skipped_total",
         "counter",
         "Nodes at node_strike_limit left undrained (AlreadyOut, MaxDrained, NotListed, ...)",
+        (
+            f'nodeforge_gang_node_drains_skipped_total{{reason="{esc(reason)}"}} {v}'
+            for reason, v in sorted(c.drains_skipped.items())
+        ),
     )
-    for reason, v in sorted(c.drains_skipped.items()):
-        L.append(f'nodeforge_gang_node_drains_skipped_total{{reason="{esc(reason)}"}} {v}')
-    head("nodeforge_gang_nodes_drained", "gauge", "Nodes held drained by the governor now")
-    L.append(f"nodeforge_gang_nodes_drained {sum(1 for r in st.nodes.values() if r.drain)}")
-    head("nodeforge_gang_nodes_struck", "gauge", "Undrained nodes with strikes in the window")
-    L.append(
-        "nodeforge_gang_nodes_struck "
-        f"{sum(1 for r in st.nodes.values() if r.strikes and not r.drain)}"
+    return out
+
+
+def _nodes(st: GovState) -> list[str]:
+    drained = sum(1 for r in st.nodes.values() if r.drain)
+    struck = sum(1 for r in st.nodes.values() if r.strikes and not r.drain)
+    return [
+        *_family(
+            "nodeforge_gang_nodes_drained",
+            "gauge",
+            "Nodes held drained by the governor now",
+            [f"nodeforge_gang_nodes_drained {drained}"],
+        ),
+        *_family(
+            "nodeforge_gang_nodes_struck",
+            "gauge",
+            "Undrained nodes with strikes in the window",
+            [f"nodeforge_gang_nodes_struck {struck}"],
+        ),
+    ]
+
+
+def _cycle(up: bool, cycle_seconds: float | None, slurm_bytes: int) -> list[str]:
+    out = _family(
+        "nodeforge_gang_up",
+        "gauge",
+        "1 if the last cycle read slurmctld",
+        [f"nodeforge_gang_up {1 if up else 0}"],
     )
-    head("nodeforge_gang_up", "gauge", "1 if the last cycle read slurmctld")
-    L.append(f"nodeforge_gang_up {1 if up else 0}")
     if cycle_seconds is not None:
-        head("nodeforge_gang_cycle_seconds", "gauge", "Duration of the last governor cycle")
-        L.append(f"nodeforge_gang_cycle_seconds {cycle_seconds:.6f}")
-    head("nodeforge_gang_slurm_bytes", "gauge", "Bytes slurmctld returned in the last cycle")
-    L.append(f"nodeforge_gang_slurm_bytes {slurm_bytes}")
-    if gc_stats is not None:  # the daemon's collector, run between cycles (collector.py)
-        head(
+        out += _family(
+            "nodeforge_gang_cycle_seconds",
+            "gauge",
+            "Duration of the last governor cycle",
+            [f"nodeforge_gang_cycle_seconds {cycle_seconds:.6f}"],
+        )
+    out += _family(
+        "nodeforge_gang_slurm_bytes",
+        "gauge",
+        "Bytes slurmctld returned in the last cycle",
+        [f"nodeforge_gang_slurm_bytes {slurm_bytes}"],
+    )
+    return out
+
+
+def _gc(gc_stats: CollectorStats | None) -> list[str]:
+    if gc_stats is None:  # only the daemon runs the collector between cycles (collector.py)
+        return []
+    return [
+        *_family(
             "nodeforge_gang_gc_seconds_total",
             "counter",
             "CPU seconds of Python's cyclic collector, run between cycles (not in cycle_seconds)",
-        )
-        for kind in sorted(gc_stats.seconds):
-            L.append(
+            (
                 f'nodeforge_gang_gc_seconds_total{{pass="{kind}"}} {gc_stats.seconds[kind]:.6f}'
-            )
-        head("nodeforge_gang_gc_passes_total", "counter", "Passes of the cyclic collector")
-        for kind in sorted(gc_stats.passes):
-            L.append(f'nodeforge_gang_gc_passes_total{{pass="{kind}"}} {gc_stats.passes[kind]}')
-    return "\n".join(L) + "\n"
+                for kind in sorted(gc_stats.seconds)
+            ),
+        ),
+        *_family(
+            "nodeforge_gang_gc_passes_total",
+            "counter",
+            "Passes of the cyclic collector",
+            (
+                f'nodeforge_gang_gc_passes_total{{pass="{kind}"}} {gc_stats.passes[kind]}'
+                for kind in sorted(gc_stats.passes)
+            ),
+        ),
+    ]
 
 
 def write(path: str | os.PathLike, text: str) -> None:
