@@ -378,12 +378,31 @@ _TOP = {
 
 
 def parse_params(data: Any, source: str) -> Params:
-    """Validate a params mapping from *source* (a path or a source label) into `Params`."""
+    """Validate a params mapping from *source* (a path or a source label) into `Params`.
+
+    One phase per group of fields, in this order: the first error found is the one reported,
+    so the order is part of the behaviour."""
     v = _V(source)
     d = v.mapping(data, "(top level)")
     v.unknown(d, _TOP, "")
     kw: dict[str, Any] = {}
+    kw.update(_identity(v, d))
+    kw.update(_munge(v, d))
+    kw.update(_slurm_node(v, d))
+    kw.update(_hook_fields(v, d))
+    if d.get("users_keypair") is not None:
+        kw["users_keypair"] = _users_keypair(v, d["users_keypair"])
+    kw.update(_health(v, d))
+    if "extra" in d:
+        kw["extra"] = dict(v.plain(v.mapping(d["extra"] or {}, "extra"), "extra"))
+    if d.get("gang") is not None:
+        kw["gang"] = _gang(v, d["gang"])
+    return Params(**kw)
 
+
+def _identity(v: _V, d: dict[str, Any]) -> dict[str, Any]:
+    """role, cluster_name, controller, node_name, node_address."""
+    kw: dict[str, Any] = {}
     if "role" not in d:
         v.fail("role", f"missing; set one of {', '.join(ROLES)}")
     role = v.string(d["role"], "role", max_len=20)
@@ -411,27 +430,41 @@ def parse_params(data: Any, source: str) -> Params:
 
     if d.get("node_address") is not None:
         kw["node_address"] = _ip(v, d["node_address"], "node_address")
+    return kw
 
+
+def _munge(v: _V, d: dict[str, Any]) -> dict[str, Any]:
+    """munge_key (base64 of the key itself) or munge_key_file, never both."""
+    kw: dict[str, Any] = {}
     if d.get("munge_key") is not None and d.get("munge_key_file") is not None:
         v.fail("munge_key", "give munge_key or munge_key_file, not both")
     if d.get("munge_key") is not None:
-        key = v.string(d["munge_key"], "munge_key", max_len=2 * MUNGE_KEY_MAX, secret=True)
-        if not _B64_RE.fullmatch(key):
-            v.fail("munge_key", "not valid base64 (encode the key with: base64 -w0 munge.key)")
-        try:
-            raw = base64.b64decode(key, validate=True)
-        except (binascii.Error, ValueError):
-            v.fail("munge_key", "not valid base64 (encode the key with: base64 -w0 munge.key)")
-        if not MUNGE_KEY_MIN <= len(raw) <= MUNGE_KEY_MAX:
-            v.fail(
-                "munge_key",
-                f"decodes to {len(raw)} bytes; munge needs at least {MUNGE_KEY_MIN} "
-                f"and at most {MUNGE_KEY_MAX}",
-            )
-        kw["munge_key"] = key
+        kw["munge_key"] = _munge_key(v, d["munge_key"])
     if d.get("munge_key_file") is not None:
         kw["munge_key_file"] = _abs_path(v, d["munge_key_file"], "munge_key_file")
+    return kw
 
+
+def _munge_key(v: _V, raw: Any) -> str:
+    key = v.string(raw, "munge_key", max_len=2 * MUNGE_KEY_MAX, secret=True)
+    if not _B64_RE.fullmatch(key):
+        v.fail("munge_key", "not valid base64 (encode the key with: base64 -w0 munge.key)")
+    try:
+        decoded = base64.b64decode(key, validate=True)
+    except (binascii.Error, ValueError):
+        v.fail("munge_key", "not valid base64 (encode the key with: base64 -w0 munge.key)")
+    if not MUNGE_KEY_MIN <= len(decoded) <= MUNGE_KEY_MAX:
+        v.fail(
+            "munge_key",
+            f"decodes to {len(decoded)} bytes; munge needs at least {MUNGE_KEY_MIN} "
+            f"and at most {MUNGE_KEY_MAX}",
+        )
+    return key
+
+
+def _slurm_node(v: _V, d: dict[str, Any]) -> dict[str, Any]:
+    """What slurm.conf says of this node and the cluster: features, gres, sizes, partitions."""
+    kw: dict[str, Any] = {}
     if "features" in d:
         kw["features"] = v.str_list(
             d["features"], "features", _FEATURE_RE, "a feature name (A-Za-z0-9_.-, max 64)"
@@ -454,6 +487,12 @@ def parse_params(data: Any, source: str) -> Params:
         kw["accounting"] = v.boolean(d["accounting"], "accounting")
     if "docker" in d:
         kw["docker"] = v.boolean(d["docker"], "docker")
+    return kw
+
+
+def _hook_fields(v: _V, d: dict[str, Any]) -> dict[str, Any]:
+    """hooks and how they run: timeouts, retries, output bound, the S3 endpoint and CA."""
+    kw: dict[str, Any] = {}
     if "hooks" in d:
         kw["hooks"] = _hooks(v, d["hooks"])
     for k in ("hook_timeout", "hook_backoff", "hook_backoff_max", "wait_timeout"):
@@ -467,35 +506,39 @@ def parse_params(data: Any, source: str) -> Params:
         kw["s3_endpoint_url"] = _s3_endpoint(v, d["s3_endpoint_url"])
     if d.get("s3_ca_bundle") is not None:
         kw["s3_ca_bundle"] = _ca_bundle(v, d["s3_ca_bundle"])
-    if d.get("users_keypair") is not None:
-        kp = v.mapping(d["users_keypair"], "users_keypair")
-        v.unknown(kp, {"public", "private"}, "users_keypair")
-        for k in ("public", "private"):
-            if k not in kp:
-                v.fail(f"users_keypair.{k}", "missing")
-        pub = kp["public"].strip() if isinstance(kp["public"], str) else kp["public"]
-        pub = v.string(
-            pub, "users_keypair.public", _SSH_PUB_RE, "an OpenSSH public key line (ssh-ed25519 ...)"
-        )
-        priv = kp["private"]
-        if not isinstance(priv, str) or not priv.strip():
-            v.fail("users_keypair.private", f"expected a non-empty string, got {_tn(priv)}")
-        priv = priv.strip() + "\n"
-        # The one field where newlines belong: a PEM block, nothing else.
-        if not _SSH_PRIV_RE.fullmatch(priv):
-            v.fail("users_keypair.private", "expected an OpenSSH private key (-----BEGIN ...)")
-        kw["users_keypair"] = UsersKeypair(pub, priv)
+    return kw
+
+
+def _users_keypair(v: _V, raw: Any) -> UsersKeypair:
+    kp = v.mapping(raw, "users_keypair")
+    v.unknown(kp, {"public", "private"}, "users_keypair")
+    for k in ("public", "private"):
+        if k not in kp:
+            v.fail(f"users_keypair.{k}", "missing")
+    pub = kp["public"].strip() if isinstance(kp["public"], str) else kp["public"]
+    pub = v.string(
+        pub, "users_keypair.public", _SSH_PUB_RE, "an OpenSSH public key line (ssh-ed25519 ...)"
+    )
+    priv = kp["private"]
+    if not isinstance(priv, str) or not priv.strip():
+        v.fail("users_keypair.private", f"expected a non-empty string, got {_tn(priv)}")
+    priv = priv.strip() + "\n"
+    # The one field where newlines belong: a PEM block, nothing else.
+    if not _SSH_PRIV_RE.fullmatch(priv):
+        v.fail("users_keypair.private", "expected an OpenSSH private key (-----BEGIN ...)")
+    return UsersKeypair(pub, priv)
+
+
+def _health(v: _V, d: dict[str, Any]) -> dict[str, Any]:
+    """The GPU count the health check expects, its interval, and where metrics are served."""
+    kw: dict[str, Any] = {}
     if d.get("expected_gpus") is not None:
         kw["expected_gpus"] = v.integer(d["expected_gpus"], "expected_gpus", 0, 64)
     if "health_interval" in d:
         kw["health_interval"] = v.integer(d["health_interval"], "health_interval", 0, 86400)
     if "metrics_listen" in d:
         kw["metrics_listen"] = _metrics_listen(v, d["metrics_listen"])
-    if "extra" in d:
-        kw["extra"] = dict(v.plain(v.mapping(d["extra"] or {}, "extra"), "extra"))
-    if d.get("gang") is not None:
-        kw["gang"] = _gang(v, d["gang"])
-    return Params(**kw)
+    return kw
 
 
 def _gang(v: _V, raw: Any) -> dict[str, Any]:
