@@ -770,11 +770,58 @@ def hyperpod_params(
     {InstanceGroups: [{Name, Instances: [{InstanceName, CustomerIpAddress, ...}]}]}.
     This node is the instance whose CustomerIpAddress is one of ours; only when no address
     matches, the instance whose InstanceName is our hostname. Its group picks the role.
+
+    Phases, in the order their errors are reported: read provisioning_parameters.json's groups,
+    read resource_config.json's instances, pick this node's instance, map the fields, merge the
+    `nodeforge` section.
     """
     if not isinstance(pp, dict):
         raise ParamsError(f"{pp_label}: expected a JSON object")
     if not isinstance(rc, dict) or not isinstance(rc.get("InstanceGroups"), list):
         raise ParamsError(f"{rc_label}: InstanceGroups: expected a list")
+    prov = _hp_provisioning(pp, pp_label)
+    found = _hp_instances(rc["InstanceGroups"], rc_label, own_addresses, hostname)
+    group, inst = _hp_this_node(found, rc_label, own_addresses, hostname)
+    ctl = [i for i in found.groups.get(prov.ctl_group, []) if i.get("CustomerIpAddress")]
+    if not ctl:
+        raise ParamsError(
+            f"{rc_label}: controller group {prov.ctl_group!r} has no instance with a "
+            "CustomerIpAddress"
+        )
+    if group == prov.ctl_group:
+        role = "controller"
+    elif prov.login_group and group == prov.login_group:
+        role = "login"
+    else:
+        role = "compute"
+    section = pp.get("nodeforge") or {}
+    if not isinstance(section, dict):
+        raise ParamsError(f"{pp_label}: nodeforge: expected a mapping of node params")
+    data = _hp_fields(pp, prov, role, group, inst, ctl[0]["CustomerIpAddress"])
+    _hp_merge_section(data, section, role, pp_label)
+    return data
+
+
+@dataclass(frozen=True)
+class _HpProvisioning:
+    """provisioning_parameters.json's groups: which is the controller's, which the login's,
+    and each worker group's partition."""
+
+    ctl_group: str
+    login_group: str | None
+    partition_of: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _HpInstances:
+    """resource_config.json's instances by group, and those that may be this node."""
+
+    groups: dict[str, list[dict[str, Any]]]
+    by_addr: list[tuple[str, dict[str, Any]]]  # (group, instance) with one of our addresses
+    by_name: list[tuple[str, dict[str, Any]]]  # (group, instance) named as our hostname
+
+
+def _hp_provisioning(pp: dict[str, Any], pp_label: str) -> _HpProvisioning:
     wm = pp.get("workload_manager", "slurm")
     if wm != "slurm":
         raise ParamsError(f"{pp_label}: workload_manager: {wm!r} is not 'slurm'")
@@ -782,6 +829,7 @@ def hyperpod_params(
         raise ParamsError(f"{pp_label}: controller_group: missing")
     ctl_group = _hp_str(pp.get("controller_group"), pp_label, "controller_group")
     login_group = _hp_str(pp.get("login_group"), pp_label, "login_group", required=False)
+    assert ctl_group is not None
     workers = pp.get("worker_groups") or []
     if not isinstance(workers, list):
         raise ParamsError(f"{pp_label}: worker_groups: expected a list, got {_tn(workers)}")
@@ -803,12 +851,15 @@ def hyperpod_params(
                 f"{pp_label}: worker_groups[{i}].instance_group_name: {g!r} given twice"
             )
         partition_of[g] = part
+    return _HpProvisioning(ctl_group, login_group, partition_of)
 
-    groups: dict[str, list[dict[str, Any]]] = {}
+
+def _hp_instances(
+    instance_groups: list[Any], rc_label: str, own_addresses: set[str], hostname: str
+) -> _HpInstances:
+    found = _HpInstances({}, [], [])
     group_of_addr: dict[str, str] = {}
-    by_addr: list[tuple[str, dict[str, Any]]] = []
-    by_name: list[tuple[str, dict[str, Any]]] = []
-    for gi, g in enumerate(rc["InstanceGroups"]):
+    for gi, g in enumerate(instance_groups):
         gpath = f"InstanceGroups[{gi}]"
         if not isinstance(g, dict):
             raise ParamsError(f"{rc_label}: {gpath}: expected an object, got {_tn(g)}")
@@ -816,7 +867,7 @@ def hyperpod_params(
             raise ParamsError(f"{rc_label}: {gpath}.Name: missing")
         name = _hp_str(g.get("Name"), rc_label, f"{gpath}.Name")
         assert name is not None
-        if name in groups:
+        if name in found.groups:
             raise ParamsError(f"{rc_label}: {gpath}.Name: duplicate group name {name!r}")
         insts = g.get("Instances") or []
         if not isinstance(insts, list):
@@ -826,62 +877,80 @@ def hyperpod_params(
             ipath = f"{gpath}.Instances[{ii}]"
             if not isinstance(inst, dict):
                 raise ParamsError(f"{rc_label}: {ipath}: expected an object, got {_tn(inst)}")
-            addr = _hp_str(
-                inst.get("CustomerIpAddress"), rc_label, f"{ipath}.CustomerIpAddress", False
+            _hp_instance(
+                inst, name, (rc_label, ipath), group_of_addr, own_addresses, hostname, found
             )
-            iname = _hp_str(inst.get("InstanceName"), rc_label, f"{ipath}.InstanceName", False)
-            if addr is not None:
-                why = None if is_ip(addr) else "not an IP address"
-                why = why or unusable_address(addr)
-                if why is not None:
-                    raise ParamsError(
-                        f"{rc_label}: {ipath}.CustomerIpAddress: {redact.value(addr)} is {why}"
-                    )
-                if addr in group_of_addr and group_of_addr[addr] != name:
-                    raise ParamsError(
-                        f"{rc_label}: {ipath}.CustomerIpAddress: {addr} is in two groups, "
-                        f"{group_of_addr[addr]!r} and {name!r}"
-                    )
-                group_of_addr[addr] = name
-                if addr in own_addresses:
-                    by_addr.append((name, inst))
-            if hostname and iname == hostname:
-                by_name.append((name, inst))
             valid.append(inst)
-        groups[name] = valid
+        found.groups[name] = valid
+    return found
+
+
+def _hp_instance(
+    inst: dict[str, Any],
+    group: str,
+    where: tuple[str, str],
+    group_of_addr: dict[str, str],
+    own_addresses: set[str],
+    hostname: str,
+    found: _HpInstances,
+) -> None:
+    """Check one instance's address and name; note it in *found* when it may be this node."""
+    rc_label, ipath = where  # the file, and the instance's path in it
+    addr = _hp_str(inst.get("CustomerIpAddress"), rc_label, f"{ipath}.CustomerIpAddress", False)
+    iname = _hp_str(inst.get("InstanceName"), rc_label, f"{ipath}.InstanceName", False)
+    if addr is not None:
+        why = None if is_ip(addr) else "not an IP address"
+        why = why or unusable_address(addr)
+        if why is not None:
+            raise ParamsError(
+                f"{rc_label}: {ipath}.CustomerIpAddress: {redact.value(addr)} is {why}"
+            )
+        if addr in group_of_addr and group_of_addr[addr] != group:
+            raise ParamsError(
+                f"{rc_label}: {ipath}.CustomerIpAddress: {addr} is in two groups, "
+                f"{group_of_addr[addr]!r} and {group!r}"
+            )
+        group_of_addr[addr] = group
+        if addr in own_addresses:
+            found.by_addr.append((group, inst))
+    if hostname and iname == hostname:
+        found.by_name.append((group, inst))
+
+
+def _hp_this_node(
+    found: _HpInstances, rc_label: str, own_addresses: set[str], hostname: str
+) -> tuple[str, dict[str, Any]]:
     # An address is ours for sure; a hostname can be stale or reused, so it only breaks a tie
     # when no address matched.
-    matches = by_addr or by_name
+    matches = found.by_addr or found.by_name
     if not matches:
         raise ParamsError(
             f"{rc_label}: this node (addresses {', '.join(sorted(own_addresses)) or 'none'}, "
             f"hostname {hostname!r}) is in no instance group's Instances"
         )
     if len(matches) > 1:
-        what = "addresses" if by_addr else "hostname"
+        what = "addresses" if found.by_addr else "hostname"
         raise ParamsError(
             f"{rc_label}: this node's {what} match {len(matches)} instances "
             f"(groups {', '.join(repr(g) for g, _ in matches)}); each instance must be listed once"
         )
-    ctl = [i for i in groups.get(ctl_group or "", []) if i.get("CustomerIpAddress")]
-    if not ctl:
-        raise ParamsError(
-            f"{rc_label}: controller group {ctl_group!r} has no instance with a CustomerIpAddress"
-        )
-    group, inst = matches[0]
-    if group == ctl_group:
-        role = "controller"
-    elif login_group and group == login_group:
-        role = "login"
-    else:
-        role = "compute"
-    extra_section = pp.get("nodeforge") or {}
-    if not isinstance(extra_section, dict):
-        raise ParamsError(f"{pp_label}: nodeforge: expected a mapping of node params")
+    return matches[0]
+
+
+def _hp_fields(
+    pp: dict[str, Any],
+    prov: _HpProvisioning,
+    role: str,
+    group: str,
+    inst: dict[str, Any],
+    ctl_address: str,
+) -> dict[str, Any]:
+    """The params that HyperPod's own fields give (HYPERPOD_DECIDES, extra.hyperpod, and the
+    partitions or features that the worker groups imply)."""
     data: dict[str, Any] = {
         "cluster_name": pp.get("cluster_name", "hyperpod"),
         "role": role,
-        "controller": {"address": ctl[0]["CustomerIpAddress"]},
+        "controller": {"address": ctl_address},
         "extra": {
             "hyperpod": {
                 "instance_group": group,
@@ -891,12 +960,20 @@ def hyperpod_params(
             }
         },
     }
-    if role == "compute" and group in partition_of:
-        data["features"] = [partition_of[group]]
-    if role == "controller" and partition_of:
-        names = list(dict.fromkeys(partition_of.values()))
+    if role == "compute" and group in prov.partition_of:
+        data["features"] = [prov.partition_of[group]]
+    if role == "controller" and prov.partition_of:
+        names = list(dict.fromkeys(prov.partition_of.values()))
         data["partitions"] = [{"name": n, "default": i == 0} for i, n in enumerate(names)]
-    for k, val in extra_section.items():
+    return data
+
+
+def _hp_merge_section(
+    data: dict[str, Any], section: dict[str, Any], role: str, pp_label: str
+) -> None:
+    """Add provisioning_parameters.json's `nodeforge` section to *data*, never over what
+    HyperPod's own fields decide."""
+    for k, val in section.items():
         if k in HYPERPOD_DECIDES:
             raise ParamsError(
                 f"{pp_label}: nodeforge.{k}: refused; HyperPod's own fields decide it "
@@ -925,7 +1002,6 @@ def hyperpod_params(
             data["features"] = list(data.get("features", [])) + list(val or [])
         else:
             data[k] = val
-    return data
 
 
 def _tn(v: Any) -> str:
