@@ -16,7 +16,7 @@ from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.host import Host
 from nodeforge.bootstrap.params import parse_params
 from nodeforge.bootstrap.paths import Paths
-from tests.unit.test_bootstrap import COMPUTE, FakeMachine, make
+from tests.unit.support import COMPUTE, CTL, FakeMachine, make
 
 pytestmark = pytest.mark.unit
 
@@ -307,7 +307,6 @@ def test_resumed_compute_does_not_start_slurmd_c_early(tmp_path):
 
 
 def test_controller_starts_nothing_early(tmp_path):
-    from tests.unit.test_bootstrap import CTL
 
     agent, fm, _paths, _ = make(tmp_path, CTL)
     agent.init()

@@ -17,15 +17,12 @@ from hypothesis import strategies as hst
 from nodeforge import slurm_records as sr
 from nodeforge.bootstrap import readiness as rd
 from nodeforge.bootstrap.host import Host
+from tests.unit.support import SCONTROL_JSON_24_11, FakeHost, scontrol_json_doc
 
 pytestmark = pytest.mark.unit
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/slurm/scontrol-show-node-24.11.json"
-
-
-def fixture_doc() -> dict:
-    """Fixture (see tests/fixtures/slurm/README.md): 24.11-shaped `scontrol show node --json`."""
-    return json.loads(FIXTURE.read_text())
+FIXTURE = SCONTROL_JSON_24_11
+fixture_doc = scontrol_json_doc  # 24.11-shaped `scontrol show node --json` (a fixture)
 
 
 def test_fixture_nodes_read_with_the_one_ready_definition():
@@ -45,27 +42,24 @@ def test_fixture_nodes_read_with_the_one_ready_definition():
     assert c002.reason == "maint\nState=IDLE Reason=nodeforge: running hooks"
 
 
-class Recorded:
+class Recorded(FakeHost):
     """A host whose scontrol answers from the fixture document, as `scontrol --future show
     node --json NAME` does (only that node); RESUME of a node sets it IDLE+DYNAMIC_NORM."""
 
     def __init__(self, doc: dict):
+        super().__init__()
         self.nodes = {n["name"]: n for n in doc["nodes"]}
-        self.calls: list[list[str]] = []
 
-    def run(self, argv, check=True, timeout=None, env=None, **kw):
-        argv = [str(a) for a in argv]
-        self.calls.append(argv)
+    def answer(self, argv, timeout, env):
         if argv[1:5] == ["--future", "show", "node", "--json"]:
             n = self.nodes.get(argv[5])
             if n is None:
-                return subprocess.CompletedProcess(argv, 1, "", "")
-            out = json.dumps({"nodes": [n], "meta": {}, "errors": []}, indent=2)
-            return subprocess.CompletedProcess(argv, 0, out, "")
+                return 1, ""
+            return 0, json.dumps({"nodes": [n], "meta": {}, "errors": []}, indent=2)
         if argv[1] == "update" and "State=RESUME" in argv:
             name = argv[2].removeprefix("NodeName=")
             self.nodes[name] = {**self.nodes[name], "state": ["IDLE", "DYNAMIC_NORM"], "reason": ""}
-        return subprocess.CompletedProcess(argv, 0, "", "")
+        return 0, ""
 
 
 def gate(host: Recorded, node: str) -> rd.Gate:
@@ -105,9 +99,9 @@ class AnswersWithJsonError(Recorded):
         super().__init__(fixture_doc())
         self.error = error
 
-    def run(self, argv, check=True, timeout=None, env=None, **kw):
+    def answer(self, argv, timeout, env):
         doc = {"nodes": [], "meta": {}, "errors": [{"error": self.error, "error_number": 2008}]}
-        return subprocess.CompletedProcess(argv, 0, json.dumps(doc, indent=2), "")
+        return 0, json.dumps(doc, indent=2)
 
 
 def test_gate_on_json_reads_an_invalid_node_name_error_as_not_known():

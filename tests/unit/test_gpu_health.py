@@ -4,7 +4,6 @@ the drain/clear rules, the bound on a hanging check, and the reports."""
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 from pathlib import Path
 
@@ -15,85 +14,12 @@ from hypothesis import strategies as st
 from nodeforge.bootstrap import health
 from nodeforge.bootstrap.host import Host
 from nodeforge.bootstrap.paths import Paths
-from nodeforge.errors import CommandError, MissingToolError
+from nodeforge.errors import CommandError
+from tests.unit.support import FakeGpuNode, gpu_fixture
 
 pytestmark = pytest.mark.unit
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"  # FIXTURES (see README.md there)
-# FIXTURE (tests/fixtures/slurm/README.md): a node of 24.11's `scontrol show node --json`
-NODE_24_11 = Path(__file__).resolve().parents[1] / "fixtures/slurm/scontrol-show-node-24.11.json"
-
-
-def fixture(name: str) -> str:
-    return (FIX / name).read_text()
-
-
-class FakeNode:
-    """FIXTURE machine: systemd units, nvidia-smi, the kernel log and slurmctld's node, which
-    scontrol shows as 24.11's JSON (*json*, the fixture document's c001 with this node's
-    name, state and reason) or as 22.05's `-o` line (a fixture line of that layout)."""
-
-    def __init__(
-        self,
-        smi: str | None = "nvidia-smi-healthy-8gpu.csv",
-        smi_rc: int = 0,
-        kmsg: str = "",
-        state: str = "IDLE",
-        reason: str = "",
-        json: bool = True,
-    ):
-        self.active = {"slurmd.service", "munge.service"}
-        self.smi, self.smi_rc, self.kmsg = smi, smi_rc, kmsg
-        self.state, self.reason, self.json = state, reason, json
-        self.calls: list[list[str]] = []
-        self.hang: threading.Event | None = None
-
-    def run(self, argv, check=True, timeout=None, env=None, **kw):
-        argv = [str(a) for a in argv]
-        self.calls.append(argv)
-        cmd = argv[0]
-        if cmd == "systemctl" and argv[1] == "is-active":  # as systemctl (one state per unit)
-            units = [u for u in argv[2:] if not u.startswith("-")]
-            states = ["active" if u in self.active else "inactive" for u in units]
-            out = "" if "--quiet" in argv else "".join(f"{st}\n" for st in states)
-            return subprocess.CompletedProcess(argv, 0 if "active" in states else 3, out)
-        if cmd == "systemctl":
-            return subprocess.CompletedProcess(argv, 0 if argv[-1] in self.active else 3, "")
-        if cmd == "nvidia-smi":
-            if self.hang is not None:
-                self.hang.wait(5)
-            if self.smi is None:
-                raise MissingToolError("nvidia-smi", "nvidia-smi")
-            if self.smi == "TIMEOUT":
-                raise CommandError(argv, -1, "", hint=f"timed out after {timeout}s")
-            return subprocess.CompletedProcess(argv, self.smi_rc, fixture(self.smi))
-        if cmd == "journalctl":
-            return subprocess.CompletedProcess(argv, 0 if self.kmsg else 1, self.kmsg)
-        if cmd == "scontrol" and argv[1:5] == ["--future", "show", "node", "--json"]:
-            assert self.json and len(argv) == 6, argv
-            return subprocess.CompletedProcess(argv, 0, self.node_json(argv[5]))
-        if cmd == "scontrol" and argv[1:5] == ["--future", "-o", "show", "node"]:
-            assert not self.json and len(argv) == 6, argv
-            reason = f" Reason={self.reason}" if self.reason else ""
-            line = (
-                f"NodeName={argv[5]} Arch=x86_64 State={self.state} Gres=gpu:8 "
-                f"Comment=(null){reason}"
-            )
-            return subprocess.CompletedProcess(argv, 0, line + "\n")
-        if cmd == "scontrol" and argv[1] == "update":
-            kv = dict(a.split("=", 1) for a in argv[2:])
-            if kv["State"] == "DRAIN":
-                self.state, self.reason = "IDLE+DRAIN", kv["Reason"]
-            else:
-                self.state, self.reason = "IDLE", ""
-            return subprocess.CompletedProcess(argv, 0, "")
-        raise AssertionError(f"unexpected command {argv}")
-
-    def node_json(self, name: str) -> str:
-        doc = json.loads(NODE_24_11.read_text())
-        node = {**doc["nodes"][0], "name": name, "state": self.state.split("+")}
-        node["reason"] = self.reason
-        return json.dumps({**doc, "nodes": [node]}, indent=2)
+fixture = gpu_fixture  # tests/fixtures/gpu (see README.md there)
 
 
 def cfg(tmp_path: Path, expected: int | None = 8, **kw) -> health.Config:
@@ -106,7 +32,7 @@ def cfg(tmp_path: Path, expected: int | None = 8, **kw) -> health.Config:
     )
 
 
-def check(node: FakeNode, tmp_path: Path, expected: int | None = 8, **kw) -> health.Report:
+def check(node: FakeGpuNode, tmp_path: Path, expected: int | None = 8, **kw) -> health.Report:
     rep = health.run_checks(
         Host(run=node.run), cfg(tmp_path, expected, **kw), "n1", now=lambda: 1_760_000_000.0
     )
@@ -168,7 +94,7 @@ def test_parsers_never_crash_on_garbage(text):
 
 # -- decisions --------------------------------------------------------------------------------
 def test_healthy_gpu_node_passes(tmp_path):
-    node = FakeNode()
+    node = FakeGpuNode()
     rep = check(node, tmp_path)
     assert rep.ok and rep.gpus == 8 and rep.action == health.NOTHING
     assert {c.name for c in rep.checks} == {
@@ -184,7 +110,7 @@ def test_healthy_gpu_node_passes(tmp_path):
 
 
 def test_cpu_node_without_nvidia_smi_passes_without_gpu_checks(tmp_path):
-    node = FakeNode(smi=None)
+    node = FakeGpuNode(smi=None)
     rep = check(node, tmp_path, expected=None)
     assert rep.ok and rep.gpus is None
     assert not any(c[0] == "nvidia-smi" for c in node.calls)
@@ -217,7 +143,7 @@ def test_cpu_node_without_nvidia_smi_passes_without_gpu_checks(tmp_path):
     ],
 )
 def test_gpu_failures_drain_with_what_failed(tmp_path, smi, rc, expected, what):
-    node = FakeNode(smi=smi, smi_rc=rc)
+    node = FakeGpuNode(smi=smi, smi_rc=rc)
     rep = check(node, tmp_path, expected)
     assert not rep.ok and rep.action == health.DRAINED
     assert rep.reason.startswith(what), rep.reason
@@ -227,25 +153,25 @@ def test_gpu_failures_drain_with_what_failed(tmp_path, smi, rc, expected, what):
 
 def test_cpu_gpu_image_with_expected_8_drains(tmp_path):
     """The VM-tier case, as a unit: gpu image, no GPU, expected_gpus: 8."""
-    rep = check(FakeNode(smi="nvidia-smi-no-driver.txt", smi_rc=9), tmp_path, 8)
+    rep = check(FakeGpuNode(smi="nvidia-smi-no-driver.txt", smi_rc=9), tmp_path, 8)
     assert rep.action == health.DRAINED and "nvml" in rep.reason
 
 
 def test_new_node_level_xid_drains_and_app_xid_does_not(tmp_path):
     app_only = "\n".join(fixture("kmsg-xid.txt").splitlines()[:1])
-    assert check(FakeNode(kmsg=app_only), tmp_path).ok
-    node = FakeNode(kmsg=fixture("kmsg-xid.txt"))
+    assert check(FakeGpuNode(kmsg=app_only), tmp_path).ok
+    node = FakeGpuNode(kmsg=fixture("kmsg-xid.txt"))
     rep = check(node, tmp_path)
     assert rep.reason == "nodeforge-health: xid: XID 79@0000:5d:00"
     # The cursor: the next run asks only for XIDs since this run's start.
-    node2 = FakeNode()
+    node2 = FakeGpuNode()
     check(node2, tmp_path)
     jc = next(c for c in node2.calls if c[0] == "journalctl")
     assert "--since=@1760000000" in jc
 
 
 def test_first_run_reads_this_boot(tmp_path):
-    node = FakeNode()
+    node = FakeGpuNode()
     check(node, tmp_path)
     assert "-b" in next(c for c in node.calls if c[0] == "journalctl")
 
@@ -253,20 +179,20 @@ def test_first_run_reads_this_boot(tmp_path):
 def test_garbage_cursor_is_ignored(tmp_path):
     for junk in ("nan", "inf", "-5", "1e300", "12\n34", ""):
         (tmp_path / "cursor").write_text(junk)
-        node = FakeNode()
+        node = FakeGpuNode()
         check(node, tmp_path)
         assert "-b" in next(c for c in node.calls if c[0] == "journalctl"), junk
 
 
 def test_service_down_drains(tmp_path):
-    node = FakeNode()
+    node = FakeGpuNode()
     node.active.discard("munge.service")
     rep = check(node, tmp_path, expected=None)
     assert rep.reason == "nodeforge-health: munge: munge.service is not active"
 
 
 def test_full_disk_drains(tmp_path):
-    rep = check(FakeNode(), tmp_path, expected=None, max_used=0.0)
+    rep = check(FakeGpuNode(), tmp_path, expected=None, max_used=0.0)
     assert rep.reason.startswith(f"nodeforge-health: disk: {tmp_path}")
 
 
@@ -290,21 +216,21 @@ def test_decide(state, reason, healthy, action):
 
 
 def test_passing_run_clears_only_its_own_drain(tmp_path):
-    node = FakeNode(state="IDLE+DRAIN", reason="nodeforge-health: gpu_count: 7 of 8 GPUs")
+    node = FakeGpuNode(state="IDLE+DRAIN", reason="nodeforge-health: gpu_count: 7 of 8 GPUs")
     assert check(node, tmp_path).action == health.CLEARED and node.state == "IDLE"
-    other = FakeNode(state="IDLE+DRAIN", reason="RMA ticket 42")
+    other = FakeGpuNode(state="IDLE+DRAIN", reason="RMA ticket 42")
     assert check(other, tmp_path).action == health.NOTHING
     assert other.reason == "RMA ticket 42"
     assert not any(c[1] == "update" for c in other.calls if c[0] == "scontrol")
 
 
 def test_failing_run_never_overwrites_an_operators_drain(tmp_path):
-    node = FakeNode(smi="nvidia-smi-missing-gpu.csv", state="IDLE+DRAIN", reason="RMA ticket 42")
+    node = FakeGpuNode(smi="nvidia-smi-missing-gpu.csv", state="IDLE+DRAIN", reason="RMA ticket 42")
     assert check(node, tmp_path).action == health.LEFT and node.reason == "RMA ticket 42"
 
 
 def test_hanging_check_is_bounded_and_drains_timed_out(tmp_path):
-    node = FakeNode()
+    node = FakeGpuNode()
     node.hang = threading.Event()
     try:
         rep = check(node, tmp_path, budget=0.3)
@@ -326,7 +252,7 @@ def test_slurmctld_unreachable_is_reported(tmp_path):
     def run(argv, **kw):
         if argv[0] == "scontrol":
             raise CommandError(argv, -1, "", hint="timed out")
-        return FakeNode().run(argv, **kw)
+        return FakeGpuNode().run(argv, **kw)
 
     rep = health.run_checks(Host(run=run), cfg(tmp_path, None), "n1")
     for as_json in (True, False):
@@ -347,7 +273,7 @@ def test_reports_json_and_prometheus(tmp_path, version, as_json):
     paths.params_json.parent.mkdir(parents=True)
     paths.params_json.write_text(json.dumps({"node": "gpu-001", "expected_gpus": 8}))
     write_features(paths, version)
-    node = FakeNode(smi="nvidia-smi-missing-gpu.csv", json=as_json)  # asserts the command
+    node = FakeGpuNode(smi="nvidia-smi-missing-gpu.csv", json=as_json)  # asserts the command
     rep = health.run(Host(run=node.run), paths)
     out = tmp_path / "var/lib/nodeforge/gang"
     body = json.loads((out / "health.json").read_text())
@@ -407,4 +333,4 @@ def test_disk_use_is_dfs_use_percent(tmp_path, monkeypatch, bavail, ok):
     fake = _os.statvfs_result((4096, 4096, 100, 10, bavail, 0, 0, 0, 0, 255))
     monkeypatch.setattr(health.os, "statvfs", lambda p: fake)
     # 90 blocks used, `bavail` available to users: 90/95 = 94.7 % vs 90/94 = 95.7 %
-    assert health.Checker(Host(run=FakeNode().run), cfg(tmp_path, None)).disks().ok is ok
+    assert health.Checker(Host(run=FakeGpuNode().run), cfg(tmp_path, None)).disks().ok is ok

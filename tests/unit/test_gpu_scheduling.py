@@ -10,7 +10,7 @@ import pytest
 from nodeforge.bootstrap import gres
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.errors import NodeforgeError
-from tests.unit.test_bootstrap import COMPUTE, CTL, make
+from tests.unit.support import COMPUTE, CTL, make
 
 pytestmark = pytest.mark.unit
 
@@ -148,16 +148,16 @@ def test_gpu_image_compute_registers_although_slurmd_C_crashes_without_preload(t
     (tmp_path / NVML_LIB).write_bytes(b"")
     agent, fm, _paths, _ = make(tmp_path, COMPUTE)
     seen: list[str | None] = []
-    answer = fm._answer
+    answer = fm.answer
 
-    def slurmd_c_crashes_unless_preloaded(argv, env):
+    def slurmd_c_crashes_unless_preloaded(argv, timeout, env):
         if argv[:2] == ["slurmd", "-C"]:
             seen.append(env.get("LD_PRELOAD"))
             if env.get("LD_PRELOAD") != "/" + NVML_LIB:
                 return -11, ""
-        return answer(argv, env)
+        return answer(argv, timeout, env)
 
-    fm._answer = slurmd_c_crashes_unless_preloaded
+    fm.answer = slurmd_c_crashes_unless_preloaded
     state = agent.init()
     assert seen == ["/" + NVML_LIB]
     assert state.status == "ready", state.last_error

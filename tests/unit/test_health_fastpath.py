@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from nodeforge.bootstrap import health
 from nodeforge.bootstrap.host import Host
 from nodeforge.bootstrap.paths import Paths
-from tests.unit.test_bootstrap import COMPUTE, make
-from tests.unit.test_gpu_health import FakeNode
+from tests.unit.support import COMPUTE, FakeGpuNode, make
 
 pytestmark = pytest.mark.unit
 
@@ -173,7 +172,7 @@ def setup_node(tmp_path: Path) -> Paths:
 
 def test_precheck_pass_writes_a_private_stamp_that_the_wrapper_accepts(tmp_path):
     paths = setup_node(tmp_path)
-    node = FakeNode()
+    node = FakeGpuNode()
     node.active.discard("slurmd.service")  # not started yet: not part of this check
     rep = health.precheck(Host(run=node.run), paths)
     assert rep.ok and health.SLURMD not in {c.name for c in rep.checks}
@@ -190,7 +189,7 @@ def test_failed_precheck_leaves_no_stamp_and_removes_an_old_one(tmp_path):
     paths = setup_node(tmp_path)
     paths.health_stamp.parent.mkdir(parents=True, mode=0o700)
     paths.health_stamp.write_text(f"{BOOT} {UP}\n")  # an earlier pass, same boot
-    node = FakeNode()
+    node = FakeGpuNode()
     node.active.discard("munge.service")
     rep = health.precheck(Host(run=node.run), paths)
     assert rep.reason == "nodeforge-health: munge: munge.service is not active"
@@ -200,7 +199,7 @@ def test_failed_precheck_leaves_no_stamp_and_removes_an_old_one(tmp_path):
 def test_precheck_without_a_boot_id_writes_no_stamp(tmp_path):
     paths = setup_node(tmp_path)
     paths.boot_id.write_text("not-a-boot-id\n")
-    assert health.precheck(Host(run=FakeNode().run), paths).ok
+    assert health.precheck(Host(run=FakeGpuNode().run), paths).ok
     assert not paths.health_stamp.exists()
 
 
@@ -210,7 +209,7 @@ def test_precheck_refuses_a_symlinked_stamp_dir(tmp_path):
     target.mkdir()
     paths.health_stamp.parent.parent.mkdir(parents=True, exist_ok=True)
     paths.health_stamp.parent.symlink_to(target)
-    assert health.precheck(Host(run=FakeNode().run), paths).ok
+    assert health.precheck(Host(run=FakeGpuNode().run), paths).ok
     assert list(target.iterdir()) == []  # nothing written through the link
 
 
@@ -218,7 +217,7 @@ def test_failing_full_run_removes_the_stamp(tmp_path):
     paths = setup_node(tmp_path)
     paths.health_stamp.parent.mkdir(parents=True, mode=0o700)
     paths.health_stamp.write_text(f"{BOOT} {UP}\n")
-    node = FakeNode()
+    node = FakeGpuNode()
     node.active.discard("munge.service")
     assert not health.run(Host(run=node.run), paths, slurm=False).ok
     assert not paths.health_stamp.exists()

@@ -17,10 +17,10 @@ from hypothesis import strategies as hst
 from nodeforge import slurm_records as sr
 from nodeforge.bootstrap import health
 from nodeforge.bootstrap.host import Host
+from tests.unit.support import FakeHost, scontrol_json_doc
 
 pytestmark = pytest.mark.unit
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/slurm/scontrol-show-node-24.11.json"
 OURS = "nodeforge-health: gpu_count: 7 of 8 GPUs"
 # Fixture: the start of 22.05's `scontrol --future -o show node c1` (fields before State come
 # from the config and slurmd; Comment, Extra and Reason follow it).
@@ -45,28 +45,28 @@ HOSTILE_REASONS = [
 ]
 
 
-class Slurmctld:
+class Slurmctld(FakeHost):
     """Answers scontrol as the named Slurm version would for node c1 (24.11: the fixture
     document's c001 as c1; 22.05: a fixture `-o` line), and records every update."""
 
     def __init__(self, json_: bool, state: str, reason: str, comment: str = ""):
+        super().__init__()
         self.json, self.state, self.reason, self.comment = json_, state, reason, comment
         self.updates: list[list[str]] = []
 
-    def run(self, argv, check=True, timeout=None, env=None, **kw):
-        argv = [str(a) for a in argv]
+    def answer(self, argv, timeout, env):
         assert argv[0] == "scontrol", argv
         if argv[1] == "update":
             self.updates.append(argv[2:])
-            return subprocess.CompletedProcess(argv, 0, "", "")
+            return 0, ""
         if self.json:
             assert argv[1:] == ["--future", "show", "node", "--json", "c1"], argv
-            return subprocess.CompletedProcess(argv, 0, self.json_body(), "")
+            return 0, self.json_body()
         assert argv[1:] == ["--future", "-o", "show", "node", "c1"], argv
-        return subprocess.CompletedProcess(argv, 0, self.line() + "\n", "")
+        return 0, self.line() + "\n"
 
     def json_body(self) -> str:
-        doc = json.loads(FIXTURE.read_text())
+        doc = scontrol_json_doc()
         node = {**doc["nodes"][0], "name": "c1", "state": self.state.split("+")}
         node.update(reason=self.reason, comment=self.comment)
         return json.dumps({**doc, "nodes": [node]}, indent=2)

@@ -5,26 +5,18 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from pathlib import Path
 
 import pytest
 
-from nodeforge.bootstrap.hooks import HookEnv, HookError, Runner, discover, fetch
+from nodeforge.bootstrap.hooks import HookError, discover, fetch
 from nodeforge.bootstrap.paths import Paths
 from tests.helpers import http_server, process_running, routes_handler
-from tests.unit.support import hook_params
+from tests.unit.support import hook_params, runner, script
 
 pytestmark = pytest.mark.unit
 
 
 params = hook_params
-
-
-def script(path: Path, body: str, mode: int = 0o755) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(mode)
-    return path
 
 
 @pytest.fixture
@@ -34,17 +26,6 @@ def paths(tmp_path):
     p.params_json.parent.mkdir(parents=True)
     p.params_json.write_text("{}")
     return p
-
-
-def runner(paths, sleeps=None, **kw):
-    env = HookEnv("compute", "demo", "c1", "ctl", paths.params_json)
-    return Runner(
-        paths,
-        env,
-        sleep=(sleeps.append if sleeps is not None else (lambda s: None)),
-        grace=0.5,
-        **kw,
-    )
 
 
 def test_order_baked_and_extensions_env_and_logs(paths, tmp_path):

@@ -11,15 +11,16 @@ import threading
 import time
 
 import pytest
-from test_bootstrap import COMPUTE, make  # the agent harness (fake Slurm records the drain)
-from test_hooks import params, runner, script
 
 from nodeforge.bootstrap.agent import StepFailed, stop_on_sigterm
 from nodeforge.bootstrap.hooks import HookError, discover
 from nodeforge.bootstrap.paths import Paths
 from tests.helpers import process_running
+from tests.unit.support import COMPUTE, hook_params, make, runner, script
 
 pytestmark = pytest.mark.unit
+
+params = hook_params  # the hook tests' params (support.HOOK_PARAMS)
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ import os
 import time
 
 import pytest
-from test_bootstrap import COMPUTE, make  # the agent harness (fake Slurm records the drain)
-from test_hooks import params, runner, script  # the same params, hook scripts and runner
 
 from nodeforge import download
 from nodeforge.bootstrap import hooks as hooks_mod
@@ -19,8 +17,11 @@ from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.hooks import HookError, discover
 from nodeforge.bootstrap.params import ParamsError
 from tests.helpers import QuietHandler, http_server, loopback_tls, process_running, routes_handler
+from tests.unit.support import COMPUTE, hook_params, make, runner, script
 
 pytestmark = pytest.mark.unit
+
+params = hook_params  # the hook tests' params (support.HOOK_PARAMS)
 
 ROOT = os.geteuid() == 0
 

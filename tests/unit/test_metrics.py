@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import jinja2
@@ -17,6 +16,7 @@ from nodeforge.bootstrap.host import Host
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.bootstrap.paths import Paths
 from tests.helpers import REPO
+from tests.unit.support import FakeHost
 
 pytestmark = pytest.mark.unit
 ROLE = REPO / "roles/metrics"
@@ -97,37 +97,28 @@ def test_any_listen_text_is_valid_or_a_field_error(text):
     assert out is None or ("\n" not in out and " " not in out)
 
 
-class Calls:
-    def __init__(self) -> None:
-        self.argv: list[list[str]] = []
-
-    def run(self, argv, **kw):
-        self.argv.append(list(argv))
-        return subprocess.CompletedProcess(argv, 0, "", "")
-
-
 def _unit(paths: Paths) -> None:
     (paths.systemd_lib[0]).mkdir(parents=True, exist_ok=True)
     (paths.systemd_lib[0] / metrics.UNIT).write_text("[Service]\n")
 
 
 def test_apply_writes_the_arguments_and_restarts_only_on_a_change(tmp_path):
-    paths, calls = Paths.under(tmp_path), Calls()
+    paths, calls = Paths.under(tmp_path), FakeHost()
     _unit(paths)
     host = Host(run=calls.run)
     assert metrics.apply(host, paths, "node:9100", "10.0.0.5") == "10.0.0.5:9100"
     text = paths.metrics_env.read_text()
     assert "ARGS=--collector.textfile.directory=/var/lib/nodeforge/gang " in text
     assert "--web.listen-address=10.0.0.5:9100\n" in text
-    assert calls.argv == [["systemctl", "try-restart", "--no-block", metrics.UNIT]]
+    assert calls.calls == [["systemctl", "try-restart", "--no-block", metrics.UNIT]]
     metrics.apply(host, paths, "node:9100", "10.0.0.5")  # every boot: unchanged, no call
-    assert len(calls.argv) == 1
+    assert len(calls.calls) == 1
     assert metrics.apply(host, paths, "off", "10.0.0.5") == "off"
     assert not paths.metrics_env.exists()  # the unit's condition now keeps it off
-    assert calls.argv[-1] == ["systemctl", "stop", "--no-block", metrics.UNIT]
+    assert calls.calls[-1] == ["systemctl", "stop", "--no-block", metrics.UNIT]
 
 
 def test_apply_without_the_exporter_installed_makes_no_call(tmp_path):
-    paths, calls = Paths.under(tmp_path), Calls()
+    paths, calls = Paths.under(tmp_path), FakeHost()
     metrics.apply(Host(run=calls.run), paths, "*:9100", "10.0.0.5")
-    assert calls.argv == [] and "--web.listen-address=:9100" in paths.metrics_env.read_text()
+    assert calls.calls == [] and "--web.listen-address=:9100" in paths.metrics_env.read_text()

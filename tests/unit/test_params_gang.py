@@ -19,7 +19,7 @@ from nodeforge import gang_config
 from nodeforge.bootstrap.params import ParamsError, parse_params
 from nodeforge.cli import main
 from nodeforge.gang import config as gang_package_config
-from tests.unit.test_bootstrap import COMPUTE, CTL, make
+from tests.unit.support import COMPUTE, CTL, make
 
 pytestmark = pytest.mark.unit
 

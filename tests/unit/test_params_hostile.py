@@ -596,7 +596,7 @@ def test_node_conf_round_trips():
 
 # -- the agent: bad params -> nothing written, node out of service, reason visible ----------------
 def test_bad_params_write_nothing_and_show_the_reason(tmp_path):
-    from tests.unit.test_bootstrap import COMPUTE, make
+    from tests.unit.support import COMPUTE, make
 
     agent, fm, paths, _ = make(tmp_path, {**COMPUTE, "features": ["gpu\nNodeName=evil"]})
     before = sorted(str(p) for p in tmp_path.rglob("*"))

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bootstrap import COMPUTE, make  # the agent harness (fake machine)
 
 from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.params import ParamsError, parse_params, unusable_address
@@ -29,6 +28,7 @@ from nodeforge.bootstrap.params_sources import (
 )
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.cli import main
+from tests.unit.support import COMPUTE, make  # the agent harness (fake machine)
 
 pytestmark = pytest.mark.unit
 

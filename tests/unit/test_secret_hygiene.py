@@ -7,12 +7,12 @@ import logging
 import traceback
 
 import pytest
-from test_bootstrap import CTL, make  # the agent harness (fake machine, real proc for mariadb)
 
 from nodeforge import proc
 from nodeforge.bootstrap.agent import StepFailed
 from nodeforge.bootstrap.node_roles import controller
 from nodeforge.errors import CommandError
+from tests.unit.support import CTL, make  # the agent harness (fake machine, real proc for mariadb)
 
 pytestmark = pytest.mark.unit
 

@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bootstrap import COMPUTE, make  # the agent harness (fake machine)
 
 from nodeforge import redact
 from nodeforge.bootstrap.agent import StepFailed
@@ -35,6 +34,7 @@ from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.state import State
 from nodeforge.bootstrap.status import as_json, as_text
 from nodeforge.cli import main
+from tests.unit.support import COMPUTE, make  # the agent harness (fake machine)
 
 pytestmark = pytest.mark.unit
 
