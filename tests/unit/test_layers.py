@@ -82,3 +82,13 @@ def test_a_planted_import_breaks_the_named_contract(tmp_path, module, line, cont
     assert cp.returncode != 0, cp.stdout
     broken = [ln for ln in cp.stdout.splitlines() if " BROKEN" in ln]
     assert any(contract in ln for ln in broken), cp.stdout
+
+
+def test_no_two_test_modules_share_a_basename():
+    """The e2e run collects tests/e2e and tests/unit together (rootdir-relative imports by
+    basename): two test files of one name abort the whole e2e tier at collection."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, Path] = {}
+    for f in sorted(tests.rglob("test_*.py")):
+        other = seen.setdefault(f.name, f)
+        assert other == f, f"{f.relative_to(tests)} and {other.relative_to(tests)}: rename one"
