@@ -2,6 +2,7 @@
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,21 @@ def require_tools(*tools: str) -> None:
             f"required tools missing: {', '.join(missing)} (install them; see .ci/run)",
             pytrace=False,
         )
+
+
+def wait_for(what: str, pred, timeout: float = 120.0, every: float = 1.0):
+    """*pred()*'s first truthy value, polled every *every* s; past *timeout*, the test fails
+    naming *what* and the last value seen (every e2e wait is bounded)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(
+        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})", pytrace=False
+    )
 
 
 def make_keypair(tmp_path: Path, name: str = "id_ed25519") -> tuple[str, str]:

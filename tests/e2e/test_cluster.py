@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from nodeforge.bootstrap.readiness import from_sinfo
-from tests.conftest import require_tools
+from tests.conftest import require_tools, wait_for
 from tests.helpers import E2E_ROOT, REPO, nodeforge
 
 pytestmark = pytest.mark.e2e
@@ -41,19 +41,6 @@ def cx(node: str, *cmd: str, check: bool = True, timeout: float = 120) -> str:
             pytrace=False,
         )
     return cp.stdout
-
-
-def wait_for(what: str, pred, timeout: float = 120, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(every)
-    pytest.fail(
-        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})", pytrace=False
-    )
 
 
 def node_state(node: str) -> tuple[str, str]:

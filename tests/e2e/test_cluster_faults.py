@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nodeforge.lab.localcluster import Cluster, LocalCluster, node_exec
-from tests.conftest import require_tools
+from tests.conftest import require_tools, wait_for
 
 pytestmark = pytest.mark.e2e
 NAME = "e2efault"
@@ -93,16 +93,6 @@ def settle(lc: LocalCluster, names: list[str], timeout: float = SETTLE_S) -> dic
         if time.monotonic() > deadline:
             pytest.fail(f"not settled after {timeout:.0f}s: {last}", pytrace=False)
         time.sleep(1)
-
-
-def wait_for(what: str, pred, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}", pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import require_tools
+from tests.conftest import require_tools, wait_for
 from tests.helpers import E2E_ROOT, REPO, nodeforge
 
 pytestmark = pytest.mark.e2e
@@ -41,19 +40,6 @@ def cx(node: str, *cmd: str, check: bool = True) -> str:
     if check and cp.returncode != 0:
         pytest.fail(f"[{node}] {' '.join(cmd)} exited {cp.returncode}: {cp.stdout}", pytrace=False)
     return cp.stdout
-
-
-def wait_for(what: str, pred, timeout: float):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(2)
-    pytest.fail(
-        f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})", pytrace=False
-    )
 
 
 def job_state(job: str) -> str:

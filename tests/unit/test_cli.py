@@ -199,12 +199,10 @@ def test_cluster_wait_reports_each_node_as_it_becomes_ready(monkeypatch, tmp_pat
     assert all("ready after" in ln for ln in lines), lines
 
 
-def test_cluster_wait_names_a_health_drain_at_once(monkeypatch, tmp_path):
-    """A node the health check drained (agent ready) fails the wait with its reason, not after
-    the timeout with a bare state (stubbed Slurm and agent state, no root)."""
-    from nodeforge.bootstrap.health import REASON_PREFIX
+def _drained_c001(monkeypatch, tmp_path, reason: str):
+    """A stubbed two-node cluster (no root) whose c001 is DRAIN with *reason* in Slurm while
+    its agent says ready, on a fake clock; returns (localcluster module, cluster, clock)."""
     from nodeforge.bootstrap.readiness import from_sinfo
-    from nodeforge.errors import NodeforgeError
     from nodeforge.lab import localcluster as lc
 
     monkeypatch.setattr(lc, "STATE_ROOT", tmp_path)
@@ -214,16 +212,23 @@ def test_cluster_wait_names_a_health_drain_at_once(monkeypatch, tmp_path):
         lc.Node("c001", "compute", 3, "10.213.0.3", "ns-c001", str(tmp_path / "c001"), 2, 100.0),
     ])  # fmt: skip
     (tmp_path / "t").mkdir()
-    reason = f"{REASON_PREFIX} disk: /var/lib/enroot 96% full"
-    monkeypatch.setattr(
-        lc.LocalCluster,
-        "slurm_nodes",
-        lambda self, cl: {"c001": lc.SlurmNode(from_sinfo("drain"), "drain", reason)},
-    )
+    drained = {"c001": lc.SlurmNode(from_sinfo("drain"), "drain", reason)}
+    monkeypatch.setattr(lc.LocalCluster, "slurm_nodes", lambda self, cl: drained)
     monkeypatch.setattr(lc.LocalCluster, "agent_state", lambda self, node: {"status": "ready"})
     clock = {"t": 0.0}
     monkeypatch.setattr(lc.time, "monotonic", lambda: clock["t"])
     monkeypatch.setattr(lc.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    return lc, c, clock
+
+
+def test_cluster_wait_names_a_health_drain_at_once(monkeypatch, tmp_path):
+    """A node the health check drained (agent ready) fails the wait with its reason, not after
+    the timeout with a bare state."""
+    from nodeforge.bootstrap.health import REASON_PREFIX
+    from nodeforge.errors import NodeforgeError
+
+    reason = f"{REASON_PREFIX} disk: /var/lib/enroot 96% full"
+    lc, c, clock = _drained_c001(monkeypatch, tmp_path, reason)
     with pytest.raises(NodeforgeError) as exc:
         lc.LocalCluster("t", progress=lambda m: None).wait_ready(c, ["c001"], timeout=60)
     assert str(exc.value) == f"node c001 is drained: {reason}"
@@ -231,28 +236,12 @@ def test_cluster_wait_names_a_health_drain_at_once(monkeypatch, tmp_path):
 
 
 def test_cluster_wait_timeout_names_an_operator_drain_reason(monkeypatch, tmp_path):
-    from nodeforge.bootstrap.readiness import from_sinfo
     from nodeforge.errors import NodeforgeError
-    from nodeforge.lab import localcluster as lc
 
-    monkeypatch.setattr(lc, "STATE_ROOT", tmp_path)
-    monkeypatch.setattr(lc, "_alive", lambda pid: True)
-    c = lc.Cluster("t", "img", "lower", "nfc-t", 0.0, [
-        lc.Node("ctl", "controller", 2, "10.213.0.2", "ns-ctl", str(tmp_path / "ctl"), 1, 100.0),
-        lc.Node("c001", "compute", 3, "10.213.0.3", "ns-c001", str(tmp_path / "c001"), 2, 100.0),
-    ])  # fmt: skip
-    (tmp_path / "t").mkdir()
-    monkeypatch.setattr(
-        lc.LocalCluster,
-        "slurm_nodes",
-        lambda self, cl: {"c001": lc.SlurmNode(from_sinfo("drain"), "drain", "maint")},
-    )
-    monkeypatch.setattr(lc.LocalCluster, "agent_state", lambda self, node: {"status": "ready"})
-    clock = {"t": 0.0}
-    monkeypatch.setattr(lc.time, "monotonic", lambda: clock["t"])
-    monkeypatch.setattr(lc.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    lc, c, clock = _drained_c001(monkeypatch, tmp_path, "maint")
     with pytest.raises(NodeforgeError, match=r"c001 \(.*DRAIN.* reason='maint', agent ready\)"):
         lc.LocalCluster("t", progress=lambda m: None).wait_ready(c, ["c001"], timeout=60)
+    assert clock["t"] > 60  # an operator's drain may be lifted: waited out the timeout
 
 
 # -- light dispatch: `nodeforge node …` / `params …` build only bootstrap's parser -----------
