@@ -88,8 +88,13 @@ def _slow(lab: ClusterLab, node: str, on: bool) -> None:
 
 
 def _output(lab: ClusterLab, job: int) -> str:
-    p = lab._host_path("gn1", LAB_DIR / "log" / f"job-{job}.out")
-    return p.read_text() if p.exists() else "(no output yet)"
+    """The job's output, on its batch host: the first node of the allocation in slurmctld's
+    node table, i.e. the first of gn1..gn3 to have registered (dynamic nodes), not always gn1."""
+    for n in NODES:
+        p = lab._host_path(n, LAB_DIR / "log" / f"job-{job}.out")
+        if p.exists():
+            return p.read_text()
+    return "(no output yet)"
 
 
 def _gov(make):
@@ -145,28 +150,36 @@ def test_without_slow_node_the_gang_becomes_ready(lab, gov):  # noqa: F811 (the 
 
 
 def test_a_check_that_cannot_complete_is_bounded_and_not_ready(lab, gov):  # noqa: F811
-    """gn1 (rank 0, the rendezvous) drops the probe port: no participant can finish. Every
-    one stops at probe.timeout (8 s), `gang ready` says so, the job is not marked, no node is
-    named or struck (nothing says which one is at fault), and the governor requeues it at its
-    own timeout as any unready gang."""
+    """Every node drops the probe port, so no participant can finish. (Not one node: which
+    rank listens for which is the allocation's node-table order, i.e. the order the dynamic
+    nodes registered in, so a single blocked node may be the one that only connects out.)
+    Every participant stops at probe.timeout (8 s), `gang ready` says so, the job is not
+    marked, no node is named or struck (nothing says which one is at fault), and the governor
+    requeues it at its own timeout as any unready gang."""
     require_tools("nft")
     g = _gov(gov)
-    ns = _netns(lab, "gn1")
     rules = (
         "table inet nfpf {\n  chain in {\n    type filter hook input priority 0;\n"
         f"    tcp dport {gcfg_port()} drop\n  }}\n}}\n"
     )
-    proc.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, timeout=10)
+    blocked = []
     try:
+        for n in NODES:
+            ns = _netns(lab, n)
+            proc.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, timeout=10)
+            blocked.append(ns)
         script = SCRIPT.replace("pf/gang.yaml", "pf/short.yaml")
         j = lab.sbatch("-N3", "-w", ",".join(NODES), script=script)
         show = lambda: (_output(lab, j), g.events(j))  # noqa: E731
         wait_for(lambda: "did not complete" in _output(lab, j), 40, "gang ready gives up", show)
         wait_for(lambda: g.events(j, "requeue"), 40, "the requeue at the timeout", show)
     finally:
-        proc.run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "nfpf"], check=False)
+        for ns in blocked:
+            proc.run(
+                ["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "nfpf"], check=False
+            )
     out = _output(lab, j)
-    print(f"job {j} output (gn1 drops the port):\n{out}")
+    print(f"job {j} output (every node drops the port):\n{out}")
     assert "within probe.timeout (8s)" in out and "job not marked ready" in out, out
     assert "collective preflight on gn" in out, out  # a participant says why it stopped
     comment = lab.job(j).get("Comment", "")
