@@ -181,14 +181,19 @@ def _inputs(args):
     import yaml
 
     from nodeforge import fsutil, strict_yaml
+    from nodeforge.bootstrap.params_sources import _yaml_problem
     from nodeforge.errors import NodeforgeError
 
     params = None
     if args.params:
         try:
             params = strict_yaml.load(args.params.read_bytes()) or {}
-        except (OSError, yaml.YAMLError, strict_yaml.StrictYAMLError) as exc:
+        except OSError as exc:
+            raise NodeforgeError(f"--params {args.params}: {exc.strerror}") from None
+        except strict_yaml.StrictYAMLError as exc:  # names the key and rule, never a value
             raise NodeforgeError(f"--params {args.params}: {exc}") from None
+        except yaml.YAMLError as exc:  # PyYAML's own text quotes the line: it may hold a key
+            raise NodeforgeError(f"--params {args.params}: {_yaml_problem(exc)}") from None
         if not isinstance(params, dict):
             raise NodeforgeError(f"--params {args.params}: expected a mapping of node params")
     copies = []

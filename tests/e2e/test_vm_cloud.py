@@ -35,7 +35,7 @@ from nodeforge.errors import CommandError
 from nodeforge.lab import s3front
 from nodeforge.lab.imds import IMDS, Instance
 from nodeforge.lab.vm import VM, CloudNet, VMConfig, free_port
-from tests.conftest import require_tools
+from tests.conftest import require_tools, wait_for
 from tests.helpers import E2E_ROOT, build_image
 
 pytestmark = pytest.mark.e2e
@@ -76,17 +76,6 @@ def _user_data(role: str, name: str, ip: str, *, hook_prefix: str | None, ca: st
         }
     # A #cloud-config document with a nodeforge section, as on EC2.
     return ("#cloud-config\n" + json.dumps({"nodeforge": section}, indent=1) + "\n").encode()
-
-
-def _wait(what: str, fn, timeout: float, interval: float = 3.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"{what}: not within {timeout:.0f}s (last: {last!r})", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +251,7 @@ def test_compute_configured_from_imds_runs_s3_extension_then_schedulable(cloud):
     assert st["steps"]["hooks"]["status"] == "done"
     assert st["steps"]["hooks"]["ended"] <= st["steps"]["ready"]["started"]
     assert int(ran[0].split()[1]) <= st["steps"]["ready"]["ended"] + 1
-    _wait("c1 IDLE in sinfo", lambda: _sinfo(ctl, "c1").startswith("idle|"), 120)
+    wait_for("c1 IDLE in sinfo", lambda: _sinfo(ctl, "c1").startswith("idle|"), 120, every=3.0)
     # The guard: only root reaches the metadata service.
     cp = c1.ssh(
         'setpriv --reuid=nobody --regid=nogroup --clear-groups python3 -c "import urllib.request as u;'
@@ -292,7 +281,7 @@ def test_reboot_keeps_identity_and_does_not_rerun_once_work(cloud):
         lines = cp.stdout.splitlines() if cp.returncode == 0 else []
         return lines if len(lines) == 5 and lines[3] != before[3] else None
 
-    after = _wait("c1 back after reboot", rebooted, INIT_TIMEOUT, 5)
+    after = wait_for("c1 back after reboot", rebooted, INIT_TIMEOUT, every=5)
     assert after[:3] == before[:3]  # machine-id, host keys, NodeName
     assert after[4] == before[4]  # no second copy of the admin key
     assert c1.wait_unit("nodeforge-init.service", timeout=INIT_TIMEOUT) == "active"
@@ -302,7 +291,7 @@ def test_reboot_keeps_identity_and_does_not_rerun_once_work(cloud):
     assert st["steps"]["identity"]["status"] == "skipped"
     assert st["steps"]["hooks"]["status"] == "skipped"
     assert len(c1.ssh("cat /var/lib/lifecycle-ran").stdout.splitlines()) == 1
-    _wait("c1 IDLE after reboot", lambda: _sinfo(ctl, "c1").startswith("idle|"), 180)
+    wait_for("c1 IDLE after reboot", lambda: _sinfo(ctl, "c1").startswith("idle|"), 180, every=3.0)
 
 
 def test_failing_extension_leaves_node_drained_with_reason(cloud):
@@ -314,7 +303,7 @@ def test_failing_extension_leaves_node_drained_with_reason(cloud):
     assert st["status"] == "failed" and st["steps"]["hooks"]["status"] == "failed"
     assert "AccessDenied" in st["steps"]["hooks"]["error"] or "403" in st["steps"]["hooks"]["error"]
     assert c2.ssh("test -e /var/lib/lifecycle-ran", check=False).returncode != 0
-    reason = _wait("c2 drained with a reason", lambda: _drained(ctl, "c2"), 120)
+    reason = wait_for("c2 drained with a reason", lambda: _drained(ctl, "c2"), 120, every=3.0)
     assert "lifecycle" in reason, reason
 
 

@@ -388,3 +388,18 @@ def test_cluster_params_file_is_parsed_strictly(tmp_path, text, msg):
     with pytest.raises(NodeforgeError, match=msg) as exc:
         cluster_cli._inputs(argparse.Namespace(params=f, copy=[]))
     assert str(exc.value).startswith(f"--params {f}")
+
+
+def test_cluster_params_syntax_error_never_quotes_the_line(tmp_path):
+    """A YAML syntax error on the line that holds a munge key names the position only."""
+    from nodeforge.errors import NodeforgeError
+    from nodeforge.lab import cluster_cli
+
+    secret = "c2VjcmV0LW11bmdlLWtleS1kby1ub3QtcHJpbnQ="
+    f = tmp_path / "p.yaml"
+    for text in (f'munge_key: "{secret}\n', f"munge_key: {secret}: [\n"):
+        f.write_text(text)  # PyYAML's own message quotes the head, or the tail, of that line
+        with pytest.raises(NodeforgeError, match=r"line 1") as exc:
+            cluster_cli._inputs(argparse.Namespace(params=f, copy=[]))
+        shown = str(exc.value)
+        assert not any(secret[i : i + 8] in shown for i in range(len(secret) - 7)), shown
