@@ -20,9 +20,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-for p in (REPO, REPO / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 
 from time_to_ready import agent_from_checkout, wait_schedulable
 

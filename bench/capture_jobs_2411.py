@@ -1,5 +1,5 @@
 """Capture real job records from the image's Slurm (24.11) for the cycle bench's `--shape 24.11`
-and the reader's tests: starts the gang e2e's local cluster (tests/e2e/clusterlab.py, root),
+and the reader's tests: starts the gang e2e's local cluster (lab/gang_cluster.py, root),
 submits a few gang-like jobs (a 2-node running job with hostile name/comment/workdir, a held
 one, one with a begin time, a 2-task array) and writes what slurmctld prints.
 
@@ -19,10 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-sys.path.insert(0, str(REPO))
 
-from clusterlab import ClusterLab
+from nodeforge.lab.gang_cluster import ClusterLab
 
 # Hostile user text (what the reader must keep as data): newline, '=', quotes, JSON-looking.
 NAME = 'train NumNodes=1 "x" {"job_id": 999}'

@@ -13,7 +13,7 @@ source it read (file or label) and is bounded in length. Inputs mix grammar-shap
 with what YAML 1.1 retypes (`2:00:00`, `010`, `0x1f`), nesting far past any bound, anchors,
 tags, NaN, huge integers, truncation and control characters.
 
-The unit tier runs each target with a few dozen examples (tests/unit/test_parsers_fuzz.py);
+The unit tier runs each target with a few dozen examples (tests/unit/core/test_parsers_fuzz.py);
 this runs --examples per target and prints, per parser, the cases run and the failures (the
 first falsifying input, shrunk, with its traceback).
 """
@@ -372,7 +372,7 @@ RECORD = "Slurm JSON: "  # a record's own error: "Slurm JSON: node c1: field 'st
 
 def t_slurm_records(work: Path) -> tuple[st.SearchStrategy, Callable[[Any], None]]:
     from nodeforge import slurm_records as sr
-    from nodeforge.gang import slurm as gang_slurm
+    from nodeforge.gang import slurm_view as gang_slurm
 
     fixtures = REPO / "tests" / "fixtures" / "slurm"
     jobs = (fixtures / "scontrol-show-job-24.11.json").read_text()

@@ -27,17 +27,14 @@ import os
 import random
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from nodeforge.gang import config as gcfg
 from nodeforge.gang.policy import decide
-from nodeforge.gang.slurm import JobObs, Snapshot
+from nodeforge.gang.slurm_view import JobObs, Snapshot
 from nodeforge.gang.state import GovState
 
 HOUR = 3600.0
@@ -581,7 +578,7 @@ def cmd_cycle(args) -> None:
     }
     t_sub = 1796200000
     if args.shape == "24.11":
-        return _cycle_run(args, *_jobs_2411(n, rng, t_sub), t_sub, rng)
+        return _cycle_run(args, *_jobs_2411(n, rng, t_sub, args.active), t_sub, rng)
     nodes = nodes_doc["nodes"]
     jobs = []
     for i in range(1, n + 1):
@@ -659,11 +656,12 @@ def _n(v: int) -> dict:
     return {"set": True, "infinite": False, "number": v}
 
 
-def _jobs_2411(n: int, rng: random.Random, t_sub: int):
+def _jobs_2411(n: int, rng: random.Random, t_sub: int, active: int | None = None):
     """N jobs shaped as the captured 24.11 records (every key, nested numbers, state lists,
     `\\/`-escaped slashes as Slurm's serializer writes them), 2,000 nodes as the 24.11 node
     fixture. Only the keys that differ between jobs are set per job; the rest is the
-    capture's (shared objects: the text is what counts)."""
+    capture's (shared objects: the text is what counts). *active*: that many running or
+    configuring jobs and the rest pending (a queue), instead of 40% / 60%."""
     import json
 
     cap = json.loads((FIXTURE_2411 / "scontrol-show-job-24.11.json").read_text())["jobs"]
@@ -679,6 +677,8 @@ def _jobs_2411(n: int, rng: random.Random, t_sub: int):
     jobs = []
     for i in range(1, n + 1):
         state = rng.choice(["PENDING"] * 6 + ["RUNNING"] * 3 + ["CONFIGURING"])
+        if active is not None:
+            state = rng.choice(["RUNNING"] * 3 + ["CONFIGURING"]) if i <= active else "PENDING"
         nn = rng.choice([1, 2, 4, 8])
         first = rng.randint(1, 1990)
         j = dict(pending if state == "PENDING" else running)
@@ -756,6 +756,23 @@ class _Render2411:
         return out
 
 
+def _fake_squeue(argv, jobs: list, dump, folder: str) -> str:
+    """FIXTURE squeue of 24.11 for `cycle --planned`: the state listing (`--only-job-state`:
+    each job's name and state, as 24.11 prints it) or the full records of the --jobs ids,
+    written to a file that `cat` prints (the rendering is counted as the client's time)."""
+    path = os.path.join(folder, argv[0] + ".json")
+    if argv[0] == "fake-squeue-state":
+        items = [{"job_id": str(j["job_id"]), "state": j["job_state"]} for j in jobs]
+        text = _slurm_json({"jobs": items, "meta": {}, "errors": [], "warnings": []})
+    else:
+        ids = next((a[len("--jobs=") :].split(",") for a in argv if a.startswith("--jobs=")), None)
+        want = None if ids is None else {int(x) for x in ids}
+        text = dump(jobs if want is None else [j for j in jobs if j["job_id"] in want])
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
 def _cycle_run(
     args,
     jobs: list,
@@ -769,9 +786,11 @@ def _cycle_run(
     import tempfile
 
     from nodeforge.gang import state as state_mod
-    from nodeforge.gang.policy import next_deadline
-    from nodeforge.gang.slurm import SlurmCli
+    from nodeforge.gang.policy import full_reads, next_deadline, settled_reads
+    from nodeforge.gang.slurm_view import SlurmCli
 
+    if args.planned and args.shape != "24.11":
+        raise SystemExit("cycle --planned needs --shape 24.11 (22.05 has no state listing)")
     n = args.jobs
     cfg = gcfg.from_dict({"timeout": 300, "recovery_timeout": 60}, "bench")
     now = float(t_sub + 36000 + 180)
@@ -796,12 +815,17 @@ def _cycle_run(
         def _run(self, *argv: str, check: bool = True, **kw):
             t = time.perf_counter()
             try:
+                if argv[0] in ("fake-squeue-state", "fake-squeue-full"):
+                    argv = ("cat", _fake_squeue(argv, jobs, dump, docs))
                 return super()._run(*argv, check=check, **kw)
             finally:
                 client_s[0] += time.perf_counter() - t
 
     cli = ClientTimedCli(timeout=15.0, clock=lambda: now)
     cli._commands = (["cat", jobs_file], ["cat", nodes_file])  # (no `scontrol --version`)
+    if args.planned:  # gang/read_plan.py: the state listing, then --jobs (FIXTURE squeue)
+        cli._state_argv = ["fake-squeue-state"]
+        cli._full_argv = ["fake-squeue-full"]
 
     saved = None
     prof = None
@@ -855,7 +879,12 @@ def _cycle_run(
         client_s[0] = 0.0
         timed[0] = True
         c0, t0 = time.process_time(), time.perf_counter()
-        snap = cli.snapshot()  # spawn `cat` twice, take the output, parse jobs (+ nodes)
+        # spawn `cat` twice (planned: three times), take the output, parse jobs (+ nodes)
+        snap = (
+            cli.snapshot(need=full_reads(cfg, st), settled=settled_reads(st))
+            if args.planned
+            else cli.snapshot()
+        )
         t1, c1 = time.perf_counter(), time.process_time()
         st2, _acts = decide(cfg, st, snap, now)
         t2, c2 = time.perf_counter(), time.process_time()
@@ -869,11 +898,11 @@ def _cycle_run(
         walls = (t1 - t0 - client_s[0], t2 - t1, t3 - t2, client_s[0])
         return st2, (*walls, c1 - c0, c2 - c1, c3 - c2), snap.bytes_read
 
-    # `gang run`'s collector (gang/collector.py): automatic passes off, the young
+    # `gang run`'s collector (gang/cyclic_gc.py): automatic passes off, the young
     # generation collected and frozen after every cycle, a full pass every 5th cycle here
     # (every 300 s in the daemon). Its CPU is measured apart: it runs while the governor
     # would sleep.
-    from nodeforge.gang.collector import Collector
+    from nodeforge.gang.cyclic_gc import Collector
 
     cycles = [0]
     col = (
@@ -950,20 +979,18 @@ def _cycle_run(
 
 
 def cmd_deadline(args) -> None:
-    """Deadline -> requeue delay on a real slurmctld (tests/e2e/slurmlab.py, needs root)."""
+    """Deadline -> requeue delay on a real slurmctld (lab/slurm_netns.py, needs root)."""
     import tempfile
     import threading
 
     from nodeforge.gang.events import read_events
     from nodeforge.gang.governor import Governor
-    from nodeforge.gang.slurm import SlurmCli
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-    from slurmlab import Lab
+    from nodeforge.gang.slurm_view import SlurmCli
+    from nodeforge.lab.slurm_netns import Lab
 
     if args.slurm == "24.11":
-        # the image's own Slurm in a local nspawn cluster (tests/e2e/clusterlab.py)
-        from clusterlab import ClusterLab
+        # the image's own Slurm in a local nspawn cluster (lab/gang_cluster.py)
+        from nodeforge.lab.gang_cluster import ClusterLab
 
         if args.image is None:
             raise SystemExit("deadline --slurm 24.11 needs --image (output dir of a build)")
@@ -1117,8 +1144,20 @@ def main() -> None:
         choices=("governor", "auto"),
         default="governor",
         help="cycle: Python's cyclic collector as `gang run` runs it (between cycles, "
-        "gang/collector.py; a full pass every 5th cycle here, its CPU reported apart) or "
+        "gang/cyclic_gc.py; a full pass every 5th cycle here, its CPU reported apart) or "
         "Python's default (automatic, its passes fall inside the cycles)",
+    )
+    ap.add_argument(
+        "--planned",
+        action="store_true",
+        help="cycle (--shape 24.11): the planned read of Slurm >= 24.05 (gang/read_plan.py: "
+        "state listing, then in full what the cycle needs) from a FIXTURE squeue",
+    )
+    ap.add_argument(
+        "--active",
+        type=int,
+        help="cycle (--shape 24.11): this many running/configuring jobs, the rest pending "
+        "(a queue; default: 40%% running/configuring)",
     )
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument(

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/hook_overhead.py [--repeat 200] [--json]
 
-Runs the same trivial hook (`/bin/true`) through nodeforge.proc.run_group --repeat times per
+Runs the same trivial hook (`/bin/true`) through nodeforge.contain.run_group --repeat times per
 mode, interleaved (one attempt of each mode per round, rotated) so load changes hit every
 mode alike:
 - group:     its own process group only (the old runner: a setsid daemon escapes);
@@ -26,14 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodeforge import proc
+from nodeforge.bootstrap import contain
 from nodeforge.bootstrap.hooks import Hook, HookEnv, Runner
 from nodeforge.bootstrap.paths import Paths
 
 
 def _available() -> list[str]:
     modes = ["group", "subreaper"]
-    if proc._cgroup_base() is not None:
+    if contain._cgroup_base() is not None:
         modes.append("cgroup")
     if os.path.isdir("/run/systemd/system"):
         modes.append("scope")
@@ -46,11 +46,11 @@ def _one(mode: str, runner: Runner, hook: Hook, out) -> float:
         res = runner.run_one(hook)
         assert res.ok, res.reason
     else:
-        real = proc.containment
+        real = contain.containment
         if mode != "group":
-            proc.containment = lambda: mode  # type: ignore[assignment]
+            contain.containment = lambda: mode  # type: ignore[assignment]
         try:
-            gr = proc.run_group(
+            gr = contain.run_group(
                 ["/bin/true"],
                 timeout=30,
                 output=out,
@@ -58,7 +58,7 @@ def _one(mode: str, runner: Runner, hook: Hook, out) -> float:
                 contain=None if mode == "group" else "bench",
             )
         finally:
-            proc.containment = real  # type: ignore[assignment]
+            contain.containment = real  # type: ignore[assignment]
         assert gr.returncode == 0
     return time.perf_counter() - t
 
@@ -92,7 +92,7 @@ def main() -> int:
     base = statistics.median(times["group"])
     result = {
         "repeat": args.repeat,
-        "containment_used_by_runner": proc.containment(),
+        "containment_used_by_runner": contain.containment(),
         "unavailable": [m for m in ("cgroup", "scope") if m not in modes],
         "modes": {
             m: {

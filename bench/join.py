@@ -30,7 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import time_to_ready as ttr
 
 from nodeforge.errors import NodeforgeError

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from nodeforge import proc
+from nodeforge.images import rootfs_tar
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,9 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if tree is None:
             tree = Path(tmp, "tree")
             tree.mkdir()
-            proc.run(
-                ["tar", "-C", tree, "--numeric-owner", "-I", "zstd", "-xf", a.archive], timeout=900
-            )
+            rootfs_tar.untar(a.archive, tree, zstd=True, xattrs=False)
         base_path = None
         if a.base:
             base_path = Path(tmp, "base")

@@ -55,14 +55,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 import yaml
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import build_proc, rootfs_tar
+from nodeforge.images.ssh_args import throwaway_ssh_argv
 from nodeforge.lab.localcluster import (
     Cluster,
     LocalCluster,
@@ -457,10 +457,7 @@ class Lifecycle:
         if root.exists():
             shutil.rmtree(root)
         root.mkdir(parents=True)
-        proc.run(
-            ["tar", "-C", root, "--numeric-owner", "--xattrs", "--xattrs-include=*", "-xf", tar],
-            timeout=900,
-        )
+        rootfs_tar.untar(tar, root)
         done.write_text(str(tar))
         return root
 
@@ -666,21 +663,7 @@ class Lifecycle:
             "netns",
             "exec",
             node.netns,
-            "ssh",
-            "-i",
-            str(self.client_key),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "ConnectTimeout=2",
-            *opts,
-            "root@127.0.0.1",
+            *throwaway_ssh_argv(self.client_key, connect_timeout=2, options=opts),
         ]
 
     def _close_masters(self, node: Node, cpdir: Path) -> None:
@@ -748,7 +731,7 @@ class Lifecycle:
         ]
         t_a0 = time.time()
         try:
-            proc.stream(
+            build_proc.stream(
                 argv,
                 logfile=logf,
                 env=env,

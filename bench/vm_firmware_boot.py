@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.lab.vm import BOOT_MODES, VM, VMConfig, free_port

@@ -32,7 +32,8 @@ from .params import Params, ParamsError, is_ip, unusable_address
 from .params_sources import Loaded, SourceConfig, load_params
 from .paths import Paths
 from .readiness import Gate
-from .slurm import SlurmFeatures, read_features
+from .rejoin import CONTROLLER_AWAY, ControllerAway
+from .slurm_setup import SlurmFeatures, read_features
 from .state import State, now, uptime
 
 log = logging.getLogger("nodeforge.agent")
@@ -86,7 +87,7 @@ class Stopped(NodeforgeError):
 def stop_on_sigterm() -> Iterator[None]:
     """While `node init` runs, SIGTERM fails the current step (Stopped) instead of killing the
     process outright: the step records the reason, a compute/login node is left drained with
-    it, the hook being run is stopped with everything it started (proc.run_group), and the unit
+    it, the hook being run is stopped with everything it started (contain.run_group), and the unit
     ends failed. Only the first SIGTERM: the drain that follows must not be cut short."""
 
     def stop(signum: int, frame: object) -> None:
@@ -134,8 +135,9 @@ class Agent:
         st.first_started = st.first_started or t0
         st.last_started = t0
         st.boots += 1
-        st.status, st.last_error = "running", None
+        st.status, st.last_error, st.retry = "running", None, None
         self._save()
+        self.paths.rejoin_wanted.unlink(missing_ok=True)
         try:
             self._step("params", self._params, always=True)
             self._step("identity", self._identity, verify=self._identity_ok)
@@ -218,7 +220,12 @@ class Agent:
         except StepFailed:
             raise  # already recorded by the step itself
         except NodeforgeError as exc:
+            away = isinstance(exc, ControllerAway)  # outside Slurm: `node rejoin` retries it
+            if away:
+                self.state.retry = CONTROLLER_AWAY
             self._fail(name, str(exc))
+            if away:
+                write_atomic(self.paths.rejoin_wanted, f"{CONTROLLER_AWAY}\n", 0o600)
             raise StepFailed(f"step {name} failed: {exc}") from exc
         except Exception as exc:
             import traceback  # only on a crash

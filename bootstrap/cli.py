@@ -32,6 +32,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_init)
 
+    g = nsub.add_parser(
+        "gave-up",
+        help="record a first boot systemd stopped restarting (run by nodeforge-init-gave-up.service)",
+        description="Run by nodeforge-init.service's OnFailure=: when systemd gave up restarting "
+        "the agent (killed 4 times in one boot), fail the step that was running with that "
+        "reason, drain the node with it and write the metric. Does nothing otherwise.",
+    )
+    g.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    g.set_defaults(func=_gave_up)
+    _register_rejoin(nsub)
+
     s = nsub.add_parser("status", help="steps, durations, time-to-ready and the last error")
     s.add_argument("--json", action="store_true", help="print state.json")
     s.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
@@ -83,6 +94,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_params_check)
 
 
+def _register_rejoin(nsub: argparse._SubParsersAction) -> None:
+    r = nsub.add_parser(
+        "rejoin",
+        help="start the agent again once slurmctld answers (run by nodeforge-rejoin.timer)",
+        description="Run every 30 s by nodeforge-rejoin.timer: when this node's first boot "
+        "failed because slurmctld did not answer within wait_timeout, and slurmctld answers "
+        "now, start nodeforge-init.service again (it resumes). Does nothing otherwise.",
+    )
+    r.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    r.set_defaults(func=_rejoin)
+
+
+def _rejoin(args: argparse.Namespace) -> int:
+    from .host import Host
+    from .rejoin import rejoin
+
+    paths = _paths(args.root)
+    agent_logging(paths)
+    _action, why = rejoin(paths, Host())
+    print(f"nodeforge: {why}")
+    return 0
+
+
 def _paths(root: Path):
     from .paths import Paths
 
@@ -111,6 +145,18 @@ def _init(args: argparse.Namespace) -> int:
         f"nodeforge: {state.node} ready as {state.role} of {state.cluster} "
         f"(time-to-ready {state.time_to_ready or 0:.1f}s)"
     )
+    return 0
+
+
+def _gave_up(args: argparse.Namespace) -> int:
+    from .gave_up import record, settled_unit
+    from .host import Host
+
+    paths = _paths(args.root)
+    agent_logging(paths)
+    host = Host()
+    what = record(paths, host, settled_unit(host))
+    print(f"nodeforge: {what}" if what else "nodeforge: nothing to record")
     return 0
 
 

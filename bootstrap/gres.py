@@ -22,7 +22,7 @@ from nodeforge.fsutil import write_atomic
 from .host import Host
 from .params import Params
 from .paths import Paths
-from .slurm import render
+from .slurm_setup import render
 
 GPU = "gpu"
 GPU_IMAGE_FACTS = Path("/etc/nodeforge/gpu.json")  # written by the gpu role (gpu variant)

@@ -40,8 +40,8 @@ from nodeforge.fsutil import write_atomic
 
 from .host import Host, private_dir
 from .paths import Paths
-from .readiness import from_record, read_node, reads_json
-from .slurm import read_features
+from .readiness import NodeClient, from_record, reads_json
+from .slurm_setup import read_features
 
 log = logging.getLogger("nodeforge.health")
 
@@ -370,26 +370,22 @@ def decide(state: str, reason: str, healthy: bool) -> str:
 
 
 @dataclass
-class SlurmNode:
-    """This node in slurmctld, read through the one Slurm reader exactly as the readiness
-    gate reads it (readiness.read_node: JSON on >= 23.02, 22.05's `-o` line otherwise), so an
-    operator's Reason or Comment text can neither pose as a state nor as our own drain."""
+class HealthAction(NodeClient):
+    """Drains or resumes this node after a health run. It reads the node through the readiness
+    gate's own reader (readiness.NodeClient), so an operator's Reason or Comment text can
+    neither pose as a state nor as our own drain."""
 
-    host: Host
-    node: str
-    client_conf: Path
-    json: bool  # readiness.reads_json(Slurm version)
     timeout: float = 10.0
 
-    def _scontrol(self, *args: str):
-        env = {"SLURM_CONF": str(self.client_conf)} if self.client_conf.exists() else None
-        return self.host.run(["scontrol", *args], check=False, timeout=self.timeout, env=env)
+    def _env(self) -> dict[str, str] | None:
+        # health may run before the agent wrote the client config: scontrol's default then
+        return {"SLURM_CONF": str(self.client_conf)} if self.client_conf.exists() else None
 
     def apply(self, rep: Report) -> str:
         from nodeforge.slurm_records import SlurmDataError  # lazy, as in readiness
 
         try:
-            rec = read_node(self._scontrol, self.node, json=self.json)
+            rec = self.record()
         except CommandError:
             return UNREACHABLE
         except SlurmDataError as exc:
@@ -413,7 +409,7 @@ class SlurmNode:
         else:
             return action
         try:
-            cp = self._scontrol(*args)
+            cp = self._scontrol(*args, check=False)
         except CommandError:
             return UNREACHABLE
         return action if cp.returncode == 0 else UNREACHABLE
@@ -493,7 +489,7 @@ def run(
     as_json = reads_json(read_features(paths).version_tuple) if slurm else False
     rep = run_checks(host, cfg or default_cfg, node, now=now)
     if slurm:
-        rep.action = SlurmNode(host, node, paths.slurm_client_conf, as_json).apply(rep)
+        rep.action = HealthAction(host, node, paths.slurm_client_conf, as_json).apply(rep)
     write_reports(rep, (cfg or default_cfg).report_dir)
     if not rep.ok:
         clear_stamp(paths)  # a sick node: no later wrapper run may take the fast path

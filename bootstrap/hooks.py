@@ -11,8 +11,13 @@ Contract (extensions/README.md is the operator-facing copy):
   /var/lib/nodeforge/hooks/, checked (sha256, Content-Length) BEFORE they are renamed into
   place; a mismatch is refused. An S3 prefix + script (HyperPod's SourceS3Uri + OnCreate) is
   synced to /var/lib/nodeforge/hooks/<name>.d/ and the script runs there, with its siblings.
+  Each fetch attempt is bounded as a whole (FETCH_DEADLINE): for s3://, the listing and every
+  object together, request and body, whatever the per-read timeouts allow.
+- s3:// credentials come from boto3's default chain (the instance role through IMDSv2), never
+  params; a request S3 refuses as signed with expired credentials is made once more with a
+  fresh set from that chain.
 - Each attempt runs in its own transient systemd scope (or cgroup, or subreaper sweep, see
-  nodeforge.proc.containment); when it exits or times out, EVERYTHING it started is stopped,
+  bootstrap/contain.py's containment); when it exits or times out, EVERYTHING it started is stopped,
   setsid daemons included. A hook that needs a long-lived service installs a unit.
 - A fetch failure is a failed attempt: retried with the same backoff (hook_backoff · 2^(n-1),
   capped at hook_backoff_max).
@@ -35,12 +40,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from nodeforge import fsutil, proc
+from nodeforge import fsutil
 from nodeforge.errors import NodeforgeError
-from nodeforge.fsutil import UnsafeName, confined, safe_name
+from nodeforge.fsutil import UnsafeName, confined, safe_name, swap_dir
 
+from . import contain
 from .params import Params
 from .paths import Paths
 
@@ -337,10 +343,7 @@ def fetch(hook: Hook, cache: Path) -> Path:
         dest = confined(cache, cache_name(hook), what=label)
         _clear_stale(dest, want_dir=hook.script is not None)
         if uri.startswith("s3://"):
-            if hook.script is not None:
-                return _sync_s3_prefix(hook, cache, dest)
-            bucket, key = _s3_split(hook, uri)
-            return _s3_get(hook, _s3_client(hook, cache), bucket, key, dest, hook.sha256)
+            return _s3_fetch(hook, cache, dest)
         if uri.startswith(("file://", "http://", "https://")):
             return download.fetch(
                 uri,
@@ -445,48 +448,174 @@ def _s3_client(hook: Hook, cache: Path):
     )
 
 
+def _watch_connections(client, guard: download.Deadline) -> bool:
+    """Register every socket *client* opens with *guard*, as it is opened.
+
+    botocore's timeouts bound each read, not a request (a server that sends a header byte
+    every 59 s never trips them), and a listing parses its whole answer inside one call, so
+    the deadline must reach the sockets themselves. botocore's http session picks urllib3
+    pool classes from one per-session dict (``_pool_classes_by_scheme``; the unit tests run
+    against botocore 1.44 and Debian trixie's 1.37); each is replaced by a subclass whose
+    connections hand themselves to the guard when they open a socket. False without that dict
+    (another botocore): then object bodies are still watched (_s3_get), and a warning says the
+    rest is bounded per read only."""
+    session = getattr(getattr(client, "_endpoint", None), "http_session", None)
+    pools = getattr(session, "_pool_classes_by_scheme", None)
+    if not isinstance(pools, dict) or not pools:
+        log.warning(
+            "s3: this botocore's connections cannot be watched; S3 requests are bounded per "
+            "read (%gs), object bodies by the fetch deadline",
+            FETCH_TIMEOUT,
+        )
+        return False
+    for scheme, base in list(pools.items()):
+        pools[scheme] = _guarded_pool(base, guard)
+    return True
+
+
+def _guarded_pool(base: type, guard: download.Deadline) -> type:
+    class Connection(base.ConnectionCls):  # type: ignore[name-defined,misc]
+        def _new_conn(self):
+            sock = super()._new_conn()
+            # Before TLS (urllib3 sets .sock to this socket, then wraps it): the handshake is
+            # inside the deadline too.
+            self._nodeforge_sock = sock
+            guard.watch_holder(self, _conn_socket, now=sock)
+            return sock
+
+        def connect(self):
+            try:
+                super().connect()
+            finally:
+                self._nodeforge_sock = self.sock or getattr(self, "_nodeforge_sock", None)
+
+    return type(base.__name__, (base,), {"ConnectionCls": Connection})
+
+
+def _conn_socket(conn: object):
+    """The socket a watched connection reads from: .sock, or the one it opened last (http.client
+    drops .sock when the server closes after the answer, while the answer is still read from
+    it: a listing is read whole inside botocore's call)."""
+    return getattr(conn, "sock", None) or getattr(conn, "_nodeforge_sock", None)
+
+
+# S3's answers to a request signed with credentials that have expired.
+_EXPIRED_CODES = frozenset({"ExpiredToken", "ExpiredTokenException", "RequestExpired"})
+
+
+def _s3_code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    code = response.get("Error", {}).get("Code")
+    return code if isinstance(code, str) else None
+
+
+@dataclass
+class _S3Fetch:
+    """One fetch attempt of an s3:// hook: one client, one deadline over all its requests."""
+
+    hook: Hook
+    cache: Path
+    guard: download.Deadline
+    client: Any = None  # a botocore S3 client
+
+    def call(self, what: str, request: Callable):
+        """*request*(client), made once more with a new client if S3 says its credentials have
+        expired. botocore extends a set that expires soon past its real expiry (its "static
+        stability" window, 12-20 min), so one client may keep signing with a key S3 no longer
+        takes; a new client asks the default chain (the metadata service) afresh."""
+        if self.client is None:
+            self._new_client()
+        try:
+            return request(self.client)
+        except Exception as exc:
+            if _s3_code(exc) not in _EXPIRED_CODES or self.guard.expired:
+                raise
+            log.info("hook %s: %s: credentials expired; fetching a new set", self.hook.name, what)
+        self._new_client()
+        return request(self.client)
+
+    def _new_client(self) -> None:
+        self.client = _s3_client(self.hook, self.cache)
+        _watch_connections(self.client, self.guard)
+        # Past the deadline botocore would still retry, after its backoff sleep (up to 1 s,
+        # then 2 s): a handler that runs before its retry handler ends the call instead.
+        self.client.meta.events.register_first("needs-retry.s3", self._no_retry_past_deadline)
+
+    def _no_retry_past_deadline(self, **_kw) -> None:
+        if self.guard.expired:
+            raise TimeoutError(f"not finished within {FETCH_DEADLINE:g}s")
+
+
+def _s3_fetch(hook: Hook, cache: Path, dest: Path) -> Path:
+    """An s3:// hook (one object, or a prefix + script) within one FETCH_DEADLINE in all."""
+    download = _dl()
+    with download.Deadline(FETCH_DEADLINE) as guard:
+        s3 = _S3Fetch(hook, cache, guard)
+        try:
+            if hook.script is not None:
+                return _sync_s3_prefix(s3, dest)
+            bucket, key = _s3_split(hook, hook.origin)
+            return _s3_get(s3, bucket, key, dest, hook.sha256)
+        except (HookError, download.DownloadError) as exc:
+            if guard.expired:
+                raise HookError(
+                    f"hook {hook.name}: cannot fetch {download.display_url(hook.origin)}: not "
+                    f"finished within {FETCH_DEADLINE:g}s"
+                ) from exc
+            raise
+
+
 def _s3_error(hook: Hook, what: str, exc: Exception) -> HookError:
     if "CERTIFICATE_VERIFY_FAILED" in str(exc) or type(exc).__name__ == "SSLError":
         return HookError(
             f"hook {hook.name}: cannot fetch {what}: TLS: the S3 endpoint's certificate is not "
             f"trusted ({exc}); give its CA as s3_ca_bundle in params"
         )
+    code = _s3_code(exc)
+    if code in _EXPIRED_CODES:
+        return HookError(
+            f"hook {hook.name}: cannot fetch {what}: {code}: S3 refused the instance role's "
+            "credentials as expired, a fresh set from the metadata service too; check the "
+            "instance's clock and its IAM role credentials (iam/security-credentials)"
+        )
+    if type(exc).__name__ == "NoCredentialsError":
+        return HookError(
+            f"hook {hook.name}: cannot fetch {what}: NoCredentialsError: no credentials in "
+            "boto3's default chain; on a cloud instance they are its IAM role's, from the "
+            "metadata service: give the instance a role (instance profile) and check that "
+            "169.254.169.254 answers root on the node"
+        )
     return HookError(f"hook {hook.name}: cannot fetch {what}: {type(exc).__name__}: {exc}")
 
 
-def _s3_get(hook: Hook, client, bucket: str, key: str, dest: Path, sha256: str | None) -> Path:
+def _s3_get(s3: _S3Fetch, bucket: str, key: str, dest: Path, sha256: str | None) -> Path:
     download = _dl()
+    hook, guard = s3.hook, s3.guard
     uri = f"s3://{bucket}/{key}"
-    # botocore bounds each read (read_timeout), not their sum: the body's connection is watched
-    # by the same whole-attempt deadline as an https fetch, so a dripping body ends at it.
-    guard = download.Deadline(FETCH_DEADLINE)
     try:
-        with guard:
-            obj = client.get_object(Bucket=bucket, Key=key)
-            body = obj["Body"]
-            sock = download.stream_socket(body)
-            if sock is not None:
-                guard.watch(sock)
-            length = obj.get("ContentLength")
-            chunks = iter(lambda: body.read(download.CHUNK), b"")
-            return download.save(
-                chunks,
-                dest,
-                label=f"hook {hook.name}",
-                url=uri,
-                expected_length=length,
-                sha256=sha256,
-                mode=0o700,
-                max_bytes=MAX_SCRIPT_BYTES,
-                deadline=guard.at,
-            ).path
+        obj = s3.call(uri, lambda c: c.get_object(Bucket=bucket, Key=key))
+        body = obj["Body"]
+        # The body's socket: http.client lets go of it on the connection (.sock is None) when
+        # the server closes after this answer, so the response is watched too.
+        guard.watch_holder(body, download.stream_socket)
+        length = obj.get("ContentLength")
+        chunks = iter(lambda: body.read(download.CHUNK), b"")
+        return download.save(
+            chunks,
+            dest,
+            label=f"hook {hook.name}",
+            url=uri,
+            expected_length=length,
+            sha256=sha256,
+            mode=0o700,
+            max_bytes=MAX_SCRIPT_BYTES,
+            deadline=guard.at,
+        ).path
+    except (HookError, download.DownloadError):
+        raise
     except Exception as exc:  # botocore's errors are many; each is a failed attempt
-        if guard.expired:
-            raise HookError(
-                f"hook {hook.name}: cannot fetch {uri}: not finished within {FETCH_DEADLINE:g}s"
-            ) from exc
-        if isinstance(exc, download.DownloadError):
-            raise
         raise _s3_error(hook, uri, exc) from exc
 
 
@@ -529,17 +658,23 @@ def _s3_listing(hook: Hook, bucket: str, prefix: str, objects: list[dict]) -> li
     return rels
 
 
-def _sync_s3_prefix(hook: Hook, cache: Path, final: Path) -> Path:
+def _sync_s3_prefix(s3: _S3Fetch, final: Path) -> Path:
     """HyperPod's shape: every object under the prefix into <cache>/<name>.d/, then the script.
 
     The new copy is built beside the old one and swapped in whole, so a failed sync never leaves
     a mix of two versions. The whole listing is checked (_s3_listing) before the first object
     is fetched, and each path is placed with the one confinement helper."""
+    hook, cache = s3.hook, s3.cache
     bucket, prefix = _s3_split(hook, hook.origin)
-    client = _s3_client(hook, cache)
-    try:
+
+    def listing(client) -> list[dict]:
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        objects = [o for page in pages for o in page.get("Contents", [])]
+        return [o for page in pages for o in page.get("Contents", [])]
+
+    try:
+        objects = s3.call(hook.origin, listing)
+    except HookError:
+        raise
     except Exception as exc:
         raise _s3_error(hook, hook.origin, exc) from exc
     rels = _s3_listing(hook, bucket, prefix, objects)
@@ -552,8 +687,7 @@ def _sync_s3_prefix(hook: Hook, cache: Path, final: Path) -> Path:
             )
             dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             _s3_get(
-                hook,
-                client,
+                s3,
                 bucket,
                 prefix + rel,
                 dest,
@@ -565,12 +699,7 @@ def _sync_s3_prefix(hook: Hook, cache: Path, final: Path) -> Path:
                 f"hook {hook.name}: {hook.origin} has no {hook.script!r} (found {count} objects)"
             )
         old = confined(cache, f".{hook.name}.d.old", what=f"hook {hook.name}")
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            final.rename(old)
-        work.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_dir(work, final, old=old)
         return confined(final, str(hook.script), what=f"hook {hook.name}: script")
     finally:
         if work.exists():
@@ -663,7 +792,7 @@ class Runner:
 
     def _attempt(
         self, hook: Hook, path: Path, attempt: int, attempts: int, logpath: Path
-    ) -> proc.GroupResult:
+    ) -> contain.GroupResult:
         # An S3 prefix hook runs in its synced directory (lifecycle scripts use ./siblings).
         cwd = str(path.parent) if hook.script is not None else "/"
         with fsutil.open_private_append(logpath) as out:
@@ -672,7 +801,7 @@ class Runner:
                 f"(timeout {hook.timeout:g}s) {path}\n"
             )
             out.flush()
-            gr = proc.run_group(
+            gr = contain.run_group(
                 [str(path)],
                 timeout=hook.timeout,
                 output=out,
@@ -720,7 +849,7 @@ class Runner:
 
 
 # Every hook runs in a transient scope named nodeforge-hook-<name>-<pid>-<random>.scope when
-# systemd is PID 1 (proc.run_group contain="hook-<name>"): outside the agent's own unit.
+# systemd is PID 1 (contain.run_group contain="hook-<name>"): outside the agent's own unit.
 LEFTOVER_SCOPES = "nodeforge-hook-*.scope"
 
 
@@ -742,7 +871,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def _describe(gr: proc.GroupResult, timeout: float) -> str:
+def _describe(gr: contain.GroupResult, timeout: float) -> str:
     if gr.timed_out:
         return f"TIMED OUT after {timeout:g}s (everything it started was stopped)"
     if gr.signal is not None:

@@ -452,6 +452,12 @@ def _from_user_data(cfg: SourceConfig) -> Loaded | None:
     section = _user_data_section(text, label, guarded)
     if section is None:
         return None
+    if section.get("node_name") is None:
+        # EC2's own name for the instance, before the guest's hostname (an image default, the
+        # same on every node, until something sets it).
+        name = imds_node_name(session)
+        if name is not None:
+            section = {**section, "node_name": name}
     params = parse_params(section, label + " nodeforge")
     return Loaded(params, "imds", imds_public_keys(session))
 
@@ -619,6 +625,34 @@ def imds_user_data(base_url: str, timeout: float = 1.0) -> str | None:
     """IMDSv2 user-data, or None when there is no IMDS or no user-data (see `ImdsSession`)."""
     session = ImdsSession.open(base_url, timeout)
     return None if session is None else session.get("latest/user-data", "user-data")
+
+
+def imds_node_name(session: ImdsSession) -> str | None:
+    """The node name EC2 gives the instance: the first label of meta-data/local-hostname
+    (ip-10-0-0-5 of ip-10-0-0-5.eu-west-1.compute.internal), else of meta-data/hostname; None
+    when neither is served (then the guest's hostname, identity.node_name)."""
+    for what in ("local-hostname", "hostname"):
+        text = session.get(f"latest/meta-data/{what}", what)
+        if text is not None:
+            return node_name_from_hostname(text, f"IMDS {what}")
+    return None
+
+
+def node_name_from_hostname(text: str, what: str) -> str:
+    """The first label of the hostname *text* as a node name, or an error naming *what*."""
+    from .params import is_hostname, is_node_name, unusable_address
+
+    host = text.strip()
+    label = host.split(".", 1)[0]
+    if not (is_hostname(host) and is_node_name(label)):
+        raise NodeforgeError(
+            f"{what}: {host[:80]!r} is not a hostname whose first label is a usable node name "
+            "(RFC 1123 labels: letters, digits, inner '-'); set node_name in user-data"
+        )
+    why = unusable_address(label)
+    if why is not None:  # the node_name rule of params (localhost and the like)
+        raise NodeforgeError(f"{what}: {label!r} is {why}; set node_name in user-data")
+    return label
 
 
 def imds_public_keys(session: ImdsSession) -> tuple[str, ...]:

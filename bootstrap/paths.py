@@ -29,6 +29,10 @@ class Paths:
     params_json: Path = Path("/var/lib/nodeforge/params.json")
     # Written once this disk has registered its node in slurmctld (readiness.Gate.hold)
     slurm_registered: Path = Path("/var/lib/nodeforge/slurm-registered")
+    # Present while the agent's last run failed because slurmctld did not answer: the
+    # condition of nodeforge-rejoin.service (ConditionPathExists), so its timer costs nothing
+    # on every other node (bootstrap/rejoin.py).
+    rejoin_wanted: Path = Path("/var/lib/nodeforge/rejoin-wanted")
     hook_cache: Path = Path("/var/lib/nodeforge/hooks")
     log_dir: Path = Path("/var/log/nodeforge")
     secrets: Path = Path("/etc/nodeforge/secrets")

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodeforge.errors import NodeforgeError
-from nodeforge.slurm import controller_up, has
+from nodeforge.slurm_facts import controller_up, has
 
 from .host import Host
 
@@ -216,28 +216,36 @@ def read_node(
 
 
 @dataclass
-class Gate:
+class NodeClient:
+    """This node in slurmctld, through `scontrol` with the node's client config: the one
+    node-state reader that the readiness gate and the health action share (read_node: JSON
+    on >= 23.02, 22.05's `-o` line otherwise)."""
+
     host: Host
     node: str
     client_conf: Path
+    json: bool = False  # Slurm >= 23.02: read the node as JSON (see read_node)
     timeout: float = 30.0  # per scontrol call
-    json: bool = False  # Slurm >= 23.02: read the node as JSON (see record())
-    poll: float = 0.05  # between two looks at the node's state (each one scontrol call, ~10 ms)
+
+    def _env(self) -> dict[str, str] | None:
+        return {"SLURM_CONF": str(self.client_conf)}
 
     def _scontrol(self, *args: str, check: bool = True):
         return self.host.run(
-            ["scontrol", *args],
-            check=check,
-            timeout=self.timeout,
-            env={"SLURM_CONF": str(self.client_conf)},
+            ["scontrol", *args], check=check, timeout=self.timeout, env=self._env()
         )
-
-    def controller_up(self) -> bool:
-        return controller_up(lambda argv: self._scontrol(*argv[1:], check=False))
 
     def record(self) -> NodeRecord | None:
         """The node as slurmctld shows it now (None: not known to it); see read_node."""
         return read_node(lambda *a: self._scontrol(*a, check=False), self.node, json=self.json)
+
+
+@dataclass
+class Gate(NodeClient):
+    poll: float = 0.05  # between two looks at the node's state (each one scontrol call, ~10 ms)
+
+    def controller_up(self) -> bool:
+        return controller_up(lambda argv: self._scontrol(*argv[1:], check=False))
 
     def state(self) -> NodeState:
         rec = self.record()

@@ -47,6 +47,8 @@ class State:
     uptime_at_ready: float | None = None  # seconds from this boot (PID 1 start) to ready
     status: str = "new"  # new | running | ready | failed
     last_error: str | None = None
+    # Set with a failure `nodeforge node rejoin` retries (bootstrap/rejoin.py CONTROLLER_AWAY).
+    retry: str | None = None
     steps: dict[str, StepRecord] = field(default_factory=lambda: {s: StepRecord() for s in STEPS})
 
     @classmethod

@@ -52,4 +52,9 @@ def as_text(state: State) -> str:
             )
     if state.last_error:
         lines += ["", f"last error: {state.last_error}"]
+    if state.status == "failed" and state.retry:
+        lines.append(
+            "outside Slurm: nodeforge-rejoin.timer starts the agent again once slurmctld "
+            "answers (`systemctl list-timers nodeforge-rejoin.timer`)"
+        )
     return redact.text("\n".join(lines) + "\n")

@@ -148,7 +148,7 @@ def _ready(args) -> int:
     from nodeforge.errors import NodeforgeError
 
     from .readiness import ready_marker
-    from .slurm import SlurmCli
+    from .slurm_view import SlurmCli
 
     cfg = _load(args.config)
     timeout = args.timeout if args.timeout is not None else cfg.probe.timeout

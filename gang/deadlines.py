@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .config import Deadlines
-from .slurm import JobObs
+from .slurm_view import JobObs
 
 
 class Verdict(str, Enum):  # noqa: UP042 - str-valued like ActionKind (events compare names)

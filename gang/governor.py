@@ -12,10 +12,10 @@ from nodeforge.errors import CommandError, NodeforgeError
 from . import deadlines, metrics, policy, strikes
 from . import state as state_mod
 from .actions import JOB_COMMANDS, ActionKind
-from .collector import Collector
 from .config import GangConfig
+from .cyclic_gc import Collector
 from .events import EventLog, encode_admin
-from .slurm import JobAddress, JobObs, SlurmCli, Snapshot
+from .slurm_view import JobAddress, JobObs, SlurmCli, Snapshot
 from .state import GovState
 
 log = logging.getLogger("nodeforge.gang")
@@ -39,7 +39,7 @@ class Governor:
         self.failures = 0  # failed reads of slurmctld in a row
         self.retry_at = 0.0
         self._saved: state_mod.Saved | None = None  # what this process last wrote
-        self.collector: Collector | None = None  # set while run() runs (collector.py)
+        self.collector: Collector | None = None  # set while run() runs (cyclic_gc.py)
         # AdminComments this cycle wrote (job -> text): a second write in the same cycle
         # starts from it, not from the snapshot's older text
         self._written: dict[str, str] = {}
@@ -50,7 +50,10 @@ class Governor:
         if self.clock() < self.retry_at:
             return []  # backing off after failed reads of slurmctld
         try:
-            snap = self.slurm.snapshot()
+            snap = self.slurm.snapshot(
+                need=policy.full_reads(self.cfg, self.state),
+                settled=policy.settled_reads(self.state),
+            )
         except NodeforgeError as exc:
             self._read_failed(exc)
             return []
@@ -325,7 +328,7 @@ class Governor:
         collector: Collector | None = None,
     ) -> int:
         """Cycle every interval_seconds until stop(), max_cycles or duration (all bounded).
-        Python's cyclic collector runs between cycles, not inside them (collector.py)."""
+        Python's cyclic collector runs between cycles, not inside them (cyclic_gc.py)."""
         end = None if duration is None else time.monotonic() + duration
         n = 0
         self.events.write({"action": "governor_start"})

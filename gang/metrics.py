@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from nodeforge.fsutil import write_atomic
 
-from .collector import CollectorStats
+from .cyclic_gc import CollectorStats
 from .state import (
     ADMITTED,
     BACKOFF,
@@ -269,7 +269,7 @@ def _cycle(up: bool, cycle_seconds: float | None, slurm_bytes: int) -> list[str]
 
 
 def _gc(gc_stats: CollectorStats | None) -> list[str]:
-    if gc_stats is None:  # only the daemon runs the collector between cycles (collector.py)
+    if gc_stats is None:  # only the daemon runs the collector between cycles (cyclic_gc.py)
         return []
     return [
         *_family(

@@ -33,7 +33,7 @@ from . import deadlines, readiness, strikes
 from .actions import Action, ActionKind
 from .config import GangConfig
 from .events import decode_admin
-from .slurm import JobObs, Snapshot
+from .slurm_view import JobObs, Snapshot
 from .state import (
     ADMITTED,
     BACKOFF,
@@ -256,7 +256,7 @@ def _quiet_until(cfg: GangConfig, job: JobObs, old: GangRecord) -> float | None:
     the record is kept as is (no copy, no work). inf: for good; None: not quiet. The last
     cycle ran every phase function on these very inputs (job, node map, config); what still
     differs is the clock, so a running clock is quiet only while its deadline is ahead
-    (tests/unit/test_gang_policy.py checks the result against the full path over random
+    (tests/unit/gang/test_gang_policy.py checks the result against the full path over random
     cycles)."""
     ph = old.phase
     if ph == PENDING:
@@ -809,6 +809,42 @@ def _admit_next(c: _Cycle) -> None:
         "no admitted-but-not-ready gang job",
         partition=nxt.partition,
     )
+
+
+# Phases in which a pending job's decisions read more than its state (holds, EligibleTime,
+# Priority, Reason): the reader reads these jobs in full every cycle (read_plan.py).
+FULL_READ_PHASES = frozenset({BACKOFF, WAITING, DEACTIVATED})
+
+
+def full_reads(cfg: GangConfig, st: GovState) -> frozenset[str]:
+    """Keys of the gangs whose jobs the next cycle must read in full even while they are
+    plainly pending. A pending gang in PENDING reads nothing else, except under
+    block_admission: its hold and Reason decide the admission queue (and non-pending jobs
+    are read in full anyway)."""
+    phases = FULL_READ_PHASES | {PENDING} if cfg.block_admission else FULL_READ_PHASES
+    return frozenset(k for k, r in st.jobs.items() if r.phase in phases)
+
+
+def settled_reads(st: GovState) -> frozenset[str]:
+    """Keys of the running gangs the next cycle may keep from their last full record while
+    their listed state is the same and their nodes are up (read_plan.py): those found ready.
+    Every field of a running job that a decision reads, by phase function:
+    - _record/_observe: Restarts (grows only by a requeue, which lists the job
+      COMPLETING/PENDING: read in full; Slurm holds a requeued batch job back ~121 s before
+      it may start again), SubmitTime (a reused id is a new job: listed as new), Partition,
+      Reason, EligibleTime, Priority (kept in the record; Priority only while pending; read
+      by no decision of a READY gang);
+    - _finished / the PENDING branch: the state (the listing's);
+    - _admitted, READY: readiness.still_ready: the state, NumNodes and NodeList against the
+      node map. Node failures come from the node read (a settled job whose node is down,
+      not responding, not allocated or unlisted is read in full); what a kept record may miss
+      for at most the refresh bound: a shrink (`scontrol update NumNodes`, or a --no-kill
+      node failure whose DOWN came and went between two node reads) whose freed node was
+      handed to another job at once: then RECOVERING begins at the refresh, not at once;
+    - an action's job fields (restarts, partition, address: the same while running).
+    ADMITTED (the ready mark in Comment, Reason=Prolog, preflight marks), RECOVERING,
+    BACKOFF, DEACTIVATED and NOT_REQUEUEABLE read their running job in full every cycle."""
+    return frozenset(k for k, r in st.jobs.items() if r.phase == READY)
 
 
 def next_deadline(cfg: GangConfig, st: GovState, now: float) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from .slurm import JobObs
+from .slurm_view import JobObs
 
 # The node itself is not up (as opposed to a drain someone chose, or a job-level wait such
 # as a running prolog, which names no node): what a node strike is given for.

@@ -82,7 +82,7 @@ class GangRecord:
     first_admitted_at: float | None = None  # first admission (backoff_limit_seconds runs from it)
 
 
-# Node drain states (NodeRecord.drain); "" = not drained by this governor.
+# Node drain states (NodeStrikes.drain); "" = not drained by this governor.
 DRAINING = "draining"  # drain decided and persisted; not yet seen in Slurm
 DRAINED = "drained"  # Slurm shows the node drained with our reason
 
@@ -95,7 +95,7 @@ class Strike:
 
 
 @dataclass
-class NodeRecord:
+class NodeStrikes:
     """Strikes of one node (only those within node_strike_window_seconds are kept)."""
 
     name: str
@@ -124,7 +124,7 @@ class GovState:
     jobs: dict[str, GangRecord] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
     version: int = 1
-    nodes: dict[str, NodeRecord] = field(default_factory=dict)  # struck or drained by us
+    nodes: dict[str, NodeStrikes] = field(default_factory=dict)  # struck or drained by us
     # Not persisted: the observations this state was decided on (job key -> JobObs, and the
     # node map), so that decide() can skip a job whose observation is the very same object
     # (the reader's cache hands out the same object for an unchanged job).
@@ -171,7 +171,7 @@ def from_json(d: dict) -> GovState:
     jobs = {k: GangRecord(**v) for k, v in d.get("jobs", {}).items()}
     c = d.get("counters", {})
     nodes = {
-        k: NodeRecord(**{**v, "strikes": [Strike(**s) for s in v.get("strikes", [])]})
+        k: NodeStrikes(**{**v, "strikes": [Strike(**s) for s in v.get("strikes", [])]})
         for k, v in d.get("nodes", {}).items()
     }
     return GovState(jobs=jobs, counters=Counters(**c), version=d.get("version", 1), nodes=nodes)

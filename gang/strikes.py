@@ -25,8 +25,8 @@ from dataclasses import replace
 from . import readiness
 from .actions import Action
 from .config import GangConfig
-from .slurm import JobObs, Snapshot
-from .state import DRAINED, DRAINING, NodeRecord, Strike
+from .slurm_view import JobObs, Snapshot
+from .state import DRAINED, DRAINING, NodeStrikes, Strike
 
 # Every Reason the governor gives starts with this; it is how a governor that lost its state
 # file finds the nodes it drained, and how a drain by someone else is told from ours.
@@ -67,8 +67,8 @@ def drain_reason(strikes: int, window: float, job_id: str, why: str) -> str:
 
 
 def reconcile(
-    cfg: GangConfig, old: Mapping[str, NodeRecord], snap: Snapshot, now: float
-) -> tuple[dict[str, NodeRecord], list[Action]]:
+    cfg: GangConfig, old: Mapping[str, NodeStrikes], snap: Snapshot, now: float
+) -> tuple[dict[str, NodeStrikes], list[Action]]:
     """Carry the node records into this cycle (copies; *old* is not changed).
 
     Strikes older than the window are dropped (a drained node keeps them: they are the
@@ -79,7 +79,7 @@ def reconcile(
     know (state file lost) are taken back into it.
     """
     horizon = now - cfg.node_strike_window_seconds
-    out: dict[str, NodeRecord] = {}
+    out: dict[str, NodeStrikes] = {}
     acts: list[Action] = []
     for name, o in old.items():
         rec = replace(o, strikes=list(o.strikes))
@@ -121,13 +121,13 @@ def reconcile(
             out[name] = rec
     for name, reason in snap.node_reasons.items():
         if name not in out and drained_by_us(snap.nodes.get(name, frozenset()), reason):
-            out[name] = NodeRecord(name, drain=DRAINED, drain_reason=reason)
+            out[name] = NodeStrikes(name, drain=DRAINED, drain_reason=reason)
     return out, acts
 
 
 def strike(
     cfg: GangConfig,
-    nodes: dict[str, NodeRecord],
+    nodes: dict[str, NodeStrikes],
     job: JobObs,
     snap: Snapshot,
     now: float,
@@ -153,7 +153,7 @@ def strike(
         if name in struck:
             continue  # gangs sharing a node that time out in one cycle are one observation
         struck.add(name)
-        rec = nodes.setdefault(name, NodeRecord(name))
+        rec = nodes.setdefault(name, NodeStrikes(name))
         rec.strikes.append(Strike(now, job.job_id, why))
         n = len(rec.strikes)
         acts.append(
@@ -174,8 +174,8 @@ def strike(
 
 def _drain_or_skip(
     cfg: GangConfig,
-    nodes: Mapping[str, NodeRecord],
-    rec: NodeRecord,
+    nodes: Mapping[str, NodeStrikes],
+    rec: NodeStrikes,
     snap: Snapshot,
     now: float,
     job_id: str,
@@ -204,7 +204,7 @@ def _drain_or_skip(
     )
 
 
-def _skipped(rec: NodeRecord, job_id: str, reason: str, why: str) -> Action:
+def _skipped(rec: NodeStrikes, job_id: str, reason: str, why: str) -> Action:
     n = len(rec.strikes)
     return Action(
         "drain_skipped",
@@ -216,7 +216,7 @@ def _skipped(rec: NodeRecord, job_id: str, reason: str, why: str) -> Action:
     )
 
 
-def clear_on_ready(nodes: dict[str, NodeRecord], job: JobObs) -> None:
+def clear_on_ready(nodes: dict[str, NodeStrikes], job: JobObs) -> None:
     """All of *job*'s nodes were up together: their strikes start over."""
     for n in job.nodes:
         rec = nodes.get(n)

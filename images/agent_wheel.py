@@ -18,13 +18,14 @@ import nodeforge
 import nodeforge.bootstrap
 import nodeforge.gang
 from nodeforge import data
+from nodeforge.fsutil import atomic_output
 
 NAME = "nodeforge"
 REQUIRES = ("PyYAML>=6", "Jinja2>=3.1")  # Debian's python3-yaml / python3-jinja2 on the node
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 # The core files the node code runs with, by name: what bootstrap/, gang/ and the CLI import
-# from the core (tests/unit/test_agent_wheel.py checks this list against their imports), and
-# the Slurm thresholds that nodeforge/slurm.py reads. A new core module is build-host only
+# from the core (tests/unit/images/test_agent_wheel.py checks this list against their imports), and
+# the Slurm thresholds that nodeforge/slurm_facts.py reads. A new core module is build-host only
 # until it is named here.
 NODE_CORE = (
     "__init__.py",
@@ -38,7 +39,7 @@ NODE_CORE = (
     "proc.py",
     "redact.py",
     "scalars.py",
-    "slurm.py",
+    "slurm_facts.py",
     "slurm_records.py",
     "slurm_versions.json",
     "slurmconf.py",
@@ -117,17 +118,12 @@ def write(dest: Path) -> Path:
     files.append((f"{info}/RECORD", (record + f"{info}/RECORD,,\n").encode()))
     dest.mkdir(parents=True, exist_ok=True)
     out = dest / f"{NAME}-{version}-py3-none-any.whl"
-    tmp = out.with_name(f".{out.name}.part")
-    try:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-            for arc, body in files:
-                zi = zipfile.ZipInfo(arc, date_time=_EPOCH)
-                zi.external_attr = 0o644 << 16
-                zi.compress_type = zipfile.ZIP_DEFLATED
-                z.writestr(zi, body)
-        tmp.replace(out)  # a finished wheel or none
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_output(out) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for arc, body in files:  # a finished wheel or none
+            zi = zipfile.ZipInfo(arc, date_time=_EPOCH)
+            zi.external_attr = 0o644 << 16
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(zi, body)
     return out
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import IO
 
 from nodeforge import proc
+from nodeforge.fsutil import atomic_output, write_atomic
+from nodeforge.images import build_proc
 
 from .versions import Base
 
@@ -83,23 +85,22 @@ def ensure_base(
         logfile.write(f"base: reusing cached {tar}\n")
         return tar, True
     # mmdebstrap picks the output format from the extension, so the temp name ends in .tar.
-    tmp = tar.with_name(f".part-{os.getpid()}-{tar.name}")
-    argv = [
-        proc.require_tool("mmdebstrap"),
-        f"--variant={spec.variant}",
-        f"--architectures={spec.arch}",
-        f"--include={','.join(spec.packages)}",
-        f"--keyring={keyring}",
-        # Written into the image's sources.list too, so the roles' apt sees these components.
-        f"--components={','.join(spec.components)}",
-        # Recommends stay off for a lean image; roles add what they need by name.
-        '--aptopt=APT::Install-Recommends "false"',
-        spec.suite,
-        str(tmp),
-        spec.mirror,
-    ]
-    try:
-        proc.stream(
+    with atomic_output(tar, tmp_name=f".part-{os.getpid()}-{tar.name}") as tmp:
+        argv = [
+            proc.require_tool("mmdebstrap"),
+            f"--variant={spec.variant}",
+            f"--architectures={spec.arch}",
+            f"--include={','.join(spec.packages)}",
+            f"--keyring={keyring}",
+            # Written into the image's sources.list too, so the roles' apt sees these components.
+            f"--components={','.join(spec.components)}",
+            # Recommends stay off for a lean image; roles add what they need by name.
+            '--aptopt=APT::Install-Recommends "false"',
+            spec.suite,
+            str(tmp),
+            spec.mirror,
+        ]
+        build_proc.stream(
             argv,
             logfile=logfile,
             timeout=1800,
@@ -107,8 +108,5 @@ def ensure_base(
             f"from {spec.mirror}; a mirror for a gpu build must carry contrib, "
             "non-free and non-free-firmware",
         )
-        (tar.with_suffix(".json")).write_text(json.dumps(asdict(spec), indent=2))
-        os.replace(tmp, tar)
-    finally:
-        tmp.unlink(missing_ok=True)
+        write_atomic(tar.with_suffix(".json"), json.dumps(asdict(spec), indent=2))
     return tar, False

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -39,6 +40,8 @@ from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+
+log = logging.getLogger("nodeforge.bootdisk")
 
 MIB = 1 << 20
 SECTOR = 512
@@ -174,22 +177,78 @@ def read_table(raw: Path | str, arch: str) -> Layout | None:
     return Layout(arch, os.stat(raw).st_size, tuple(parts))
 
 
+# Loop devices tried before giving up when each one found still carries partitions of an earlier
+# attachment (see attached()).
+LOOP_TRIES = 8
+SYS_BLOCK = Path("/sys/block")
+
+
+def stale_partitions(dev: str, sys_block: Path = SYS_BLOCK) -> list[str]:
+    """Partitions the kernel still lists for loop device *dev* (/sys/block/loopN/loopNpK)."""
+    name = Path(dev).name
+    return sorted(p.name for p in (sys_block / name).glob(f"{name}p[0-9]*"))
+
+
 @contextmanager
-def attached(raw: Path | str) -> Iterator[str]:
-    """*raw* as a loop device with its partitions (/dev/loopNpK, added by partx)."""
-    dev = proc.run(
-        [proc.require_tool("losetup"), "--find", "--show", raw],
-        timeout=60,
-        hint="the disk layout needs a free loop device (modprobe loop)",
-    ).stdout.strip()
-    if not _DEV.fullmatch(dev):
-        raise NodeforgeError(f"internal: losetup answered {dev!r}, not a loop device")
+def attached(raw: Path | str, sys_block: Path = SYS_BLOCK) -> Iterator[str]:
+    """*raw* as a loop device with its partitions (/dev/loopNpK, added by partx).
+
+    partx's partitions outlive the loop device when one of them is still mounted somewhere at
+    detach time (a mount namespace copied while it was mounted: a container started during an
+    export). The kernel then hands out that loop device again with the stale partitions, and
+    `partx --add` fails ("error adding partition 3"). So a device found with partitions that
+    `partx --delete` cannot remove is kept attached (losetup --find skips it) and another one
+    is taken; all are detached at the end."""
+    held: list[str] = []  # loop devices with stale partitions, kept out of losetup's hands
     try:
-        proc.run([proc.require_tool("partx"), "--add", dev], timeout=60)
-        yield dev
+        dev = _free_loop(raw, held, sys_block)
+        try:
+            proc.run([proc.require_tool("partx"), "--add", dev], timeout=60)
+            yield dev
+        finally:
+            cp = proc.run([proc.require_tool("partx"), "--delete", dev], check=False, timeout=60)
+            left = stale_partitions(dev, sys_block)
+            if cp.returncode != 0 or left:
+                log.warning(
+                    "%s: partitions %s could not be removed (something still holds them: "
+                    "`grep -l %s /proc/*/mountinfo` finds the mount); the next attachment "
+                    "takes another loop device", dev, ", ".join(left) or "?",
+                    left[0] if left else Path(dev).name,
+                )  # fmt: skip
+            proc.run([proc.require_tool("losetup"), "--detach", dev], check=False, timeout=60)
     finally:
-        proc.run([proc.require_tool("partx"), "--delete", dev], check=False, timeout=60)
-        proc.run([proc.require_tool("losetup"), "--detach", dev], check=False, timeout=60)
+        for h in held:
+            proc.run([proc.require_tool("losetup"), "--detach", h], check=False, timeout=60)
+
+
+def _free_loop(raw: Path | str, held: list[str], sys_block: Path) -> str:
+    """A loop device for *raw* without stale partitions; those found stale are added to
+    *held* (still attached, for the caller to detach)."""
+    for _ in range(LOOP_TRIES):
+        dev = proc.run(
+            [proc.require_tool("losetup"), "--find", "--show", raw],
+            timeout=60,
+            hint="the disk layout needs a free loop device (modprobe loop)",
+        ).stdout.strip()
+        if not _DEV.fullmatch(dev):
+            raise NodeforgeError(f"internal: losetup answered {dev!r}, not a loop device")
+        if stale_partitions(dev, sys_block):
+            proc.run([proc.require_tool("partx"), "--delete", dev], check=False, timeout=60)
+        stale = stale_partitions(dev, sys_block)
+        if not stale:
+            return dev
+        held.append(dev)
+        log.warning(
+            "%s still has partitions %s from an earlier attachment, held by a mount elsewhere "
+            "(`grep -l %s /proc/*/mountinfo`); trying another loop device",
+            dev, ", ".join(stale), stale[0],
+        )  # fmt: skip
+    raise NodeforgeError(
+        f"{raw}: no usable loop device: the {LOOP_TRIES} tried ({', '.join(held)}) all still "
+        "have partitions from an earlier attachment, held by mounts in other mount namespaces. "
+        "Find them with `grep -l loop /proc/*/mountinfo`, stop those processes (or unmount "
+        "there), then run `partx --delete /dev/loopN` and try again."
+    )
 
 
 def part_dev(dev: str, p: Partition) -> str:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import swap_dir
 
 from .export import write_json_atomic
 
@@ -770,9 +771,8 @@ class LayerStore:
             },
         )
         final = self.root / key
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        # the old entry aside under a .tmp- name: an interrupted swap leaves it to the sweep
+        swap_dir(tmp, final, old=self.root / f".tmp-old-{key}-{os.getpid()}")
         return Layer(key, final, config or {}, digest, parent)
 
     def entries(self) -> list[LayerInfo]:

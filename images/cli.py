@@ -8,21 +8,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-TARGET_CHOICES = ("local", "qemu", "amazon-ebs")
-VARIANT_CHOICES = ("cpu", "gpu")  # images/versions.py VARIANTS (kept import-free for --help)
+from .targets import DEFAULT_TARGET, DEFAULT_VARIANT, TARGETS, VARIANTS
 
 
 def _variant_option(p: argparse.ArgumentParser, help: str) -> None:
     """One --variant for build, render and validate: same choices, same default."""
-    p.add_argument("--variant", default="cpu", choices=VARIANT_CHOICES, help=help)
+    p.add_argument("--variant", default=DEFAULT_VARIANT, choices=VARIANTS, help=help)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # one phase per command, in the order `nodeforge --help` lists them
+    _add_build(sub)
+    _add_cache(sub)
+    _add_render_and_validate(sub)
+    _add_versions(sub)
+
+
+def _add_build(sub: argparse._SubParsersAction) -> None:
+    """`nodeforge build`."""
     p = sub.add_parser("build", help="bake the node image (default target: local)")
     p.add_argument(
         "--target",
-        default="local",
-        choices=TARGET_CHOICES,
+        default=DEFAULT_TARGET,
+        choices=TARGETS,
         help="where to build (default: %(default)s)",
     )
     p.add_argument("--base", help="base from the versions file (default: debian13; also debian12)")
@@ -80,6 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result summary as JSON")
     p.set_defaults(func=cmd_build)
 
+
+def _add_cache(sub: argparse._SubParsersAction) -> None:
+    """`nodeforge cache ls|prune`."""
     p = sub.add_parser("cache", help="list or prune the layered build cache")
     cs = p.add_subparsers(dest="cache_cmd", metavar="ACTION")
     cs.required = True
@@ -108,11 +119,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--all", action="store_true", help="remove every layer")
     s.set_defaults(func=cmd_cache_prune)
 
+
+def _add_render_and_validate(sub: argparse._SubParsersAction) -> None:
+    """`nodeforge render` and `validate`: the Packer templates."""
     p = sub.add_parser("render", help="print the Packer template of a target")
     p.add_argument(
         "--target",
-        default="local",
-        choices=TARGET_CHOICES,
+        default=DEFAULT_TARGET,
+        choices=TARGETS,
         help="the target (default: %(default)s)",
     )
     _variant_option(p, "the image variant the template is for, as for build")
@@ -122,7 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target",
         action="append",
-        choices=TARGET_CHOICES,
+        choices=TARGETS,
         help="only this target (repeatable; default: all)",
     )
     p.add_argument(
@@ -139,6 +153,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print {target: packer output} as JSON")
     p.set_defaults(func=cmd_validate)
 
+
+def _add_versions(sub: argparse._SubParsersAction) -> None:
+    """`nodeforge versions show|lock`."""
     p = sub.add_parser("versions", help="show or pin the artifacts of the versions file")
     vs = p.add_subparsers(dest="versions_cmd", metavar="ACTION")
     vs.required = True
@@ -157,7 +174,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--variant",
         default="cpu",
-        choices=(*VARIANT_CHOICES, "all"),
+        choices=(*VARIANTS, "all"),
         help="pin what a build of this variant needs (default: %(default)s, as for build; "
         "a mirror without the gpu variant's NVIDIA files pins the cpu build); all: every variant",
     )
@@ -260,11 +277,11 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .template import VARIANT_TARGETS
+    from .targets import variant_targets
     from .validate import validate_targets
 
     # Without --target: every target that builds the variant (gpu: local only).
-    targets = args.target or list(VARIANT_TARGETS[args.variant])
+    targets = args.target or list(variant_targets(args.variant))
     results = validate_targets(targets, args.var_file, args.variant)
     if args.json:
         print(json.dumps({t: {"valid": True, "output": out.strip()} for t, out in results.items()},

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -33,6 +32,7 @@ from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import atomic_output
 
 from . import bootdisk, export, seal
 from . import manifest as manifest_mod
@@ -86,9 +86,9 @@ def seal_disk(disk: Path, stub: dict, boot_out: Path, logfile: IO[str]) -> dict:
             with loop_mounted(raw, work / "mnt") as tree:
                 image = seal_tree(tree, stub, boot_out, logfile, started)
                 export.discard_free_blocks(tree, logfile)
-        tmp = disk.with_name(disk.name + ".sealed")
-        proc.run([proc.require_tool("qemu-img"), "convert", "-O", "qcow2", raw, tmp], timeout=1800)
-        os.replace(tmp, disk)
+        with atomic_output(disk, tmp_name=disk.name + ".sealed") as tmp:
+            qemu_img = proc.require_tool("qemu-img")
+            proc.run([qemu_img, "convert", "-O", "qcow2", raw, tmp], timeout=1800)
         return image
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -11,6 +11,7 @@ from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import build_proc
 
 from . import template
 
@@ -92,7 +93,7 @@ def init(template_file: Path, logfile: IO[str] | None = None) -> bool:
     if logfile is None:
         proc.run(argv, timeout=600, hint=INIT_HINT)
     else:
-        proc.stream(argv, logfile=logfile, timeout=600, hint=INIT_HINT)
+        build_proc.stream(argv, logfile=logfile, timeout=600, hint=INIT_HINT)
     return True
 
 
@@ -131,7 +132,7 @@ def build(
         # Packer's download cache otherwise lands in ./packer_cache of whatever directory the
         # user ran nodeforge from.
         env["PACKER_CACHE_DIR"] = str(cache_dir)
-    proc.stream(
+    build_proc.stream(
         [
             proc.require_tool("packer"),
             "build",

@@ -4,7 +4,7 @@ one output session (partial output, build log, failed-build log, cleanup with SI
 Everything is built under `<output>.partial` and renamed into place only when complete, so a
 failed or interrupted build never leaves an artifact under the final name. Cleanup steps
 registered with the session always run (also on Ctrl-C and SIGTERM, and a second Ctrl-C
-during cleanup is ignored). images/local.py and images/remote.py hold only what is specific
+during cleanup is ignored). images/nspawn_build.py and images/packer_build.py hold only what is specific
 to their targets; images/build.py dispatches.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 import shutil
 import signal
 import threading
@@ -25,8 +24,9 @@ from typing import IO
 
 from nodeforge import __version__, data, proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.fsutil import swap_dir
 
-from . import agent_wheel, packer, template, varfile, versions
+from . import agent_wheel, packer, targets, template, varfile, versions
 from . import base as base_mod
 from . import manifest as manifest_mod
 
@@ -171,10 +171,10 @@ def resolve_inputs(opts: BuildOptions) -> Inputs:
     for vf in opts.var_files:
         user_vars.update(varfile.load(vf, opts.target))
     template.check_variant(opts.target, opts.variant)  # the same refusal as render/validate
-    if opts.target == "amazon-ebs":
+    if targets.get(opts.target).cloud:
         template.check_amazon_vars(user_vars)
     # The cpu image keeps its name; other variants are nodeforge-<base>-<variant>-<arch>.
-    vtag = "" if opts.variant == "cpu" else f"-{opts.variant}"
+    vtag = "" if opts.variant == targets.DEFAULT_VARIANT else f"-{opts.variant}"
     playbook, cfg, _ = repo_paths(need_playbook=opts.playbook is None)
     return Inputs(
         opts=opts,
@@ -339,13 +339,6 @@ def _cleanup(s: Session, failure: BaseException | None, reporter: Reporter) -> N
 
 def publish(partial: Path, output: Path) -> None:
     """Swap the finished build into place; an older build under that name is replaced whole."""
-    old = output.with_name(output.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if output.exists():
-        os.replace(output, old)
-    os.replace(partial, output)
-    if old.exists():
-        shutil.rmtree(old)
+    swap_dir(partial, output)
     stale = output.with_name(output.name + ".failed-build.log")
     stale.unlink(missing_ok=True)

@@ -19,7 +19,9 @@ from typing import IO
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
+from nodeforge.images import build_proc, rootfs_tar
 from nodeforge.images.qemu_host import free_port
+from nodeforge.images.ssh_args import throwaway_ssh_argv
 
 log = logging.getLogger("nodeforge.sandbox")
 
@@ -33,10 +35,7 @@ STOP_TIMEOUT = 90.0
 
 def extract(tarball: Path, tree: Path) -> None:
     tree.mkdir(parents=True, exist_ok=False)
-    proc.run(
-        ["tar", "-C", tree, "--numeric-owner", "--xattrs", "--xattrs-include=*", "-xf", tarball],
-        timeout=900,
-    )
+    rootfs_tar.untar(tarball, tree)
 
 
 def session_key(key: Path, comment: str) -> Path:
@@ -151,30 +150,12 @@ class Sandbox:
             start_new_session=True,
         )
         # A SIGKILLed build runs no cleanup: the watcher powers the sandbox off then.
-        self._watcher = proc.stop_with_this_process(self._proc.pid, STOP_TIMEOUT)
+        self._watcher = build_proc.stop_with_this_process(self._proc.pid, STOP_TIMEOUT)
         self._wait_ssh()
 
     def ssh_argv(self, *cmd: str) -> list[str]:
-        return [
-            "ssh",
-            "-i",
-            str(self.key_file),
-            "-p",
-            str(self.port),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            # The sandbox's host key is throwaway; don't record it in the operator's file.
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "ConnectTimeout=5",
-            "root@127.0.0.1",
-            *cmd,
-        ]
+        # The sandbox's host key is throwaway; don't record it in the operator's file.
+        return throwaway_ssh_argv(self.key_file, port=self.port, connect_timeout=5, command=cmd)
 
     def _wait_ssh(self) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT

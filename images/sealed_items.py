@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import yaml
 
@@ -114,104 +114,107 @@ def load(path: Path = SEALED_FILE) -> SealList:
         raise NodeforgeError(f"cannot read the sealed-items list {path}: {exc}") from exc
     if not isinstance(raw, dict) or raw.get("schema") != 1:
         _fail(path, "schema", "expected a mapping with schema: 1")
-    items, ids = [], set()
-    for n, it in enumerate(raw.get("items") or []):
-        w = f"items[{n}]"
-        if not isinstance(it, dict):
-            _fail(path, w, "expected a mapping")
-        unknown = set(it) - {
-            "id",
-            "paths",
-            "action",
-            "reason",
-            "find",
-            "pattern",
-            "content",
-            "owned",
-            "live",
-            "type",
-            "archived",
-        }
-        if unknown:
-            _fail(path, w, f"unknown keys {sorted(unknown)}")
-        iid = it.get("id")
-        if not isinstance(iid, str) or not re.fullmatch(r"[a-z0-9-]{1,40}", iid) or iid in ids:
-            _fail(path, f"{w}.id", f"{iid!r} is missing, not [a-z0-9-] or a duplicate")
-        ids.add(iid)
-        paths = it.get("paths")
-        if (
-            not isinstance(paths, list)
-            or not paths
-            or not all(isinstance(p, str) and p and not p.startswith("/") for p in paths)
-        ):
-            _fail(path, f"{iid}.paths", "expected a list of globs relative to the image root")
-        if it.get("action") not in ACTIONS:
-            _fail(path, f"{iid}.action", f"one of {', '.join(ACTIONS)}")
-        find = it.get("find", "exists")
-        if find not in FINDS:
-            _fail(path, f"{iid}.find", f"one of {', '.join(FINDS)}")
-        if not isinstance(it.get("reason"), str) or not it["reason"].strip():
-            _fail(path, f"{iid}.reason", "every item says why")
-        if it.get("type", "any") not in TYPES:
-            _fail(path, f"{iid}.type", f"one of {', '.join(TYPES)}")
-        pat = it.get("pattern")
-        if find == "match" and not pat:
-            _fail(path, f"{iid}.pattern", "find: match needs a pattern")
-        items.append(
-            SealItem(
-                id=iid,
-                paths=tuple(paths),
-                action=it["action"],
-                reason=it["reason"].strip(),
-                find=find,
-                pattern=re.compile(pat.encode()) if pat else None,
-                content=str(it.get("content", "")),
-                owned=bool(it.get("owned", False)),
-                live=bool(it.get("live", False)),
-                type=it.get("type", "any"),
-                regex=_globs(paths),
-                archived=bool(it.get("archived", False)),
-            )
-        )
-    rules = []
-    for n, r in enumerate(raw.get("content_rules") or []):
-        globs = r.get("paths") if isinstance(r, dict) else None
-        if (
-            not isinstance(r, dict)
-            or set(r) - {"id", "files", "pattern", "reason", "paths", "needles"}
-            or not _needles_ok(r.get("needles", []))
-            or r.get("files") not in ("any", "config", "listed")
-            or not isinstance(r.get("pattern"), str)
-            or not r.get("reason")
-            or not r.get("id")
-            or (globs is not None and not _glob_list(globs))
-            or (r.get("files") == "listed" and not globs)
-        ):
-            _fail(
-                path,
-                f"content_rules[{n}]",
-                "expected {id, files: any|config|listed, pattern, reason, paths (globs; "
-                "required for listed), needles (non-empty strings)}",
-            )
-        try:
-            pattern = re.compile(r["pattern"].encode())
-        except re.error as exc:
-            _fail(path, f"{r['id']}.pattern", f"not a regex: {exc}")
-        rules.append(
-            ContentRule(
-                r["id"],
-                r["files"],
-                pattern,
-                r["reason"],
-                paths=_globs(globs) if globs else None,
-                needles=tuple(
-                    (n.lower() if pattern.flags & re.IGNORECASE else n).encode()
-                    for n in r.get("needles", [])
-                ),
-                fold=bool(pattern.flags & re.IGNORECASE),
-            )
-        )
+    ids: set[str] = set()
+    items = [_item(path, n, it, ids) for n, it in enumerate(raw.get("items") or [])]
+    rules = [_content_rule(path, n, r) for n, r in enumerate(raw.get("content_rules") or [])]
     return SealList(tuple(items), tuple(rules))
+
+
+def _item(path: Path, n: int, it: Any, ids: set[str]) -> SealItem:
+    """items[n], checked (its id must be new: *ids* collects them)."""
+    w = f"items[{n}]"
+    if not isinstance(it, dict):
+        _fail(path, w, "expected a mapping")
+    unknown = set(it) - {
+        "id",
+        "paths",
+        "action",
+        "reason",
+        "find",
+        "pattern",
+        "content",
+        "owned",
+        "live",
+        "type",
+        "archived",
+    }
+    if unknown:
+        _fail(path, w, f"unknown keys {sorted(unknown)}")
+    iid = it.get("id")
+    if not isinstance(iid, str) or not re.fullmatch(r"[a-z0-9-]{1,40}", iid) or iid in ids:
+        _fail(path, f"{w}.id", f"{iid!r} is missing, not [a-z0-9-] or a duplicate")
+    ids.add(iid)
+    paths = it.get("paths")
+    if (
+        not isinstance(paths, list)
+        or not paths
+        or not all(isinstance(p, str) and p and not p.startswith("/") for p in paths)
+    ):
+        _fail(path, f"{iid}.paths", "expected a list of globs relative to the image root")
+    if it.get("action") not in ACTIONS:
+        _fail(path, f"{iid}.action", f"one of {', '.join(ACTIONS)}")
+    find = it.get("find", "exists")
+    if find not in FINDS:
+        _fail(path, f"{iid}.find", f"one of {', '.join(FINDS)}")
+    if not isinstance(it.get("reason"), str) or not it["reason"].strip():
+        _fail(path, f"{iid}.reason", "every item says why")
+    if it.get("type", "any") not in TYPES:
+        _fail(path, f"{iid}.type", f"one of {', '.join(TYPES)}")
+    pat = it.get("pattern")
+    if find == "match" and not pat:
+        _fail(path, f"{iid}.pattern", "find: match needs a pattern")
+    return SealItem(
+        id=iid,
+        paths=tuple(paths),
+        action=it["action"],
+        reason=it["reason"].strip(),
+        find=find,
+        pattern=re.compile(pat.encode()) if pat else None,
+        content=str(it.get("content", "")),
+        owned=bool(it.get("owned", False)),
+        live=bool(it.get("live", False)),
+        type=it.get("type", "any"),
+        regex=_globs(paths),
+        archived=bool(it.get("archived", False)),
+    )
+
+
+def _content_rule(path: Path, n: int, r: Any) -> ContentRule:
+    """content_rules[n], checked."""
+    globs = r.get("paths") if isinstance(r, dict) else None
+    if (
+        not isinstance(r, dict)
+        or set(r) - {"id", "files", "pattern", "reason", "paths", "needles"}
+        or not _needles_ok(r.get("needles", []))
+        or r.get("files") not in ("any", "config", "listed")
+        or not isinstance(r.get("pattern"), str)
+        or not r.get("reason")
+        or not r.get("id")
+        or (globs is not None and not _glob_list(globs))
+        or (r.get("files") == "listed" and not globs)
+    ):
+        _fail(
+            path,
+            f"content_rules[{n}]",
+            "expected {id, files: any|config|listed, pattern, reason, paths (globs; "
+            "required for listed), needles (non-empty strings)}",
+        )
+    try:
+        pattern = re.compile(r["pattern"].encode())
+    except re.error as exc:
+        _fail(path, f"{r['id']}.pattern", f"not a regex: {exc}")
+    return ContentRule(
+        r["id"],
+        r["files"],
+        pattern,
+        r["reason"],
+        paths=_globs(globs) if globs else None,
+        needles=tuple(
+            (n.lower() if pattern.flags & re.IGNORECASE else n).encode()
+            for n in r.get("needles", [])
+        ),
+        fold=bool(pattern.flags & re.IGNORECASE),
+    )
 
 
 def _needles_ok(needles: object) -> bool:

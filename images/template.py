@@ -9,10 +9,14 @@ from dataclasses import dataclass
 
 import hcl2
 
-TARGETS = ("local", "qemu", "amazon-ebs")
-# Which targets build which image variant (images/versions.py VARIANTS); build, render and
-# validate refuse the same combinations with the same message (check_variant).
-VARIANT_TARGETS = {"cpu": TARGETS, "gpu": ("local",)}
+from . import targets as targets_mod
+from .targets import VARIANTS
+
+TARGETS = targets_mod.TARGETS
+
+# Which targets build which image variant (the target table); build, render and validate
+# refuse the same combinations with the same message (check_variant).
+VARIANT_TARGETS = {v: targets_mod.variant_targets(v) for v in VARIANTS}
 
 # Packer >= 1.7 installs these with `packer init` (images/packer.py runs it before validate
 # and build): exact versions, so a build does not change under us when a plugin is released.
@@ -23,11 +27,7 @@ PLUGINS: dict[str, tuple[str, str]] = {
     "vagrant": ("github.com/hashicorp/vagrant", "1.1.6"),
     "amazon": ("github.com/hashicorp/amazon", "1.8.0"),
 }
-TARGET_PLUGINS = {
-    "local": ("ansible",),  # the null builder is built in
-    "qemu": ("qemu", "ansible", "vagrant"),
-    "amazon-ebs": ("amazon", "ansible"),
-}
+TARGET_PLUGINS = {t.name: t.plugins for t in targets_mod.TABLE.values()}
 
 # amazon-ebs builds from the official Debian AMI of the build's base (--base), so the
 # manifest's base is the one the AMI was made from. The playbook supports Debian only.
@@ -195,7 +195,7 @@ def _declare(b: hcl2.Builder, target: str) -> None:
 
 
 # Environment of every ansible-playbook run (besides ANSIBLE_CONFIG): Packer's provisioner
-# and the local target's passes over a cached layer (images/local.py) use the same.
+# and the local target's passes over a cached layer (images/nspawn_build.py) use the same.
 ANSIBLE_ENV = {"ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_FORCE_COLOR": "0"}
 
 
@@ -295,6 +295,12 @@ def _qemu(b: hcl2.Builder) -> None:
 
 
 def _amazon(b: hcl2.Builder, modern: bool) -> None:
+    _amazon_source(b, modern)
+    _amazon_build(b, modern)
+
+
+def _amazon_source(b: hcl2.Builder, modern: bool) -> None:
+    """The source AMIs and the amazon-ebs source: the builder instance and its root volume."""
     b.block(
         "locals",
         build_stamp='${formatdate("YYYYMMDDhhmmss", timestamp())}',
@@ -358,6 +364,10 @@ def _amazon(b: hcl2.Builder, modern: bool) -> None:
         encrypted="${var.encrypt_boot}",
         delete_on_termination=True,
     )
+
+
+def _amazon_build(b: hcl2.Builder, modern: bool) -> None:
+    """The build: Ansible, then the post-processors that check and record the AMI."""
     build = b.block("build", name=q("nodeforge-ami"), sources=[q("source.amazon-ebs.node")])
     _ansible(build, user="${local.source_amis[var.source_os].user}", become=True)
     # The AMI id, recorded beside manifest.json (nodeforge runs Packer in its work dir).
@@ -472,10 +482,7 @@ def amazon_source(user_vars: dict[str, object], base: str, arch: str) -> dict[st
 
 def render_dict(target: str, *, modern: bool = False) -> dict:
     """*modern*: Packer >= 1.7 with external plugins (newer amazon-ebs options)."""
-    if target not in TARGETS:
-        from nodeforge.errors import NodeforgeError
-
-        raise NodeforgeError(f"unknown target '{target}'; choose one of: {', '.join(TARGETS)}")
+    targets_mod.get(target)  # an unknown target: the error lists the choices
     b = hcl2.Builder()
     _declare(b, target)
     if target == "amazon-ebs":

@@ -13,8 +13,9 @@ from pathlib import Path
 from nodeforge import proc
 
 from . import packer, template, varfile
+from . import targets as targets_mod
+from .packer_build import BOX_VAGRANTFILE
 from .pipeline import repo_paths
-from .remote import BOX_VAGRANTFILE
 from .sandbox import session_key
 
 
@@ -56,7 +57,7 @@ def validate_targets(
             user_vars: dict[str, object] = {}
             for vf in var_files:
                 user_vars.update(varfile.load(vf, target))
-            if target == "amazon-ebs":
+            if targets_mod.get(target).cloud:
                 template.check_amazon_vars(user_vars)
             f = t / f"{target}.pkr.hcl"
             f.write_text(packer.render(target, pv, variant))

@@ -22,13 +22,14 @@ from nodeforge import download, strict_yaml
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import UnsafeName, confined, safe_name, write_atomic
 
+from .targets import DEFAULT_VARIANT, VARIANTS
+
 log = logging.getLogger("nodeforge.versions")
 
 VERSIONS_FILE = Path(__file__).with_name("versions.yaml")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # 60 s without a byte is a dead connection; 3 tries with 2, 4 s between them.
 DOWNLOAD_POLICY = download.Policy(timeout=60.0, deadline=6 * 3600.0, attempts=3, backoff=2.0)
-VARIANTS = ("cpu", "gpu")  # image variants (`nodeforge build --variant`); cpu is the default
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,13 @@ def _source(art: Artifact, mirror: str | None) -> str:
     return str(_in(Path(mirror), art))
 
 
+class ArtifactDownloadFailed(NodeforgeError):
+    """An artifact could not be fetched (no route, a server error): a runtime failure, exit 1 as
+    README's exit-status table says, not bad input (2)."""
+
+    exit_code = 1
+
+
 def _label(art: Artifact) -> str:
     return f"artifact {art.name} ({art.component} {art.version})"
 
@@ -247,7 +255,7 @@ def _download(
             "re-published on purpose, re-pin it with 'nodeforge versions lock'."
         ) from exc
     except download.DownloadError as exc:
-        raise NodeforgeError(
+        raise ArtifactDownloadFailed(
             f"download of {_label(art)} from {download.display_url(src)} failed: {exc.reason}; "
             f"{hint}"
         ) from exc
@@ -315,7 +323,7 @@ def lock_command(arts: list[Artifact]) -> str:
     variant, arch = build_of(arts)
     return (
         "nodeforge versions lock"
-        + (f" --variant {variant}" if variant != "cpu" else "")
+        + (f" --variant {variant}" if variant != DEFAULT_VARIANT else "")
         + (f" --arch {arch}" if arch else "")
     )
 

@@ -14,43 +14,53 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     cs = p.add_subparsers(dest="cluster_cmd", metavar="ACTION")
     cs.required = True
+    # one phase per group of actions, in the order `cluster --help` lists them
+    _add_up_and_add(cs)
+    _add_replace(cs)
+    _add_rollout(cs)
+    _add_status_down_exec(cs)
 
-    def common(sp, with_nodes: bool = True):
-        sp.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
-        if with_nodes:
-            sp.add_argument(
-                "--params",
-                type=Path,
-                metavar="FILE.yaml",
-                help="extra node params merged into each new node's node.yaml",
-            )
-            sp.add_argument(
-                "--copy",
-                action="append",
-                default=[],
-                metavar="SRC:DEST",
-                help="copy a host file into each new node before it boots",
-            )
-            sp.add_argument(
-                "--join-interval",
-                type=float,
-                default=0.0,
-                metavar="S",
-                help="seconds between two joining computes",
-            )
-            sp.add_argument(
-                "--timeout",
-                type=float,
-                default=300.0,
-                help="bound for nodes to become ready (default: %(default)ss)",
-            )
-            sp.add_argument("--no-wait", action="store_true", help="return once nodes are started")
-            sp.add_argument(
-                "--json",
-                action="store_true",
-                help="print the final status as JSON (progress lines go to stderr)",
-            )
 
+def _node_options(sp: argparse.ArgumentParser, with_nodes: bool = True) -> None:
+    """--name, and for the commands that start nodes the options of a new node."""
+    sp.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
+    if with_nodes:
+        sp.add_argument(
+            "--params",
+            type=Path,
+            metavar="FILE.yaml",
+            help="extra node params merged into each new node's node.yaml",
+        )
+        sp.add_argument(
+            "--copy",
+            action="append",
+            default=[],
+            metavar="SRC:DEST",
+            help="copy a host file into each new node before it boots",
+        )
+        sp.add_argument(
+            "--join-interval",
+            type=float,
+            default=0.0,
+            metavar="S",
+            help="seconds between two joining computes",
+        )
+        sp.add_argument(
+            "--timeout",
+            type=float,
+            default=300.0,
+            help="bound for nodes to become ready (default: %(default)ss)",
+        )
+        sp.add_argument("--no-wait", action="store_true", help="return once nodes are started")
+        sp.add_argument(
+            "--json",
+            action="store_true",
+            help="print the final status as JSON (progress lines go to stderr)",
+        )
+
+
+def _add_up_and_add(cs: argparse._SubParsersAction) -> None:
+    """`cluster up` and `cluster add`: start nodes."""
     s = cs.add_parser("up", help="start a controller and N computes")
     s.add_argument(
         "--image",
@@ -64,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=2,
         help="compute nodes to start after the controller (default: %(default)s)",
     )
-    common(s)
+    _node_options(s)
     s.set_defaults(func=cmd_up)
 
     s = cs.add_parser("add", help="join K more computes to a running cluster")
@@ -75,9 +85,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("compute", "login"),
         help="role of the new nodes (default: %(default)s)",
     )
-    common(s)
+    _node_options(s)
     s.set_defaults(func=cmd_add)
 
+
+def _add_replace(cs: argparse._SubParsersAction) -> None:
+    """`cluster replace`: a fresh machine under a node's name."""
     s = cs.add_parser(
         "replace",
         help="replace a compute with a fresh machine of the same name (new disk, new keys)",
@@ -95,9 +108,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="output directory of `nodeforge build` for the new machine (default: the cluster's)",
     )
-    common(s)
+    _node_options(s)
     s.set_defaults(func=cmd_replace)
 
+
+def _add_rollout(cs: argparse._SubParsersAction) -> None:
+    """`cluster rollout`: a new image across the cluster."""
     s = cs.add_parser(
         "rollout",
         help="roll a new image across the cluster: canary, batches, controller last",
@@ -160,6 +176,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.set_defaults(func=cmd_rollout)
 
+
+def _add_status_down_exec(cs: argparse._SubParsersAction) -> None:
+    """`cluster status`, `down` and `exec`: the running cluster."""
     s = cs.add_parser("status", help="role, Slurm state, reason and time-to-ready of each node")
     s.add_argument("--name", default="nf", help="cluster name (default: %(default)s)")
     s.add_argument("--json", action="store_true", help="print the status as JSON")

@@ -4,7 +4,7 @@ A VM reaches it at 169.254.169.254 through qemu's user-mode network (`lab/vm.py`
 ``VMConfig.metadata``: ``guestfwd=tcp:169.254.169.254:80-tcp:127.0.0.1:PORT``), so the address
 exists only inside that VM's emulated network and no packet to it leaves qemu.
 
-The contract it implements (what the unit tests check, tests/unit/test_lab_imds.py):
+The contract it implements (what the unit tests check, tests/unit/lab/test_lab_imds.py):
 
 * ``PUT /latest/api/token`` with ``X-aws-ec2-metadata-token-ttl-seconds: N`` (1..21600) answers a
   session token (text) and echoes the TTL header; a missing, non-integer or out-of-range TTL is
@@ -24,7 +24,9 @@ The contract it implements (what the unit tests check, tests/unit/test_lab_imds.
   ``iam/security-credentials/ROLE`` (JSON with ``AccessKeyId``, ``SecretAccessKey``, ``Token``,
   ``Expiration``): credentials are rotated every ``cred_ttl`` seconds, so a short TTL in a test
   makes the client refresh them. `IMDS.credential_valid` tells an S3 front whether a key it saw
-  is one this service issued and still unexpired.
+  is one this service issued and still unexpired; `IMDS.expiry_of` when a set it issued expires.
+  ``stale = True`` models a metadata service whose role credentials stopped rotating: it serves
+  one set that has already expired (what a node "given only a stale key" sees).
 * Anything else is 404 (unknown path) or 405 (other method). Bounded: at most ``max_threads``
   requests at once (more wait up to 5 s, then 503), a request body is at most 1 KiB, a client
   that sends nothing for ``request_timeout`` seconds is dropped, at most ``max_tokens`` live
@@ -120,6 +122,7 @@ class IMDS:
         self._creds: list[Credentials] = []  # every set issued, newest last
         self.log: deque[tuple[str, str, int]] = deque(maxlen=1000)  # (method, path, status)
         self.down = False  # True: answer nothing (the test's "metadata service is down")
+        self.stale = False  # True: serve one already-expired credential set (never rotated)
 
     # -- tokens ------------------------------------------------------------------------------
     def new_token(self, ttl: int) -> str:
@@ -152,6 +155,8 @@ class IMDS:
         now = self.clock()
         ttl = self.instance.cred_ttl
         with self._lock:
+            if self.stale:
+                return self._stale_set(now, ttl)
             cur = self._creds[-1] if self._creds else None
             if cur is None or now >= cur.expires - ttl / 5:
                 cur = Credentials(
@@ -164,6 +169,34 @@ class IMDS:
                 self._creds.append(cur)
                 del self._creds[:-100]
             return cur
+
+    def _stale_set(self, now: float, ttl: float) -> Credentials:
+        """The one expired set a stale service keeps serving (made once; lock held)."""
+        for c in reversed(self._creds):
+            if c.expires <= now and c.access_key_id.startswith("ASIASTALE"):
+                return c
+        c = Credentials(
+            "ASIASTALE" + secrets.token_hex(6).upper(),
+            secrets.token_urlsafe(30),
+            secrets.token_urlsafe(60),
+            now - 2 * ttl,
+            now - ttl,
+        )
+        self._creds.append(c)
+        return c
+
+    def expiry_of(self, access_key_id: str) -> float | None:
+        """When the set with *access_key_id* expires (wall clock); None if never issued here."""
+        with self._lock:
+            return next((c.expires for c in self._creds if c.access_key_id == access_key_id), None)
+
+    def secret_of(self, access_key_id: str, token: str | None) -> str | None:
+        """The secret key of the set (access_key_id, token) this service issued; None if none."""
+        with self._lock:
+            for c in self._creds:
+                if c.access_key_id == access_key_id and c.token == token:
+                    return c.secret_access_key
+        return None
 
     def credential_valid(self, access_key_id: str, token: str | None) -> str | None:
         """None if (access_key_id, token) is a set this service issued and it has not expired;

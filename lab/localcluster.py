@@ -30,10 +30,11 @@ from nodeforge.bootstrap import failures, readiness
 from nodeforge.bootstrap.health import REASON_PREFIX as HEALTH_REASON_PREFIX
 from nodeforge.bootstrap.paths import Paths
 from nodeforge.bootstrap.readiness import NodeState
-from nodeforge.bootstrap.slurm import read_features
+from nodeforge.bootstrap.slurm_setup import read_features
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
-from nodeforge.slurm import controller_up, has, talks_to
+from nodeforge.images import build_proc, rootfs_tar
+from nodeforge.slurm_facts import controller_up, has, talks_to
 
 from .netns import Fabric
 
@@ -198,20 +199,10 @@ def ensure_lower(image_dir: Path) -> Path:
     if lower.exists():
         shutil.rmtree(lower)
     lower.mkdir(parents=True)
-    proc.run(
-        [
-            "tar",
-            "-C",
-            lower,
-            "--numeric-owner",
-            "--xattrs",
-            "--xattrs-include=*",
-            "-I",
-            "zstd",
-            "-xf",
-            rootfs,
-        ],
-        timeout=900,
+    rootfs_tar.untar(
+        rootfs,
+        lower,
+        zstd=True,
     )
     done.write_text(sha)
     return lower
@@ -518,7 +509,7 @@ class LocalCluster:
         if node.role == "controller":
             raise NodeforgeError(f"{name} is the controller; power_cycle takes a compute")
         if _alive(node.pid):
-            proc.kill_now(leader_pid(node))
+            build_proc.kill_now(leader_pid(node))
             deadline = time.monotonic() + STOP_TIMEOUT
             while _alive(node.pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -579,11 +570,13 @@ class LocalCluster:
         copies: list[tuple[Path, str]] | None = None,
         wait: bool = True,
         timeout: float = 300.0,
+        prepare: Callable[[Node], None] | None = None,
     ) -> tuple[Node, float | None]:
         """Replace compute *name* with a fresh machine of the same name: a new disk (from the
         cluster's image, or *image*), new host keys and machine-id, a new address. Its agent
         replaces Slurm's old registration (readiness.Gate.hold). Returns the new node and the
         seconds from the old machine's loss to the new one schedulable (None with no wait).
+        *prepare(node)* edits the new machine's overlay before it boots (as in start_node).
 
         Everything that can refuse is checked before the old machine is touched."""
         _require_root_and_tools()
@@ -601,7 +594,7 @@ class LocalCluster:
         lost = time.time()
         self.progress(f"{name}: machine lost (replacing it{f' from {image}' if image else ''})")
         self._discard_machine(cluster, node)
-        new = self._start(cluster, node.role, name, params, copies, lower=lower)
+        new = self._start(cluster, node.role, name, params, copies, lower=lower, prepare=prepare)
         if not wait:
             return new, None
         self.wait_ready(cluster, [name], timeout)
@@ -716,12 +709,17 @@ class LocalCluster:
         last: dict[str, str] = {}
         next_note = time.monotonic() + 10.0
         while pending:
+            # The agents' records are read BEFORE Slurm's view: an agent drains its node with
+            # the failure's reason and only then records `failed`, so a `failed` read here is
+            # always matched by a view that already holds that reason (the other order once
+            # reported the transient "nodeforge: running hooks" as the reason).
+            agents = {name: self.agent_state(cluster.node(name)) for name in pending}
             sn = self.slurm_nodes(cluster) if any(n != CONTROLLER_NAME for n in pending) else {}
             for name in list(pending):
                 node = cluster.node(name)
                 if not _alive(node.pid):
                     raise NodeforgeError(f"node {name} exited; see {node.dir}/console.log")
-                agent = self.agent_state(node)
+                agent = agents[name]
                 if name == CONTROLLER_NAME:
                     ok = agent.get("status") == "ready" and self._controller_ready(cluster)
                     shown = "slurmctld answering" if ok else "slurmctld starting"
@@ -740,7 +738,7 @@ class LocalCluster:
                     if st.drained and (
                         agent.get("status") == "failed" or reason.startswith(HEALTH_REASON_PREFIX)
                     ):
-                        raise NodeforgeError(f"node {name} is drained: {reason}")
+                        raise NodeforgeError(_drained_message(name, reason, agent))
                 last[name] = f"{shown}, agent {agent.get('status', 'not started')}"
                 if ok:
                     node.ready_at = time.time()
@@ -885,6 +883,20 @@ def check_image_for(cluster: Cluster, image: Path) -> None:
             f"{image}: its slurmd {new} cannot join cluster {cluster.name}, whose slurmctld is "
             f"{running}: {why}. Nothing was drained or replaced."
         )
+
+
+def _drained_message(name: str, reason: str, agent: dict) -> str:
+    """Why a drained node will not become ready: Slurm's reason, or, where that is still one of
+    the agent's in-progress reasons (its drain with the failure's reason did not get through),
+    the step its agent recorded as failed, with that step's first error line."""
+    transient = reason in ("", "none", readiness.INITIALIZING, readiness.RUNNING_HOOKS)
+    failed = failures.failure_of(name, agent)
+    if not transient or failed is None:
+        return f"node {name} is drained: {reason}"
+    return (
+        f"node {name} is drained (reason still {reason!r}): its agent failed in step "
+        f"{failed.step}: {failed.error}"
+    )
 
 
 def _agent_seconds(state: dict) -> float | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
-from nodeforge.slurm import talks_to
+from nodeforge.slurm_facts import talks_to
 
 from .localcluster import (
     CONTROLLER_NAME,
@@ -204,6 +204,32 @@ def replace_controller(
     lc.replace_controller(image=image, params=params, copies=copies, timeout=timeout)
 
 
+def controller_reaches(lc: LocalCluster, timeout: float = 60.0) -> str:
+    """After the controller's replacement: one job through the new slurmctld on every idle
+    compute (munge and the slurmctld -> slurmd -> srun path, both ways). slurmctld starts from
+    its saved node states, which look schedulable until SlurmdTimeout runs out, so only a job
+    shows that the new controller can reach the computes (a controller with another munge key
+    passed the node-state gate). Busy computes are named, not waited for. Returns the line for
+    the progress output; a job that does not run raises, naming the nodes and srun's words."""
+    cluster = Cluster.load(lc.name)
+    computes = sorted(n.name for n in cluster.nodes if n.role == "compute")
+    sn = lc.slurm_nodes(cluster)
+    idle = [n for n in computes if n in sn and sn[n].state.ready and sn[n].state.base == "IDLE"]
+    busy = [n for n in computes if n not in idle]
+    if not idle:
+        return f"no idle compute to run a job on ({','.join(busy) or 'none'} busy or not ready)"
+    argv = ["srun", "-N", str(len(idle)), "-w", ",".join(idle), f"--immediate={int(timeout)}",
+            "-t", "1", "-J", "nodeforge-rollout-check", "true"]  # fmt: skip
+    try:
+        slurm(cluster, argv, timeout=timeout + 30)
+    except NodeforgeError as exc:
+        raise NodeforgeError(
+            f"the new controller cannot run a job on {','.join(idle)}: {exc} (is its munge "
+            "key the cluster's? are the computes' slurmd reachable from it?)"
+        ) from None
+    return f"a job ran on {','.join(idle)}" + (f" ({','.join(busy)} busy)" if busy else "")
+
+
 def run_verify(cluster_name: str, nodes: Sequence[str]) -> tuple[str | None, str]:
     """`nodeforge verify` on the nodes (its own process: testinfra's per-host caches start
     clean). (None when every check passed, else the first failure named; the counts)."""
@@ -260,6 +286,7 @@ class Rollout:
     params: dict | None = None
     copies: list[tuple[Path, str]] | None = None
     verify: Callable[[str, Sequence[str]], tuple[str | None, str]] = run_verify
+    reaches: Callable[[LocalCluster], str] = controller_reaches
     clock: Clock = field(default_factory=Clock)
 
     def progress(self, msg: str) -> None:
@@ -349,6 +376,7 @@ class Rollout:
                 replaced = True
                 self.progress(f"{name}: replacing from {new.path}")
                 replace_controller(self.lc, new.path, self.ready_timeout, self.params, self.copies)
+                self.progress(f"{name}: round trip: {self.reaches(self.lc)}")
                 self.progress(f"{name}: healthy; running `nodeforge verify`")
                 self.gate(name, s.nodes)
                 res.seconds = round(self.clock.now() - started, 2)

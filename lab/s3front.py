@@ -6,8 +6,11 @@ node's path must prove: TLS with a CA that only the test knows (so an unknown CA
 instance-role credentials that the metadata service (lab/imds.py) issued and that have not
 expired (so a client that does not refresh them fails with S3's ``ExpiredToken``). It reads
 the key id from the SigV4 ``Authorization`` header and the session token from
-``X-Amz-Security-Token``; it does not recompute the signature (moto does not either).
-``forbidden`` key prefixes answer 403 AccessDenied, as a bucket policy would.
+``X-Amz-Security-Token``, and recomputes the SigV4 signature with that set's secret key (moto
+verifies none): a request signed with another secret is ``SignatureDoesNotMatch``.
+``forbidden`` key prefixes answer 403 AccessDenied, as a bucket policy would. ``signed`` records
+each request's (time on the metadata service's clock, access key id, method, path), so a test
+can tell which credential set each request was signed with.
 
 Everything listens on 127.0.0.1; a VM reaches it through a guestfwd rule (lab/vm.py CloudNet).
 """
@@ -15,6 +18,8 @@ Everything listens on 127.0.0.1; a VM reaches it through a guestfwd rule (lab/vm
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import http.client
 import logging
 import re
@@ -32,6 +37,47 @@ from .imds import IMDS
 log = logging.getLogger("nodeforge.lab.s3front")
 
 _CRED_RE = re.compile(r"AWS4-HMAC-SHA256 Credential=([A-Z0-9]{16,128})/")
+_AUTH_RE = re.compile(
+    r"AWS4-HMAC-SHA256 Credential=([A-Z0-9]{16,128})/([0-9]{8})/([a-z0-9-]{1,32})/s3/aws4_request,"
+    r" ?SignedHeaders=([a-z0-9;-]{1,1024}), ?Signature=([0-9a-f]{64})"
+)
+
+
+def sigv4_valid(method: str, target: str, headers: dict[str, str], secret: str) -> bool:
+    """Whether the request's SigV4 ``Authorization`` is the signature *secret* makes (S3's form:
+    the path as sent, the query's pairs sorted as sent, the payload hash from
+    x-amz-content-sha256). *headers* with lower-case names."""
+    m = _AUTH_RE.fullmatch(headers.get("authorization", ""))
+    amz_date = headers.get("x-amz-date", "")
+    if m is None or not amz_date.startswith(m.group(2)):
+        return False
+    _key, day, region, signed, signature = m.groups()
+    path, _, query = target.partition("?")
+    pairs = sorted(tuple(p.partition("=")[::2]) for p in query.split("&")) if query else []
+    names = signed.split(";")
+    if any(n not in headers for n in names) or "host" not in names:
+        return False
+    canonical = "\n".join(
+        [
+            method,
+            path,
+            "&".join(f"{k}={v}" for k, v in pairs),
+            "".join(f"{n}:{' '.join(headers[n].split())}\n" for n in names),
+            signed,
+            headers.get("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+        ]
+    )
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    key = ("AWS4" + secret).encode()
+    for part in (day, region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    want = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(want, signature)
+
+
 _MAX_BODY = 64 << 20
 
 
@@ -99,6 +145,7 @@ class _Front(BaseHTTPRequestHandler):
             m = _CRED_RE.match(self.headers.get("Authorization", ""))
             if m is None:
                 return self._refuse(403, "AccessDenied", "Access Denied (anonymous)")
+            srv.signed.append((srv.imds.clock(), m.group(1), self.command, self.path))
             why = srv.imds.credential_valid(m.group(1), self.headers.get("X-Amz-Security-Token"))
             if why == "expired":
                 srv.refused.append("ExpiredToken")
@@ -107,6 +154,15 @@ class _Front(BaseHTTPRequestHandler):
                 srv.refused.append("InvalidAccessKeyId")
                 return self._refuse(
                     403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist"
+                )
+            secret = srv.imds.secret_of(m.group(1), self.headers.get("X-Amz-Security-Token"))
+            hdrs = {k.lower(): v for k, v in self.headers.items()}
+            if secret is None or not sigv4_valid(self.command, self.path, hdrs, secret):
+                srv.refused.append("SignatureDoesNotMatch")
+                return self._refuse(
+                    403,
+                    "SignatureDoesNotMatch",
+                    "The request signature we calculated does not match the signature you provided",
                 )
         key = self.path.split("?", 1)[0]
         if any(key.startswith(p) for p in srv.forbidden):
@@ -158,6 +214,7 @@ class S3Front(ThreadingHTTPServer):
         self.forbidden: list[str] = []
         self.requests: list[tuple[str, str]] = []
         self.refused: list[str] = []
+        self.signed: list[tuple[float, str, str, str]] = []  # (when, key id, method, path)
         super().__init__((host, port), _Front)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(str(tls.cert), str(tls.key))

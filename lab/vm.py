@@ -48,6 +48,11 @@ A unit the harness pulls in is ``systemd.wants=`` on a kernel command line, and 
 firmware boot. Kernel command line params (`VMConfig.cmdline_params`, ``extra_append``)
 exist only with ``boot="kernel"``: a firmware boot refuses them.
 
+Params may instead come as a platform hands them over without a metadata service
+(`VMConfig.seed`): a NoCloud seed (vfat, label ``cidata``) or an OpenStack config drive
+(ISO 9660, label ``config-2``), built by lab/seed_media.py and attached read-only as a second
+virtio disk, for the agent's seed-device source (bootstrap/params_seed.py).
+
 A debugfs -w edit was considered and rejected: debugfs cannot write through a qcow2 overlay
 (only raw images), and converting the overlay to raw copies the whole disk.
 """
@@ -73,6 +78,7 @@ from typing import Any
 
 from nodeforge import proc
 from nodeforge.errors import CommandError, NodeforgeError
+from nodeforge.images import build_proc
 from nodeforge.images.bootdisk import FS_LABEL
 
 # The qemu helpers the build shares with the lab live in images/ (the build must not import
@@ -88,6 +94,8 @@ from nodeforge.images.qemu_host import (  # noqa: F401
     kvm_usable,
     probe_accel,
 )
+from nodeforge.images.ssh_args import throwaway_ssh_argv
+from nodeforge.lab import seed_media
 
 log = logging.getLogger("nodeforge.lab.vm")
 
@@ -295,6 +303,9 @@ class VMConfig:
     # Seconds the VM's RTC (its wall clock at boot: no time server is reachable from the lab)
     # is ahead of (or, negative, behind) the host's: a skewed machine. 0: the host's time.
     rtc_offset_s: int = 0
+    # User-data on a seed device: ("nocloud" | "configdrive", text) -> a read-only virtio disk
+    # (lab/seed_media.py). None: no seed device.
+    seed: tuple[str, str] | None = None
     qemu: str = QEMU
 
     @property
@@ -341,12 +352,13 @@ class VM:
         self.key = self.workdir / "id_ed25519"
         self.port: int | None = None
         self.pid: int | None = None
-        self._watcher: Any = None  # proc.stop_with_this_process() of the qemu pid
+        self._watcher: Any = None  # build_proc.stop_with_this_process() of the qemu pid
         self.accel: AccelDecision | None = None
         self.started_at: float | None = None  # monotonic, when qemu was started
         self.started_wall: float | None = None
         self.ready_after: float | None = None  # seconds from start to SSH login
         self._prev_term = None
+        self.seed_image: Path | None = None  # built by start() when cfg.seed is set
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> VM:
@@ -378,6 +390,8 @@ class VM:
                 f"VM {cfg.name}: rtc_offset_s {cfg.rtc_offset_s!r} must be an int of at most "
                 "10 years either way"
             )
+        if cfg.seed is not None:
+            seed_media.check(cfg.seed)
         for tool in (cfg.qemu, "qemu-img"):
             proc.require_tool(tool)
         need = [cfg.disk] + ([cfg.kernel, cfg.initrd] if cfg.boot == "kernel" else [])
@@ -411,6 +425,8 @@ class VM:
              "-F", "qcow2", str(self.overlay), *size],
             timeout=60,
         )  # fmt: skip
+        if cfg.seed is not None:
+            self.seed_image = seed_media.build(cfg.seed, self.workdir, cfg.name, self.run)
         pub = self.ensure_key()
         self.port = free_port()
         self.console.unlink(missing_ok=True)
@@ -427,7 +443,7 @@ class VM:
             raise NodeforgeError(f"qemu started but wrote no pid file {self.pidfile}") from exc
         # qemu 7.2 cannot exit with its parent, and -daemonize detaches it: without this a
         # SIGKILLed harness would leave the VM running.
-        self._watcher = proc.stop_with_this_process(self.pid)
+        self._watcher = build_proc.stop_with_this_process(self.pid)
         (self.workdir / "vm.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
         log.info("VM %s: qemu pid %s, ssh 127.0.0.1:%s, accel %s", cfg.name, self.pid,
                  self.port, self.accel.accel)  # fmt: skip
@@ -530,6 +546,8 @@ class VM:
             argv += self.firmware_argv(pubkey)
         argv += [
             "-drive", f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe",
+            *(["-drive", f"file={self.seed_image},if=virtio,format=raw,readonly=on"]
+              if self.seed_image else []),
             "-netdev", ",".join(["user", "id=n0", f"hostfwd=tcp:127.0.0.1:{self.port}-:22",
                                  *(cfg.metadata.netdev_options() if cfg.metadata else [])]),
             "-device", "virtio-net-pci,netdev=n0",
@@ -581,12 +599,10 @@ class VM:
 
     def ssh_argv(self, *command: str, connect_timeout: int = 10) -> list[str]:
         assert self.port is not None
-        return [
-            "ssh", "-F", "/dev/null", "-i", str(self.key), "-p", str(self.port),
-            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            "-o", f"ConnectTimeout={connect_timeout}", "root@127.0.0.1", *command,
-        ]  # fmt: skip
+        return throwaway_ssh_argv(
+            self.key, port=self.port, connect_timeout=connect_timeout, no_config=True,
+            command=command,
+        )  # fmt: skip
 
     def ssh(self, command: str, timeout: float = 120, check: bool = True):
         """Run a shell command in the guest as root; returns the CompletedProcess."""

@@ -35,6 +35,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,8 @@ class Deadline:
         self.expired = False
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
+        # objects that hold a socket, each with how to find it then (held weakly)
+        self._holders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
 
@@ -219,11 +222,32 @@ class Deadline:
             if self.expired:
                 _shutdown(dup)
 
+    def watch_holder(
+        self,
+        holder: object,
+        find: Callable[[object], socket.socket | None],
+        now: socket.socket | None = None,
+    ) -> None:
+        """Watch whatever socket *find*(*holder*) gives when the deadline passes: an http
+        connection that opens (and may reopen) its own socket, a response streaming a body.
+        *now*: the socket it holds now, if *find* cannot see it yet. Held weakly and nothing
+        is duplicated, so a long fetch through many connections keeps no descriptor open."""
+        with self._lock:
+            self._holders[holder] = find
+            if self.expired:
+                sock = now if now is not None else find(holder)
+                if sock is not None:
+                    _shutdown(sock)
+
     def _expire(self) -> None:
         with self._lock:
             self.expired = True
             for s in self._socks:
                 _shutdown(s)
+            for holder, find in list(self._holders.items()):
+                sock = find(holder)
+                if isinstance(sock, socket.socket):
+                    _shutdown(sock)
 
     def resolve(self, host: str, port: int) -> list:
         box: dict[str, object] = {}

@@ -7,11 +7,14 @@ and the directory is fsynced so the rename itself survives a power cut.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -62,6 +65,36 @@ def write_atomic(
     if durable:
         fsync_dir(p.parent)
     return True
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path, *, tmp_name: str | None = None) -> Iterator[Path]:
+    """A temp path beside *path* for a writer that makes the whole file itself (a tool, a
+    zip): renamed onto *path* when the block ends without an error, removed otherwise, so
+    *path* is the old file or the whole new one. *tmp_name* when the writer reads meaning
+    from the name (mmdebstrap picks its format from the extension)."""
+    tmp = path.with_name(tmp_name or f".{path.name}.part")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def swap_dir(new: Path, final: Path, *, old: Path | None = None) -> None:
+    """Put the directory *new* in the place of *final* (both on one filesystem), whole.
+
+    An existing *final* is renamed aside to *old* (default: *final*.old) first and removed
+    after, so *final* is always the previous tree or the new one, never a half; a leftover
+    *old* from an interrupted swap is removed first. One rename each, no copy.
+    """
+    old = final.with_name(final.name + ".old") if old is None else old
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(new, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_json(

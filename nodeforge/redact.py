@@ -42,6 +42,10 @@ _NAMED_WORDS = ("pass", "pwd", "secret", "token", "credential", "sig", "key", "a
 # A run of base64 / base64url characters long enough to be a key (an AWS secret key is 40, a
 # munge key's base64 at least 44).
 _BLOB = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
+# The blob rule's scan: a URL is taken whole, so its path is judged segment by segment (a
+# release path "com/NVIDIA/enroot/releases/download/v4" mixes upper, lower and digits across
+# its segments but is no key); anything else is a blob candidate.
+_URL_OR_BLOB = re.compile(f"(?P<url>{_URL_IN_TEXT.pattern})|{_BLOB.pattern}")
 
 
 def url(u: str) -> str:
@@ -93,6 +97,13 @@ def _blob_match(m: re.Match[str]) -> str:
     return REDACTED if _looks_secret(m.group()) else m.group()
 
 
+def _url_or_blob(m: re.Match[str]) -> str:
+    if m.group("url") is None:
+        return _blob_match(m)
+    # a key in a URL's path is one segment (a '/' would end it): each segment is a candidate
+    return "/".join(_BLOB.sub(_blob_match, seg) for seg in m.group().split("/"))
+
+
 def _looks_secret(s: str) -> bool:
     """A run of base64-ish characters that mixes upper case, lower case and digits (a key).
     One that starts with '/' may be a path (/var/lib/...): it counts when it has base64's
@@ -126,7 +137,7 @@ def text(s: str) -> str:
     if ("=" in s or ":" in s) and any(w in s.lower() for w in _NAMED_WORDS):
         s = _NAMED.sub(lambda m: m.group(1) + "***", s)
     if len(s) >= 32:
-        s = _BLOB.sub(_blob_match, s)
+        s = _URL_OR_BLOB.sub(_url_or_blob, s) if "://" in s else _BLOB.sub(_blob_match, s)
     return s
 
 

@@ -29,9 +29,10 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from nodeforge.errors import NodeforgeError
-from nodeforge.slurm import has
+from nodeforge.slurm_facts import has
 
 _INT_MAX = 2**63 - 1
 _U32_NO_VAL = 0xFFFFFFFE  # Slurm's NO_VAL (and INFINITE above it) in a uint32 field
@@ -129,6 +130,30 @@ class NodeRecord:
     flags: frozenset[str]  # base state and flags, upper case: {"IDLE", "DRAIN", "CLOUD"}
     reason: str = ""
     base: str = ""  # the base state alone (IDLE, MIXED, FUTURE, ...); "" if none is listed
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """One job of a state listing (`squeue --json --only-job-state`, Slurm >= 24.05): its
+    name and state, nothing a user writes. The listing names a job as squeue does: `N` (a
+    job), `A_T` (array task T of array A: one entry per task, also for the tasks still in
+    the array's one record of pending tasks), `N+O` (het component N, offset O)."""
+
+    key: str
+    base_state: str
+    state_flags: frozenset[str]
+    job: int  # N, or A for an array task: what squeue's --jobs filter takes
+    task: int | None = None  # T of `A_T`
+    het_offset: int | None = None  # O of `N+O`
+
+    @property
+    def pending(self) -> bool:
+        """PENDING with no flag (a requeued job's old allocation still COMPLETING is not)."""
+        return self.base_state == "PENDING" and not self.state_flags
+
+    def shows(self, r: JobRecord) -> bool:
+        """Does the full record *r* show this state?"""
+        return r.base_state == self.base_state and r.state_flags == self.state_flags
 
 
 # Node base states (node_state_base_string); anything else in a state list is a flag.
@@ -350,7 +375,7 @@ class BlockCache:
 # its volatile number: (text before them, their count, text after them + _SEP, record).
 # Without a volatile number: (whole text + _SEP, 0, b"", record). With _SEP in the pieces, an
 # unchanged item in mid-list costs one comparison per piece (two with a volatile number).
-Record = JobRecord | NodeRecord
+Record = JobRecord | NodeRecord | JobState
 Entry = tuple[bytes, int, bytes, Record]
 
 
@@ -365,6 +390,11 @@ class _List:
     id_value: re.Pattern[bytes]  # its value; group 1 when the value is quoted
     record_id: Callable[[Record], object]
     parse: Callable[[object], Record]
+    kind: str = ""  # what a BlockCache holds after this list (default: key)
+
+    @property
+    def cache_kind(self) -> str:
+        return self.kind or self.key
 
     @property
     def open(self) -> bytes:  # the list's first item (pretty-printed, indent 2)
@@ -384,20 +414,36 @@ def parse_jobs(
     the last call costs a byte comparison with last call's text instead of a JSON parse;
     the records are exactly those of the full parse (`_walk` says why). Give it the bytes:
     only the changed jobs are then decoded (a str is encoded first)."""
-    walked = _walk_cached(text, cache, _JOBS)
+    return _parse_job_list(text, source, cache, _JOBS, job_from_json, _JOB_ID)
+
+
+_R = TypeVar("_R", "JobRecord", "JobState")
+
+
+def _parse_job_list(
+    text: str | Buffer,
+    source: str,
+    cache: BlockCache | None,
+    lst: _List,
+    from_json: Callable[[object], _R],
+    key_of: Callable[[_R], object],
+) -> list[_R]:
+    """The one body of parse_jobs and parse_job_states: the cached walk (or a plain JSON
+    parse), a job listed twice refused, the cache left holding this call's items."""
+    walked = _walk_cached(text, cache, lst)
     if walked is None:
-        out = [job_from_json(d) for d in _load(text, "jobs", source)]
+        out = [from_json(d) for d in _load(text, "jobs", source)]
     else:
         out = list(map(_RECORD, walked))
-    if len(set(map(_JOB_ID, out))) != len(out):
-        ids: set[int] = set()
+    if len(set(map(key_of, out))) != len(out):
+        seen: set[object] = set()
         for j in out:
-            if j.job_id in ids:
-                raise SlurmDataError(f"{source}: job {j.job_id} is listed twice")
-            ids.add(j.job_id)
+            if key_of(j) in seen:
+                raise SlurmDataError(f"{source}: job {key_of(j)} is listed twice")
+            seen.add(key_of(j))
     if cache is not None:
         cache.entries = walked if walked is not None else []
-        cache.kind = "jobs"
+        cache.kind = lst.cache_kind
     return out
 
 
@@ -503,7 +549,7 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
     if i < 0:
         return None
     pos = i + len(opening)
-    old = cache.entries if cache.kind == lst.key else []
+    old = cache.entries if cache.kind == lst.cache_kind else []
     n_old = len(old)
     by_id: dict[object, int] | None = None
     id_member, id_value, record_id, parse = lst.id_member, lst.id_value, lst.record_id, lst.parse
@@ -681,6 +727,77 @@ def parse_version(text: str) -> tuple[int, int]:
     if not m:
         raise SlurmDataError(f"scontrol --version: unexpected output {text!r:.80}")
     return int(m.group(1)), int(m.group(2))
+
+
+_STATE_KEY = re.compile(r"([1-9][0-9]{0,18})(?:_([0-9]{1,10})|\+([0-9]{1,10}))?")
+
+
+def job_state_from_json(d: object) -> JobState:
+    if not isinstance(d, dict):
+        raise SlurmDataError(f"Slurm JSON: a job entry is not an object: {d!r:.80}")
+    key = d.get("job_id")
+    if not isinstance(key, str) or (m := _STATE_KEY.fullmatch(key)) is None:
+        raise _fail("job", "job_id", key)
+    base, flags = _states(d.get("state"), f"job {key}", "state")
+    job, task, off = m.groups()
+    return JobState(
+        key=key,
+        base_state=base,
+        state_flags=flags,
+        job=int(job),
+        task=None if task is None else int(task),
+        het_offset=None if off is None else int(off),
+    )
+
+
+_STATES = _List(
+    "jobs",
+    b'\n      "job_id": ',
+    re.compile(rb'"([0-9_+]{1,40})"'),
+    operator.attrgetter("key"),
+    job_state_from_json,
+    kind="job states",
+)
+
+
+_STATE_KEY_OF = operator.attrgetter("key")
+
+
+def parse_job_states(
+    text: str | Buffer, source: str, cache: BlockCache | None = None
+) -> list[JobState]:
+    """Every job of a state listing, in slurmctld's order; a job id listed twice, a field
+    out of its grammar or a truncated document is an error (SlurmDataError), never a guess.
+    With *cache*, as parse_jobs: an item whose text is unchanged is the same JobState."""
+    return _parse_job_list(text, source, cache, _STATES, job_state_from_json, _STATE_KEY_OF)
+
+
+MAX_ARRAY_TASKS = 4_000_000  # (Slurm's MaxArraySize is at most 4000001)
+
+
+def array_task_ids(spec: str) -> frozenset[int]:
+    """The task ids of an array's pending-task string as JobRecord.array_tasks keeps it
+    (`2-9`, `1,3,5-7:2`); SlurmDataError for anything else or more than MAX_ARRAY_TASKS."""
+    if not _ARRAY_TASKS.fullmatch(spec):
+        raise SlurmDataError(f"array task ids {spec!r:.80}: unexpected form")
+    out: set[int] = set()
+    for part in spec.split(","):
+        rng, _, step = part.partition(":")
+        a, _, b = rng.partition("-")
+        lo, hi = int(a), int(b) if b else int(a)
+        n = (hi - lo) // max(int(step or 1), 1) + 1 if hi >= lo else 0
+        if len(out) + n > MAX_ARRAY_TASKS:
+            raise SlurmDataError(f"array task ids {spec!r:.80}: more than {MAX_ARRAY_TASKS}")
+        out.update(range(lo, hi + 1, max(int(step or 1), 1)))
+    return frozenset(out)
+
+
+def state_command(version: tuple[int, int]) -> list[str] | None:
+    """The jobs' state listing (identity and state of every job, no user text) on Slurm
+    versions that have one (squeue's --only-job-state: REQUEST_JOB_STATE, >= 24.05)."""
+    if has(version, "job_state_listing"):
+        return ["squeue", "--json", "--only-job-state", "--states=all"]
+    return None
 
 
 def json_commands(version: tuple[int, int]) -> tuple[list[str], list[str]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..host import Host
 from ..params import Params
 from ..paths import Paths
-from ..slurm import SlurmFeatures
+from ..slurm_setup import SlurmFeatures
 
 
 @dataclass

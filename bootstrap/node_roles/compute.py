@@ -25,11 +25,12 @@ from typing import TypeVar
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
-from nodeforge.slurm import has
+from nodeforge.slurm_facts import has
 
 from .. import gres, health
 from ..readiness import HELD_CREATED_FINAL, INITIALIZING, RUNNING_HOOKS, Gate, reads_json
-from ..slurm import client_conf, conf_server, dropin, hardware_spec, node_conf
+from ..rejoin import ControllerAway
+from ..slurm_setup import client_conf, conf_server, dropin, hardware_spec, node_conf
 from . import Early, RoleContext
 
 T = TypeVar("T")
@@ -93,7 +94,18 @@ def node_spec(
 
 
 def wait_controller(ctx: RoleContext, g: Gate) -> float:
+    """Seconds until slurmctld answers; `ControllerAway` after wait_timeout (the node is then
+    outside Slurm: `nodeforge node rejoin` starts the agent again once slurmctld answers)."""
     client_conf(ctx.paths, ctx.params)
+    try:
+        return _wait_controller(ctx, g)
+    except NodeforgeError as exc:
+        raise ControllerAway(
+            f"{exc} (nodeforge-rejoin.timer starts the agent again once slurmctld answers)"
+        ) from exc
+
+
+def _wait_controller(ctx: RoleContext, g: Gate) -> float:
     return ctx.host.wait_until(
         f"slurmctld at {conf_server(ctx.params)} answering (scontrol ping)",
         g.controller_up,
@@ -219,15 +231,22 @@ def start_slurmd(
         # Nothing to do between registration and ready: the ready step's wait (the node
         # seen ready in slurmctld) covers registration too, with one poll loop, not two.
         return detail
+    detail["register_wait_s"] = _wait_registered(ctx, g, after_reason)
+    return detail
+
+
+def _wait_registered(ctx: RoleContext, g: Gate, after_reason: str) -> float:
+    """start_slurmd's last phase: wait for slurmd's registration, then drain the node with
+    *after_reason*; the seconds waited."""
 
     def registered() -> bool:
         return g.state().base not in ("", "FUTURE")
 
-    detail["register_wait_s"] = round(
-        h.wait_until(
+    waited = round(
+        ctx.host.wait_until(
             f"node {ctx.node} registered with slurmctld",
             registered,
-            timeout=p.wait_timeout,
+            timeout=ctx.params.wait_timeout,
             interval=g.poll,
             hint="see `journalctl -u slurmd`",
         ),
@@ -235,7 +254,7 @@ def start_slurmd(
     )
     # Registration clears the Reason text (the DRAIN flag stays): say what is happening.
     g.drain(after_reason)
-    return detail
+    return waited
 
 
 def has_hooks(ctx: RoleContext) -> bool:

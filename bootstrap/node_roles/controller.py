@@ -15,11 +15,11 @@ import secrets
 from nodeforge import slurmconf
 from nodeforge.errors import NodeforgeError
 from nodeforge.fsutil import write_atomic
-from nodeforge.slurm import controller_up, has
+from nodeforge.slurm_facts import controller_up, has
 
 from .. import gres
 from ..host import private_dir
-from ..slurm import render
+from ..slurm_setup import render
 from . import RoleContext
 
 DB_NAME = "slurm_acct_db"

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from ..slurm import conf_server, dropin
+from ..slurm_setup import conf_server, dropin
 from . import RoleContext
 from .compute import gate, start_slurmd, wait_controller
 

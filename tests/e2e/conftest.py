@@ -5,6 +5,9 @@ Enroot/Pyxis are unreachable on test machines. The versions file is copied and p
 fixture files with `nodeforge versions lock`, so the build runs the real pinned path
 (download from the mirror, sha256 verification). Set NODEFORGE_E2E_IMAGE=<output dir> to
 reuse an image built earlier (developer speed-up; CI always builds).
+
+The gang modules' `clean` and `gov` fixtures are here too: they stand on the module's own
+`lab` fixture (the 22.05 netns lab or a local cluster from the image).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require_tools
+from tests.e2e.gang_support import Gov
 from tests.helpers import BUILD_TOOLS, E2E_ROOT, REPO, build_image, nodeforge
 
 
@@ -91,3 +95,41 @@ def image_tree(built_image) -> Path:
         check=True,
     )
     return tree
+
+
+@pytest.fixture
+def clean(lab):
+    """The module's lab, prologs re-armed before and the cluster reset after the test."""
+    lab.rearm_prologs()
+    yield lab
+    lab.reset()
+
+
+@pytest.fixture
+def gov(clean, tmp_path):
+    """`gov(**overrides)` makes a `Gov` on the clean lab; every one made is stopped after."""
+    govs: list[Gov] = []
+
+    def make(**kw) -> Gov:
+        g = Gov(clean, tmp_path, **kw)
+        govs.append(g)
+        return g
+
+    yield make
+    for g in govs:
+        g.stop()
+
+
+@pytest.fixture(scope="module")
+def gpu_image(request) -> Path:
+    """The gpu variant's build (test_gpu_build.py checks it, test_gpu_vm.py boots it)."""
+    reuse = os.environ.get("NODEFORGE_E2E_GPU_IMAGE")  # a gpu build output (developer speed-up)
+    if reuse:
+        return Path(reuse)
+    fixture_mirror = request.getfixturevalue("fixture_mirror")
+    pinned_versions = request.getfixturevalue("pinned_versions")
+    require_tools(*BUILD_TOOLS, "chroot")
+    out = E2E_ROOT / "image-gpu"
+    summary, secs = build_image(out, fixture_mirror, pinned_versions, "--variant", "gpu")
+    (E2E_ROOT / "gpu-build.json").write_text(json.dumps({"seconds": secs, **summary}, indent=2))
+    return out

@@ -38,9 +38,18 @@ def ctl(lc: LocalCluster, *argv: str, check: bool = True, timeout: float = 60):
     return node_exec(c.controller, list(argv), check=check, timeout=timeout)
 
 
-def join(lc: LocalCluster, tmp_path: Path, name: str, hook: str, *, first: str | None = None, **kw):
+def join(
+    lc: LocalCluster,
+    tmp_path: Path,
+    name: str,
+    hook: str,
+    *,
+    first: str | None = None,
+    params: dict | None = None,
+    **kw,
+):
     """Start compute *name* with the extension hook 10-mark (*hook*: the script), after the
-    hook 05-first if *first* is given, without waiting."""
+    hook 05-first if *first* is given, with *params* added to its params, without waiting."""
     scripts = ([("05-first", first)] if first is not None else []) + [("10-mark", hook)]
     hooks, copies = [], []
     for hname, body in scripts:
@@ -50,8 +59,8 @@ def join(lc: LocalCluster, tmp_path: Path, name: str, hook: str, *, first: str |
         dest = f"/opt/e2e-hooks/{hname}.sh"
         hooks.append({"uri": f"file://{dest}", "name": hname, "timeout": 120})
         copies.append((f, dest))
-    params = {"hooks": hooks, "hook_retries": 0}
-    return lc.start_node(name, params=params, copies=copies, **kw)
+    doc = {"hooks": hooks, "hook_retries": 0, **(params or {})}
+    return lc.start_node(name, params=doc, copies=copies, **kw)
 
 
 def hook_lines(lc: LocalCluster, name: str) -> list[str]:
@@ -131,6 +140,62 @@ def test_controller_unreachable_while_two_nodes_join(lc, tmp_path):
     assert took < 120
 
 
+def rejoin_log(node) -> str:
+    cmd = ["journalctl", "-u", "nodeforge-rejoin.service", "--no-pager", "-o", "cat"]
+    return node_exec(node, cmd, check=False, timeout=60).stdout
+
+
+def test_controller_away_past_wait_timeout_node_joins_when_it_is_back(lc, tmp_path):
+    """slurmctld stays away longer than the compute's wait_timeout: its role step fails and it
+    is outside Slurm (nobody can drain it); once slurmctld is back, nodeforge-rejoin.timer
+    starts its agent again and it ends schedulable, its hook run once."""
+    n = "c108"
+    ctl(lc, "systemctl", "stop", "slurmctld.service", timeout=120)
+    try:
+        join(lc, tmp_path, n, MARK_HOOK.format(log=HOOK_LOG, secs=1), params={"wait_timeout": 10})
+        wait_for(
+            f"{n}'s agent to fail its role step",
+            lambda: agent(lc, n).get("status") == "failed",
+            120,
+        )
+        st = agent(lc, n)
+        assert st["steps"]["role"]["status"] == "failed" and st["retry"] == "controller-away", st
+        assert "nodeforge-rejoin.timer" in st["steps"]["role"]["error"]
+        assert hook_lines(lc, n) == []
+        c = Cluster.load(lc.name)
+        # exit 1: the agent failed (`node status` says so by its exit code too)
+        cp = node_exec(c.node(n), ["nodeforge", "node", "status"], check=False, timeout=60)
+        status = cp.stdout
+        assert cp.returncode == 1, status
+        assert "outside Slurm: nodeforge-rejoin.timer" in status, status
+        timer = node_exec(
+            c.node(n), ["systemctl", "is-active", "nodeforge-rejoin.timer"], check=False
+        ).stdout.strip()
+        assert timer == "active", timer
+        # at least one look of the timer (60 s after boot, then every 30 s) while slurmctld
+        # is still away: it starts nothing
+        wait_for(
+            "a look of nodeforge-rejoin while slurmctld is away",
+            lambda: "slurmctld still does not answer" in rejoin_log(c.node(n)),
+            150,
+            every=2,
+        )
+        assert agent(lc, n).get("status") == "failed"
+    finally:
+        ctl(lc, "systemctl", "start", "slurmctld.service", timeout=120)
+    back = time.monotonic()
+    # the timer's next look (every 30 s, up to 10 s late) finds slurmctld, then a first boot
+    assert settle(lc, [n], timeout=150) == {n: "ready"}
+    took = time.monotonic() - back
+    lines = hook_lines(lc, n)
+    assert [ln.split()[0] for ln in lines] == ["start", "done"], lines
+    st = agent(lc, n)
+    assert st["steps"]["role"]["runs"] == 2 and st.get("retry") is None, st
+    log = rejoin_log(Cluster.load(lc.name).node(n))
+    assert "slurmctld answers: starting nodeforge-init.service again" in log, log
+    print(f"{n}: schedulable {took:.1f}s after slurmctld was back")
+
+
 def test_agent_killed_mid_hook_is_restarted_and_finishes_its_hooks(lc, tmp_path):
     """SIGKILL of `node init` while its hook runs: systemd starts the agent again
     (Restart=on-abort), the hook that was cut off is stopped, the interrupted hooks step runs
@@ -162,6 +227,54 @@ def test_agent_killed_mid_hook_is_restarted_and_finishes_its_hooks(lc, tmp_path)
         node, ["systemctl", "list-units", "--no-legend", "--plain", "nodeforge-hook-*"]
     ).stdout
     assert scopes.strip() == "", scopes
+
+
+def test_agent_killed_4_times_in_one_boot_ends_failed_and_drained(lc, tmp_path):
+    """SIGKILL of `node init` mid-hook, 4 times: systemd restarts it 3 times, then gives up
+    (StartLimitBurst=4). The node does not stay "running": OnFailure= records the hooks step
+    failed with "agent restarted too often", the node is drained with that reason, the hook is
+    stopped, and the metric and the cluster's summary say so."""
+    n = "c107"
+    join(lc, tmp_path, n, MARK_HOOK.format(log=HOOK_LOG, secs=60))
+    node = Cluster.load(lc.name).node(n)
+
+    def show(prop: str) -> str:
+        argv = ["systemctl", "show", "-p", prop, "--value", "nodeforge-init.service"]
+        return node_exec(node, argv).stdout.strip()
+
+    for kill in range(1, 5):
+        # the kill-th run of the agent has (re)started the hook: kill that agent
+        wait_for(
+            f"{n}'s agent run {kill} in its hook",
+            lambda k=kill: len(hook_lines(lc, n)) >= k and show("MainPID") not in ("", "0"),
+            timeout=SETTLE_S,
+        )
+        node_exec(node, ["kill", "-KILL", show("MainPID")])
+    why = (
+        "agent restarted too often: killed 4 times in this boot, systemd gave up "
+        "(nodeforge-init.service StartLimitBurst=4)"
+    )
+    assert settle(lc, [n], timeout=120) == {n: f"nodeforge: hooks step failed: {why}"}
+    # systemd 257 counts the refused 4th restart (NRestarts=4) and keeps Result=signal; an
+    # older one fails the restart (start-limit-hit, NRestarts=3)
+    assert (show("Result"), show("NRestarts")) in (("signal", "4"), ("start-limit-hit", "3"))
+    st = agent(lc, n)
+    assert st["status"] == "failed", st
+    assert st["steps"]["hooks"]["status"] == "failed" and st["steps"]["hooks"]["error"] == why
+    lines = hook_lines(lc, n)
+    assert [ln.split()[0] for ln in lines] == ["start"] * 4, lines  # never completed, not rerun
+    scopes = node_exec(
+        node, ["systemctl", "list-units", "--no-legend", "--plain", "nodeforge-hook-*"]
+    ).stdout
+    assert scopes.strip() == "", scopes
+    prom = node_exec(node, ["cat", "/var/lib/nodeforge/gang/nodeforge_bootstrap.prom"]).stdout
+    assert 'nodeforge_bootstrap_failed{step="hooks"} 1' in prom, prom
+    status = node_exec(node, ["nodeforge", "node", "status"], check=False)
+    assert status.returncode != 0 and "agent restarted too often" in status.stdout, status.stdout
+    summary = lc.status()["bootstrap_failures"]
+    assert [(s["step"], s["nodes"]) for s in summary] == [("hooks", [n])], summary
+    assert "agent restarted too often" in summary[0]["first_error"], summary
+    lc.remove_node(n)  # the disk-fill case counts the cluster's failed nodes: its own only
 
 
 def test_slurmdbd_down_when_a_node_joins(lc, tmp_path):
@@ -222,6 +335,10 @@ def test_node_power_cut_during_first_boot(lc, tmp_path):
     ], res
 
 
+# dd, not a real `enroot import`: the image under test has the FIXTURE enroot of
+# tests/fixtures/mirror.py (a shell stand-in, 2 KiB .deb); the real enroot .deb is on GitHub
+# (images/versions.yaml), which the test machines cannot resolve, and Debian packages no enroot
+# (`apt-cache search enroot`: nothing). Importing with the stand-in would test the stand-in.
 FILL_HOOK = """#!/bin/sh
 # FIXTURE: stands for a container import (enroot import writes the image under
 # /var/lib/enroot); 64 MiB into a 16 MiB disk.
@@ -259,4 +376,4 @@ def test_every_node_settled_at_the_end(lc):
     assert computes, "no compute joined"
     got = settle(lc, computes, timeout=60)
     ready = {n for n, v in got.items() if v == "ready"}
-    assert ready >= {"c101", "c102", "c103", "c104", "c105"} - {"c106"}, json.dumps(got)
+    assert ready >= {"c101", "c102", "c103", "c104", "c105", "c108"} - {"c106"}, json.dumps(got)

@@ -14,18 +14,16 @@ the restore boots the old image with the cluster's own params (no such hook).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import require_tools, wait_for
-from tests.helpers import E2E_ROOT, REPO, nodeforge
+from tests.helpers import E2E_ROOT, REPO, linked_copy, nodeforge
 
 pytestmark = pytest.mark.e2e
 CLUSTER = "e2ero"
@@ -53,19 +51,6 @@ def states() -> dict[str, str]:
 
 def machine_ids() -> dict[str, str]:
     return {n: cx(n, "cat", "/etc/machine-id").strip() for n in COMPUTES}
-
-
-def linked_copy(src: Path, dest: Path, manifest: dict | None = None) -> Path:
-    """FIXTURE: another image directory with the same files (hard links, no disk used);
-    *manifest* replaces manifest.json when given. Beside the image: links need one filesystem."""
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file() and f.name != "manifest.json":
-            os.link(f, dest / f.name)
-    doc = manifest if manifest is not None else json.loads((src / "manifest.json").read_text())
-    (dest / "manifest.json").write_text(json.dumps(doc))
-    return dest
 
 
 def rollout(*args: str) -> subprocess.CompletedProcess:

@@ -1,9 +1,9 @@
 """The collective preflight (`probe.mode: collective`) on a local cluster from the built image
-(tests/e2e/clusterlab.py, cluster "e2epf": controller + computes gn1..gn3), each compute in
+(lab/gang_cluster.py, cluster "e2epf": controller + computes gn1..gn3), each compute in
 its own network namespace.
 
 The jobs run the image's own `nodeforge gang ready` (what ships; the image is built from this
-tree by the session fixture). The governor runs in-process (test_gang_slurm's `gov` fixture)
+tree by the session fixture). The governor runs in-process (the `gov` fixture, tests/e2e/conftest.py)
 with node strikes on.
 
 A slow node: gn2's eth0 gets an egress rate limit from the host, in gn2's own namespace
@@ -15,19 +15,14 @@ sleep-throttled participant over loopback).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from clusterlab import LAB_DIR, ClusterLab
-from test_gang_slurm import clean, gov, wait_for  # noqa: F401  (fixtures)
-
 from nodeforge import proc
+from nodeforge.lab.gang_cluster import LAB_DIR, ClusterLab
 from nodeforge.lab.localcluster import Cluster
 from tests.conftest import require_tools
+from tests.e2e.gang_support import wait_for
 
 pytestmark = pytest.mark.e2e
 NODES = ["gn1", "gn2", "gn3"]
@@ -106,7 +101,7 @@ def _gov(make):
     ).start()
 
 
-def test_slow_node_is_named_not_ready_and_struck(lab, gov):  # noqa: F811 (the fixture)
+def test_slow_node_is_named_not_ready_and_struck(lab, gov):
     g = _gov(gov)
     _slow(lab, "gn2", True)
     try:
@@ -130,7 +125,7 @@ def test_slow_node_is_named_not_ready_and_struck(lab, gov):  # noqa: F811 (the f
     assert set(g.gov.state.nodes) == {"gn2"}
 
 
-def test_without_slow_node_the_gang_becomes_ready(lab, gov):  # noqa: F811 (the fixture)
+def test_without_slow_node_the_gang_becomes_ready(lab, gov):
     g = _gov(gov)
     j = lab.sbatch("-N3", "-w", ",".join(NODES), script=SCRIPT)
     show = lambda: (_output(lab, j), g.events(j))  # noqa: E731
@@ -149,7 +144,7 @@ def test_without_slow_node_the_gang_becomes_ready(lab, gov):  # noqa: F811 (the 
     assert not g.events(j, "strike") and not g.events(j, "requeue")
 
 
-def test_a_check_that_cannot_complete_is_bounded_and_not_ready(lab, gov):  # noqa: F811
+def test_a_check_that_cannot_complete_is_bounded_and_not_ready(lab, gov):
     """Every node drops the probe port, so no participant can finish. (Not one node: which
     rank listens for which is the allocation's node-table order, i.e. the order the dynamic
     nodes registered in, so a single blocked node may be the one that only connects out.)

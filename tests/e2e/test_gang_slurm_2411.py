@@ -1,7 +1,8 @@
 """The gang cases of test_gang_slurm.py against the image's own Slurm (24.11), in a local
-cluster built from the image (tests/e2e/clusterlab.py: controller + computes gn1..gn4).
+cluster built from the image (lab/gang_cluster.py: controller + computes gn1..gn4).
 
-The case bodies are the 22.05 module's, imported (not copied); only the `lab` fixture differs.
+The case bodies are tests/e2e/gang_cases.py's, which the 22.05 module runs too (imported, not
+copied); only the `lab` fixture differs.
 Cases that stay on 22.05 only, and why:
 - test_node_never_comes_up, test_never_booting_node_drained_after_two_gang_timeouts: they need
   CLOUD (power-saving) nodes with a ResumeProgram; the local cluster's nodes are dynamic nodes
@@ -11,9 +12,6 @@ Cases that stay on 22.05 only, and why:
 - test_slurmctld_restart: the lab stops and starts its own slurmctld process,
 - test_cli_run_once_and_status: it runs the host's `nodeforge gang run` against the lab's
   SLURM_CONF; the host's 22.05 clients cannot talk to 24.11,
-- test_array_task_with_the_arrays_id_marks_only_itself_ready: its jobs run the image's own
-  `nodeforge gang ready` (the cases here use the built image's install, the 22.05 lab this
-  checkout's): it holds here once the image is built from a tree with the fix,
 - test_prolog_fails: its expectations are what 22.05 without ForceRequeueOnFail does; the
   image's config sets PrologFlags=ForceRequeueOnFail, which changes Slurm's own reaction (not
   covered here yet).
@@ -23,17 +21,14 @@ Het jobs run only here: the 22.05 lab's select/linear refuses them, cons_tres ac
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from clusterlab import ClusterLab
-from test_gang_slurm import (  # noqa: F401  (fixtures and cases collected here too)
-    clean,
-    gov,
+from nodeforge.lab.gang_cluster import ClusterLab
+from tests.conftest import require_tools
+from tests.e2e.gang_cases import (  # noqa: F401  (the cases, collected here too)
     test_array_gang_timeout_requeues_only_its_own_task,
+    test_array_task_with_the_arrays_id_marks_only_itself_ready,
     test_array_tasks_are_tracked_as_arrayjob_task,
     test_block_admission_not_stalled_by_a_gang_waiting_for_its_dependency,
     test_block_admission_serializes,
@@ -50,10 +45,8 @@ from test_gang_slurm import (  # noqa: F401  (fixtures and cases collected here 
     test_real_node_output_is_read_node_by_node_through_the_cache,
     test_retry_limit_requeuehold_then_release_resets,
     test_time_limit_deactivates_after_t_seconds,
-    wait_for,
 )
-
-from tests.conftest import require_tools
+from tests.e2e.gang_support import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +68,7 @@ def test_slurm_is_24_11(lab):
     assert re.fullmatch(r"slurm(-wlm)? 24\.11\.\d+\s*", out), out
 
 
-def test_het_job_is_one_gang_requeued_by_its_leader(lab, gov):  # noqa: F811 (the fixture)
+def test_het_job_is_one_gang_requeued_by_its_leader(lab, gov):
     """A het job (one node per component), the second component's prolog hangs: the gang is
     not ready while any component is not; at the timeout the leader is requeued, and the
     whole het job with it (Slurm's Restarts on both components)."""

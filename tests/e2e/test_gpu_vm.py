@@ -5,7 +5,7 @@ Proven: the controller serves GresTypes=gpu + gres.conf AutoDetect=nvml and (a V
 enforcement; slurmd on the compute runs with AutoDetect=nvml and reports 0 GPUs; a job runs
 under proctrack/cgroup; `nodeforge node health` passes on this CPU node, drains it with a clear
 reason once expected_gpus: 8 is set, and a passing run clears that drain again.
-The image: $NODEFORGE_E2E_GPU_IMAGE or this session's gpu build (test_gpu_build.py).
+The image: $NODEFORGE_E2E_GPU_IMAGE or a gpu build (the `gpu_image` fixture, tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from nodeforge import slurm_records
 from nodeforge.bootstrap.readiness import from_record
 from nodeforge.lab.vm import VM, BootTimeout, VMConfig, free_port
 from tests.conftest import require_tools
-from tests.e2e.test_gpu_build import gpu_image  # noqa: F401  (the module-scoped gpu build)
 
 # Its first runs failed: `slurmd -C` died of SIGSEGV on the gpu image (fixed: libnvidia-ml
 # preloaded), then slurmd logged NVML's "Driver Not Loaded" errors (fixed: libnvidia-ml hidden
@@ -59,7 +58,7 @@ def _interrupt(signum, frame):
 
 
 @pytest.fixture(scope="module")
-def gpu_cluster(tmp_path_factory, gpu_image):  # noqa: F811
+def gpu_cluster(tmp_path_factory, gpu_image):
     require_tools("qemu-system-x86_64", "qemu-img", "ssh", "ssh-keygen")
     work = tmp_path_factory.mktemp("gpuvm")
     port = free_port()

@@ -5,7 +5,7 @@ re-used for another seed is seen as it is now (blkid's cache is not read).
 
 Mounting a seed needs vfat or iso9660 in the kernel; the CI host's kernel has neither (only
 ext2/3/4, xfs, btrfs, squashfs, erofs), so the mount, read and unmount are proven in the unit
-tier (tests/unit/test_params_seed.py, with blkid/mount/umount as a fixture), not here.
+tier (tests/unit/bootstrap/test_params_seed.py, with blkid/mount/umount as a fixture), not here.
 """
 
 from __future__ import annotations

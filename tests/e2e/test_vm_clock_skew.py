@@ -5,8 +5,10 @@ and boot-time clocks), so this case needs its own kernel: two VMs from the built
 controller with the host's time and a compute whose RTC starts SKEW_S ahead (qemu `-rtc
 base=`; no time server is reachable to correct it). munged stamps every credential with its
 machine's wall clock and refuses one from more than its TTL (300 s) away, so the compute can
-neither be talked to nor talk to slurmctld. What it must not be is schedulable: it ends out
-of Slurm with its agent failed, the reason in `node status`.
+neither be talked to nor talk to slurmctld. What it must not be is schedulable: it waits out
+of Slurm with its agent failed, the reason in `node status`. Then its clock is set right (as
+NTP would) and it joins by itself: nodeforge-rejoin.timer's next `scontrol ping` is accepted
+and the agent starts again (docs/agent.md "Controller away").
 """
 
 from __future__ import annotations
@@ -77,9 +79,31 @@ def test_skewed_compute_is_refused_and_never_schedulable(pair):
     print("compute agent:", state, st.get("last_error"))
     assert state == "failed" and st["status"] == "failed", st
     assert st["steps"]["role"]["status"] == "failed", st["steps"]["role"]
-    # never schedulable: slurmctld has no such node (nothing could reach it)
-    deadline = time.monotonic() + 30
+    assert st.get("retry") == "controller-away", st
+    # never schedulable while skewed: slurmctld has no such node (nothing could reach it), and
+    # the rejoin timer's looks (every 30 s) are refused the same way
+    deadline = time.monotonic() + 45
     while time.monotonic() < deadline:
         out = ctl.ssh("sinfo -h -N -n c1 -o '%N %t'", check=False).stdout.strip()
         assert out == "", out
         time.sleep(5)
+    assert (
+        json.loads(c1.ssh("nodeforge node status --json", check=False).stdout)["status"] == "failed"
+    )
+
+    # The clock set right, as NTP would: the node joins by itself, no one reruns anything.
+    c1.ssh(f"date -s @{int(ctl.ssh('date +%s').stdout)}")
+    fixed = time.monotonic()
+    deadline = fixed + 300
+    out = ""
+    while time.monotonic() < deadline:
+        out = ctl.ssh("sinfo -h -N -n c1 -o '%N %t'", check=False).stdout.strip()
+        st = json.loads(c1.ssh("nodeforge node status --json", check=False).stdout or "{}")
+        if out == "c1 idle" and st.get("status") == "ready":
+            break
+        time.sleep(5)
+    assert out == "c1 idle" and st.get("status") == "ready", (out, st.get("last_error"))
+    assert st["steps"]["role"]["runs"] == 2 and st.get("retry") is None, st["steps"]["role"]
+    log = c1.ssh("journalctl -u nodeforge-rejoin.service --no-pager -o cat").stdout
+    assert "slurmctld answers: starting nodeforge-init.service again" in log, log
+    print(f"c1: clock set right, idle in Slurm {time.monotonic() - fixed:.1f}s later")

@@ -277,7 +277,7 @@ StorageLoc={{ storage_loc }}
 
 
 class FakeMachine(FakeHost):
-    """Fixture: the agent's machine for tests/unit/test_bootstrap.py and the agent tests beside
+    """Fixture: the agent's machine for tests/unit/bootstrap/test_bootstrap.py and the agent tests beside
     it. Models just enough of systemd, MariaDB, slurmdbd/sacctmgr and slurmctld/scontrol to
     check ORDER, idempotence, resume after a reboot and the readiness gate."""
 

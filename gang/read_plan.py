@@ -1,0 +1,334 @@
+"""Which jobs one governor cycle reads in full from slurmctld (issue 24, item 5).
+
+Reading every job in full each cycle (`scontrol show job --json`) costs seconds and tens of
+MB with 10k queued jobs on 24.11 (bench/README-gang.md, `live`), almost all of it for pending
+jobs whose decisions read nothing but their state. On Slurm >= 24.05 a cycle reads instead:
+
+1. a state listing of every job (`squeue --json --only-job-state`: each job's name as squeue
+   prints it, `N`, `JobId_T` or `JobId+Offset`, and its state; no user text), parsed with
+   the same grammars as a full record (slurm_records.parse_job_states);
+2. in full, `squeue --json --states=all --jobs=...` (the same records as scontrol's, checked
+   on 24.11): every job that is not plainly PENDING (running, configuring, completing,
+   suspended, finished, PENDING with a flag), every job whose listed state differs from its
+   last full record or that has none (new), an array's record of pending tasks whose task
+   ids differ from the listed ones, the gangs the governor names (policy.full_reads:
+   backoff, deactivated, block_admission's), a het job's every component with any one,
+   and the kept records read longest ago, in batches: enough that each is at most
+   STALE_SECONDS old (at most REFRESH_MAX a cycle: the bound holds up to REFRESH_MAX *
+   STALE_SECONDS / cycle seconds kept jobs, ~145k at 1 s cycles). A batch is taken when the
+   cycle reads in full anyway, REFRESH_EVERY seconds after the last one, or when a record
+   would pass the bound before the next: squeue filters --jobs in the client (slurmctld
+   packs every job), so a full read of 30 ids costs about what one of 500 does, and a
+   quiet cycle (9 in 10 with a quiet queue) makes none.
+
+Every other pending job keeps its last full record (the same object, so the policy sees the
+same observation and keeps its decision record as it is). What such a record may miss, for
+at most STALE_SECONDS (+ one interval): an owner's or operator's `scontrol update` of a
+pending job (size, partition, QOS, Comment, Priority) and a requeue by Slurm that began and
+ended between two cycles (its RequeuedBySlurm note comes at the refresh or when the job
+starts again, whichever is first). No decision reads those while the job is plainly pending
+and in a phase full_reads does not name; a job that starts is read in full that cycle.
+
+Running gangs that the governor found ready (policy.settled_reads) are kept the same way,
+under the same refresh, while the listing shows the state of their last full record and
+this cycle's node read shows every node of that record listed, allocated (HELD_FLAGS) and
+free of UNSETTLED_FLAGS (readiness.READ_FLAGS and IDLE/FUTURE: no longer this job's). What
+such a record may miss, and why no decision needs it at once: policy.settled_reads.
+
+Records are listed in the full reads' order (slurmctld's job list; the listing has its own).
+With more than FULL_SHARE of the listed jobs to request, more ids than fit one command line
+(MAX_IDS), on the first cycle, or when squeue refuses a one-job filter (the job left since the
+listing), the cycle reads every job in full, unfiltered. 22.05 and 23.x (no listing) read
+every job in full every cycle, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+from nodeforge.slurm_records import JobRecord, JobState, SlurmDataError, array_task_ids
+
+STALE_SECONDS = 300.0  # the oldest a pending job's full record may be (bench/README-gang.md)
+FULL_SHARE = 0.5
+REFRESH_MAX = 500  # kept records refreshed per cycle, at most
+REFRESH_EVERY = 10.0  # seconds between refreshes of a quiet queue (at most stale / 10)
+MAX_IDS = 4000  # ~40 kB of argv: far below Linux's 128 kB per argument
+# A settled job's node with any of these (or none of HELD_FLAGS, or not listed) is read in
+# full: what readiness reads (its READ_FLAGS, spelled out: read_plan must not import the
+# policy) and the node no longer being allocated (a shrink; FUTURE/IDLE).
+UNSETTLED_FLAGS = frozenset(
+    {"DOWN", "NOT_RESPONDING", "FAIL", "POWERING_UP", "POWER_DOWN", "POWERED_DOWN"}
+    | {"POWERING_DOWN", "UNKNOWN", "IDLE", "FUTURE"}
+)
+HELD_FLAGS = frozenset({"ALLOCATED", "MIXED"})
+
+NodeFlags = Mapping[str, frozenset[str]]
+
+
+def _is_meta(r: JobRecord) -> bool:
+    """An array's one record of its pending tasks (listed as one `A_T` entry per task)."""
+    return r.array_job_id is not None and r.array_task_id is None
+
+
+def listing_key(r: JobRecord) -> str:
+    """How the state listing names the job of a record that is not an array's record of
+    pending tasks: by the record's own job id (checked on 24.11: array task 2 of array 4,
+    split out as job 9, is `9_2`; het component 6 at offset 1 is `6+1`)."""
+    if r.array_job_id is not None:
+        return f"{r.job_id}_{r.array_task_id}"
+    if r.het_job_id is not None:
+        return f"{r.job_id}+{r.het_job_offset}"
+    return str(r.job_id)
+
+
+def request(r: JobRecord) -> str:
+    """What squeue's --jobs takes to read *r* again in full (checked on 24.11): an array's
+    record of pending tasks by the array's id (with every task of the array: `A_T` would
+    print task T alone, expanded, not the record); a het component by its leader's id
+    (every component: the gang is one merged observation); any other job, array tasks
+    included, by its own id."""
+    if _is_meta(r):
+        return str(r.array_job_id)
+    if r.het_job_id is not None:
+        return str(r.het_job_id)
+    return str(r.job_id)
+
+
+@dataclass
+class Known:
+    """Between cycles: each job's last full record, when it was read (in that order: the
+    oldest read first, so the refresh takes them from the front), and the records by the
+    listing's key (*by_key*) or, for an array's record of pending tasks, by its job id
+    (*meta*: the listing names its tasks `JobId_T`). Kept in step by store/drop."""
+
+    records: dict[int, JobRecord] = field(default_factory=dict)
+    read_at: dict[int, float] = field(default_factory=dict)
+    by_key: dict[str, JobRecord] = field(default_factory=dict)
+    meta: dict[int, JobRecord] = field(default_factory=dict)
+    refreshed_at: float | None = None  # the last refresh's (or unfiltered full read's) time
+
+    def store(self, r: JobRecord, now: float) -> JobRecord:
+        """Enter a freshly read record; an equal one already known stays (the same object:
+        the policy then sees the same observation)."""
+        jid = r.job_id
+        old = self.records.get(jid)
+        if old is not None and (old is r or old == r):
+            r = old
+        else:
+            if old is not None:
+                self._unindex(old)
+            self.records[jid] = r
+            if _is_meta(r):
+                self.meta[jid] = r
+            else:
+                self.by_key[listing_key(r)] = r
+        self.read_at.pop(jid, None)  # (re-entered: now the newest)
+        self.read_at[jid] = now
+        return r
+
+    def _unindex(self, r: JobRecord) -> None:
+        if _is_meta(r):
+            if self.meta.get(r.job_id) is r:
+                del self.meta[r.job_id]
+        else:
+            k = listing_key(r)
+            if self.by_key.get(k) is r:
+                del self.by_key[k]
+
+    def drop(self, jid: int) -> None:
+        r = self.records.pop(jid, None)
+        if r is not None:
+            self._unindex(r)
+        self.read_at.pop(jid, None)
+
+    def keep_only(self, jids: set[int]) -> None:
+        for jid in self.records.keys() - jids:
+            self.drop(jid)
+
+    def clear(self) -> None:
+        self.refreshed_at = None
+        self.records.clear()
+        self.read_at.clear()
+        self.by_key.clear()
+        self.meta.clear()
+
+
+@dataclass
+class Plan:
+    """*requests*: what the full read's --jobs names (None: every job, unfiltered);
+    *asked*: ids of known records the full read must return (one it does not return is
+    gone); *listed*: the known records the listing names (every other one is gone)."""
+
+    requests: set[str] | None
+    asked: set[int]
+    refreshed: bool = False  # the kept records' refresh is in *requests*
+    listed: set[int] = field(default_factory=set)  # known records the listing names (+ asked)
+
+
+def _needed(r: JobRecord, need: Collection[str]) -> bool:
+    return r.key in need or (r.het_job_id is not None and str(r.het_job_id) in need)
+
+
+def _settled(r: JobRecord, s: JobState, settled: Collection[str], nodes: NodeFlags) -> bool:
+    """A running gang the governor found ready (*settled*: policy.settled_reads), listed in
+    the state of its last full record, not a het component (one merged observation: read
+    with its leader), every node of that record held and up in this cycle's node map."""
+    if r.base_state != "RUNNING" or not s.shows(r) or r.het_job_id is not None:
+        return False
+    if r.key not in settled:
+        return False
+    for n in r.nodes:
+        f = nodes.get(n)
+        # (a node that is not ALLOCATED or MIXED no longer runs this job: it shrank)
+        if f is None or not f.isdisjoint(UNSETTLED_FLAGS) or f.isdisjoint(HELD_FLAGS):
+            return False
+    return bool(r.nodes)
+
+
+def _needed_listed(s: JobState, r: JobRecord, need: Collection[str]) -> bool:
+    """_needed for the record *r* the listing names *s*: a job listed `N` (no task, no het
+    offset) is a record whose key is `N` (listing_key), so its own listed name says it
+    without building r.key (a str per pending job per cycle: half of plan() at 50k). Never
+    False where _needed is True; True where it is not only for a key `J_T` that names no
+    job of the queue (J is the id of another array's task): an extra read, never a miss."""
+    if s.key in need:
+        return True  # (`N`, or `J_T`: task T's own id is J, so array J's task T is r)
+    return (s.task is not None or s.het_offset is not None) and _needed(r, need)
+
+
+def plan(
+    listing: list[JobState],
+    need: Collection[str],
+    known: Known,
+    now: float,
+    elapsed: float,
+    stale: float = STALE_SECONDS,
+    settled: Collection[str] = (),
+    nodes: NodeFlags | None = None,
+) -> Plan:
+    """What this cycle reads in full (see the module doc). *need*: keys (JobObs.job_id) of
+    jobs the governor reads in full while pending; *settled*: keys of running gangs it
+    found ready, kept from their last full record while *nodes* (this cycle's node flags)
+    shows theirs up; *elapsed*: seconds since the last plan (the share of the kept records
+    refreshed now)."""
+    if not known.records:
+        return Plan(None, set())
+    by_key, meta = known.by_key, known.meta
+    requests: set[str] = set()
+    asked: set[int] = set()
+    cached: set[int] = set()
+    unsplit: dict[int, set[int]] = {}  # array's job id -> tasks listed in its record
+
+    def read(r: JobRecord) -> None:
+        requests.add(request(r))
+        asked.add(r.job_id)
+
+    get, keep = by_key.get, cached.add
+    for s in listing:
+        r = get(s.key)
+        if r is not None:
+            if (
+                s.base_state != "PENDING"
+                or s.state_flags
+                or r.base_state != "PENDING"
+                or r.state_flags
+                or (
+                    need
+                    and (
+                        s.key in need  # (see _needed_listed: inline, per pending job)
+                        or ((s.task is not None or s.het_offset is not None) and _needed(r, need))
+                    )
+                )
+            ):
+                if settled and nodes is not None and _settled(r, s, settled, nodes):
+                    keep(r.job_id)
+                else:
+                    read(r)
+            else:
+                keep(r.job_id)
+        elif s.task is not None:
+            m = meta.get(s.job)
+            if m is None or not s.pending or not s.shows(m):
+                requests.add(str(s.job))  # the array: its record of pending tasks, its tasks
+            else:
+                unsplit.setdefault(s.job, set()).add(s.task)
+        else:
+            requests.add(str(s.job))  # a job (or het component) without a full record yet
+    for a, m in meta.items():
+        try:
+            same = unsplit.get(a, set()) == array_task_ids(m.array_tasks)
+        except SlurmDataError:
+            same = False  # (a task list the reader could not name: read every cycle)
+        if not same or (need and _needed(m, need)):
+            read(m)
+        elif a in unsplit:
+            cached.add(m.job_id)
+    listed = cached | asked  # (every known record the listing names, and those asked for)
+    cached -= asked
+    refreshed = bool(cached) and _refresh(known, cached, requests, now, elapsed, stale, read)
+    if len(requests) > FULL_SHARE * len(listing) or len(requests) > MAX_IDS:
+        return Plan(None, set())
+    return Plan(requests, asked, refreshed, listed)
+
+
+def _refresh(
+    known: Known,
+    cached: set[int],
+    requests: set[str],
+    now: float,
+    elapsed: float,
+    stale: float,
+    read: Callable[[JobRecord], None],
+) -> bool:
+    """plan()'s refresh phase: *read* the oldest of the *cached* records when one is due;
+    True when this cycle refreshed."""
+    # the refresh, in batches (squeue's --jobs filter is the client's: a full read costs
+    # about the same for 1 id as for 500, so a quiet cycle should make none): when this
+    # cycle reads in full anyway, when the last refresh is *every* old, or when a record
+    # would pass *stale* before the next one. The oldest records first: every one that
+    # would, and at least the share of the time since the last refresh in *stale* (so
+    # the whole queue turns over within *stale*); at most REFRESH_MAX (a slow cycle must
+    # not ask for a larger refresh, which would make the next one slower still).
+    every = min(REFRESH_EVERY, stale / 10)
+    since = elapsed if known.refreshed_at is None else now - known.refreshed_at
+    horizon = stale - every
+    records, read_at = known.records, known.read_at
+    due = bool(requests) or since >= every
+    if not due:
+        oldest = next((t for jid, t in read_at.items() if jid in cached), now)
+        due = now - oldest >= horizon
+    if not due:
+        return False
+    want = math.ceil(len(cached) * min(1.0, max(0.0, since) / stale))
+    took = 0
+    for jid, t in read_at.items():
+        if took >= REFRESH_MAX or (took >= want and now - t < horizon):
+            break
+        if jid in cached:
+            read(records[jid])
+            took += 1
+    return True
+
+
+def assemble(fresh: list[JobRecord], known: Known, p: Plan, now: float) -> list[JobRecord]:
+    """This cycle's records: the full read's, and the known ones of every other listed job,
+    in the full reads' order. A record the full read was asked for and did not return is
+    gone (its job left between the two calls)."""
+    store = known.store
+    if p.requests is None or p.refreshed:
+        known.refreshed_at = now
+    if p.requests is None:  # an unfiltered full read: it alone is the truth
+        out = [store(r, now) for r in fresh]  # (unchanged records: the known objects)
+        known.keep_only({r.job_id for r in out})
+        return out
+    got = {store(r, now).job_id for r in fresh}
+    for jid in p.asked - got:
+        known.drop(jid)
+    # (the read's records, also those the listing did not have, and the known ones plan()
+    # found by the listing: no second walk of it; those asked for and gone are dropped)
+    known.keep_only(got | p.listed)
+    # in the order of the full reads (slurmctld's job list: the state listing has its own,
+    # e.g. an array's pending tasks last), jobs first read later after them
+    return list(known.records.values())

@@ -1,0 +1,616 @@
+"""The governor's planned read on Slurm >= 24.05 (gang/read_plan.py): a state listing of every
+job, then in full only what the cycle needs. Checked against a FIXTURE squeue (a small
+script below, run as a real child process like Slurm's clients): it prints the listing or
+the full records of a job table the test edits, with squeue's --jobs filter (a job id
+selects that job and, as in squeue, every task of the array of that id).
+
+What a user would check: each planned snapshot has exactly the observations a full read
+has (for every job that a decision reads), far fewer bytes are read with a queue of pending
+jobs, a pending job's change that no decision reads is seen within STALE_SECONDS, and
+hostile or broken output is an error (no decision on a partial view), never a guess."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from nodeforge.errors import NodeforgeError
+from nodeforge.gang.slurm_view import SlurmCli, parse_jobs
+from nodeforge.slurm_records import SlurmDataError, parse_job_states
+from tests.unit.gang.gang_support import n24
+
+pytestmark = pytest.mark.unit
+
+# FIXTURE: squeue's two JSON forms over a job table (TABLE: a JSON list of 24.11 job dicts).
+FAKE_SQUEUE = textwrap.dedent(
+    """
+    import json, sys
+    table = json.load(open(sys.argv[1]))
+    mode = sys.argv[2]
+    def num(v):
+        return v["number"] if v.get("set", True) else None
+    def tasks(spec):  # "2-9" / "1,3" (the fixture's forms)
+        out = []
+        for part in spec.split(","):
+            a, _, b = part.partition("-")
+            out += range(int(a), int(b or a) + 1)
+        return out
+    if mode == "state":  # 24.11's --only-job-state: squeue's job names, "state"
+        jobs = []
+        for j in table:
+            arr, task, het = num(j["array_job_id"]), num(j["array_task_id"]), num(j["het_job_id"])
+            if arr and task is None:
+                keys = [f"{arr}_{t}" for t in tasks(j["array_task_string"])]
+            elif arr:  # a task split out of the array's record: by its own id
+                keys = [f"{j['job_id']}_{task}"]
+            elif het:
+                keys = [f"{j['job_id']}+{num(j['het_job_offset'])}"]
+            else:
+                keys = [str(j["job_id"])]
+            jobs += [{"job_id": k, "state": j["job_state"]} for k in keys]
+    else:  # --jobs as squeue filters: N = that job, every task of array N, every het comp.
+        want = None
+        for a in sys.argv[3:]:
+            if a.startswith("--jobs="):
+                want = a[len("--jobs="):].split(",")
+        jobs = []
+        for j in table:
+            arr, task, het = num(j["array_job_id"]), num(j["array_task_id"]), num(j["het_job_id"])
+            if want is None or any(
+                w == str(j["job_id"]) or w == str(arr) or w == str(het)
+                or (arr and task is not None and w == f"{arr}_{task}")
+                for w in want
+            ):
+                jobs.append(j)
+    log = open(sys.argv[1] + ".log", "a")
+    log.write(json.dumps([mode, [j["job_id"] for j in jobs]]) + "\\n")
+    doc = {"jobs": jobs, "last_update": {"set": True, "infinite": False, "number": 5},
+           "meta": {}, "errors": [], "warnings": []}
+    sys.stdout.write(json.dumps(doc, indent=2).replace("/", "\\\\/"))
+    """
+)
+
+
+def job(jid: int, state: str = "PENDING", **kw) -> dict:
+    """A 24.11 job record (FIXTURE) with the members the reader reads."""
+    d = {
+        "job_id": jid,
+        "name": kw.pop("name", f"j{jid}"),
+        "comment": kw.pop("comment", ""),
+        "job_state": [state] if isinstance(state, str) else state,
+        "state_reason": kw.pop("reason", "Priority" if state == "PENDING" else "None"),
+        "node_count": n24(kw.pop("nodes_n", 2)),
+        "nodes": kw.pop("nodes", "" if state == "PENDING" else "gn[1-2]"),
+        "partition": "batch",
+        "priority": n24(kw.pop("priority", 7)),
+        "restart_cnt": kw.pop("restarts", 0),
+        "submit_time": n24(1796290183),
+        "last_sched_evaluation": n24(kw.pop("sched", 1796290190)),
+        "array_job_id": n24(kw.pop("array_job_id", 0)),
+        "array_task_id": {"set": False, "infinite": False, "number": 0},
+        "het_job_id": n24(kw.pop("het_job_id", 0)),
+        "het_job_offset": n24(kw.pop("het_job_offset", 0)),
+    }
+    if "array_task_id" in kw:
+        d["array_task_id"] = n24(kw.pop("array_task_id"))
+    if "array_task_string" in kw:
+        d["array_task_string"] = kw.pop("array_task_string")
+    assert not kw, kw
+    return d
+
+
+class Lab:
+    """A job table, a clock, and two readers of it: planned (the governor's) and full."""
+
+    def __init__(self, tmp_path, jobs: list[dict], nodes: list[dict] | None = None):
+        self.table = tmp_path / "table.json"
+        self.jobs = jobs
+        self.nodes = [] if nodes is None else nodes  # 24.11 node dicts (FIXTURE)
+        self.now = 1000.0
+        script = tmp_path / "squeue.py"
+        script.write_text(FAKE_SQUEUE)
+        self.node_table = nodes = tmp_path / "nodes.json"
+        # (a staleness bound of 20 s: read_plan.STALE_SECONDS's 300 cycles would be slow here)
+        self.cli = SlurmCli(timeout=10, clock=lambda: self.now, stale_seconds=20.0)
+        fake = [sys.executable, str(script), str(self.table)]
+        self.cli._commands = ([*fake, "full", "--states=all"], ["cat", str(nodes)])
+        self.cli._state_argv = [*fake, "state"]
+        self.cli._full_argv = [*fake, "full", "--states=all"]
+        self.write()
+
+    def write(self) -> None:
+        self.table.write_text(json.dumps(self.jobs))
+        self.node_table.write_text(json.dumps({"nodes": self.nodes, "errors": []}, indent=2))
+
+    def full(self):
+        return parse_jobs(json.dumps({"jobs": self.jobs, "errors": []}))
+
+    def planned(self, need=frozenset(), dt: float = 1.0, settled=frozenset()):
+        self.now += dt
+        self.write()
+        log = self.table.with_name("table.json.log")
+        log.unlink(missing_ok=True)
+        snap = self.cli.snapshot(need=need, settled=settled)
+        calls = [json.loads(x) for x in log.read_text().splitlines()]
+        read = [ids for mode, ids in calls if mode == "full"]
+        return snap, (set(read[0]) if read else set())
+
+
+def _same_decisions(cfg, full_st, snap_f, plan_st, snap_p, now, step):
+    """One cycle decided on the full read and on the planned read: the same actions and the
+    same phase for every job. Returns both new states and the actions."""
+    from nodeforge.gang import policy
+
+    full_st, acts_f = policy.decide(cfg, full_st, snap_f, now)
+    plan_st, acts_p = policy.decide(cfg, plan_st, snap_p, now)
+    assert acts_p == acts_f, step
+    assert {k: r.phase for k, r in plan_st.jobs.items()} == {
+        k: r.phase for k, r in full_st.jobs.items()
+    }, step
+    return full_st, plan_st, acts_f
+
+
+def test_planned_snapshot_equals_a_full_read_and_reads_only_what_changed(tmp_path):
+    jobs = [job(i) for i in range(1, 201)] + [job(500, "RUNNING")]
+    lab = Lab(tmp_path, jobs)
+    snap, read = lab.planned()
+    assert snap.jobs == lab.full() and len(read) == 201  # the first cycle reads every job
+    for _ in range(3):  # steady: the running job, and the refresh share (1 s of 30 s)
+        snap, read = lab.planned()
+        assert snap.jobs == lab.full()
+        assert 500 in read and len(read) <= 1 + -(-200 // 20)
+    # a pending job starts, one is cancelled, one is new, one leaves the queue
+    jobs[0].update(job(1, "RUNNING"))
+    jobs[1]["job_state"] = ["CANCELLED"]
+    jobs.append(job(900))
+    del jobs[5]
+    snap, read = lab.planned()
+    assert snap.jobs == lab.full()
+    assert {1, 2, 900, 500} <= read and 6 not in read
+    assert [j.job_id for j in snap.jobs] == [str(j["job_id"]) for j in jobs]  # slurmctld's order
+
+
+def test_needed_gangs_are_read_every_cycle_and_their_hold_release_seen_at_once(tmp_path):
+    jobs = [job(i) for i in range(1, 101)]
+    jobs[9].update(priority=0, reason="JobHeldAdmin")  # a deactivated gang under our hold
+    lab = Lab(tmp_path, jobs)
+    lab.planned()
+    lab.planned(need={"10"})
+    jobs[9].update(priority=n24(7), state_reason="Priority")  # an operator releases it
+    snap, read = lab.planned(need={"10"})
+    got = next(j for j in snap.jobs if j.job_id == "10")
+    assert 10 in read and not got.held and got.priority == 7
+
+
+def test_a_change_no_decision_reads_is_seen_within_the_staleness_bound(tmp_path):
+    jobs = [job(i) for i in range(1, 301)]
+    lab = Lab(tmp_path, jobs)
+    lab.planned()
+    jobs[150]["comment"] = "gang"  # an owner's scontrol update of a pending job
+    stale = lab.cli.stale_seconds
+    seen_after = None
+    for k in range(1, int(stale) + 3):
+        snap, _ = lab.planned()
+        if next(j for j in snap.jobs if j.job_id == "151").comment == "gang":
+            seen_after = k
+            break
+    assert seen_after is not None and seen_after <= stale + 1
+    assert seen_after > 1  # (not read in full every cycle: the point of the plan)
+
+
+def test_array_and_het_records_stay_exact(tmp_path):
+    jobs = [
+        job(20, array_job_id=20, array_task_string="2-9"),  # the array's pending tasks
+        job(21, "RUNNING", array_job_id=20, array_task_id=0),
+        job(22, "RUNNING", array_job_id=20, array_task_id=1),
+        job(30, het_job_id=30, het_job_offset=0),
+        job(31, het_job_id=30, het_job_offset=1),
+    ] + [job(i) for i in range(100, 140)]
+    lab = Lab(tmp_path, jobs)
+    lab.planned()
+    pending_record_reads = 0
+    for _ in range(4):  # running tasks every cycle; the record of pending tasks: refresh only
+        snap, read = lab.planned()
+        assert snap.jobs == lab.full() and {21, 22} <= read
+        pending_record_reads += 20 in read
+    assert pending_record_reads <= 1
+    assert {j.address for j in snap.jobs if j.job_id.startswith("20")} == {
+        "20_[2-9]",
+        "20_0",
+        "20_1",
+    }
+    # a task starts: the array's record of pending tasks loses it without a state change
+    jobs[0]["array_task_string"] = "3-9"
+    jobs.append(job(23, "RUNNING", array_job_id=20, array_task_id=2))
+    snap, _ = lab.planned()
+    assert snap.jobs == lab.full()
+    assert next(j for j in snap.jobs if j.job_id == "20").address == "20_[3-9]"
+    # one het component changes: the whole het job is read (one gang, one merged record)
+    jobs[4]["job_state"] = ["RUNNING"]
+    snap, read = lab.planned()
+    assert {30, 31} <= read and snap.jobs == lab.full()
+
+
+def test_a_job_that_writes_another_state_into_its_text_is_what_slurm_says(tmp_path):
+    forged = '"job_state": ["RUNNING"], "job_id": 7}, {"job_id": 8, "job_state": ["RUNNING"]'
+    jobs = [job(1, name=forged, comment="\n    }\n  ]\n}"), job(2)]
+    lab = Lab(tmp_path, jobs)
+    for _ in range(3):
+        snap, _ = lab.planned()
+        assert [(j.job_id, j.state) for j in snap.jobs] == [("1", "PENDING"), ("2", "PENDING")]
+        assert snap.jobs[0].name == forged
+
+
+def test_listing_and_full_record_disagree_the_full_record_wins(tmp_path):
+    """The job moved between the two calls: the listing said PENDING, the full read (later)
+    RUNNING. Next cycle the listing agrees."""
+    jobs = [job(1), job(2)]
+    lab = Lab(tmp_path, jobs)
+    lab.planned()
+    jobs[0].update(job(1, "RUNNING"))
+    snap, _ = lab.planned()
+    assert snap.jobs == lab.full() and snap.jobs[0].state == "RUNNING"
+
+
+def _listing(items) -> str:
+    return json.dumps({"jobs": items, "errors": []}, indent=2)
+
+
+def _st(key="1", state=("PENDING",)) -> dict:
+    return {"job_id": key, "state": list(state)}
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (_listing([_st()])[:-7], "not JSON"),  # truncated
+        (_listing([_st(), _st()]), "listed twice"),
+        (_listing([_st(state=["RUNNING\nJobState=X"])]), "state"),
+        (_listing([{"job_id": 1, "state": ["PENDING"]}]), "job_id"),  # not squeue's name
+        (_listing([_st("1_2_3")]), "job_id"),
+        (_listing([_st("0")]), "job_id"),
+        (_listing([_st("1 ")]), "job_id"),
+        (_listing([_st(state=[])]), "state"),
+        (_listing([{"job_id": "1", "job_state": ["PENDING"]}]), "state"),
+        ('{"jobs": [], "errors": [{"error": "down"}]}', "reported errors"),
+    ],
+)
+def test_hostile_or_broken_listing_is_an_error(text, match):
+    with pytest.raises(SlurmDataError, match=match):
+        parse_job_states(text, "squeue --json --only-job-state")
+
+
+def test_a_truncated_listing_fails_the_read_and_the_next_cycle_reads_again(tmp_path):
+    jobs = [job(i) for i in range(1, 50)]
+    lab = Lab(tmp_path, jobs)
+    lab.planned()
+    good = lab.cli._state_argv
+    cut = tmp_path / "cut.json"
+    cut.write_text(_listing([_st()])[:40])
+    lab.cli._state_argv = ["cat", str(cut)]
+    with pytest.raises(NodeforgeError, match="truncated"):
+        lab.planned()
+    lab.cli._state_argv = good
+    snap, _ = lab.planned()
+    assert snap.jobs == lab.full()
+
+
+def test_listing_cache_returns_the_same_object_for_unchanged_text():
+    from nodeforge.slurm_records import BlockCache
+
+    items = [_st(str(i)) for i in range(1, 5)]
+    cache = BlockCache()
+    a = parse_job_states(_listing(items), "s", cache)
+    items[2]["state"] = ["RUNNING"]
+    b = parse_job_states(_listing(items), "s", cache)
+    assert a[0] is b[0] and a[3] is b[3] and b[2].base_state == "RUNNING"
+    assert b == parse_job_states(_listing(items), "s")  # the same as without a cache
+
+
+def _apply(jobs: list[dict], actions) -> None:
+    """FIXTURE Slurm's reaction to the governor's commands, on the job table."""
+    by_id = {str(j["job_id"]): j for j in jobs}
+    for a in actions:
+        j = by_id.get(a.job_id)
+        if j is None:
+            continue
+        if a.kind in ("requeue", "requeuehold"):
+            j.update(job_state=["PENDING"], nodes="", state_reason="BeginTime")
+            j["restart_cnt"] += 1
+        if a.kind in ("requeuehold", "hold"):
+            j.update(priority=n24(0), state_reason="JobHeldAdmin")
+        if a.kind == "release":
+            j.update(priority=n24(7), state_reason="Priority")
+
+
+@pytest.mark.parametrize("block_admission", [False, True])
+def test_decisions_on_the_planned_read_are_those_on_a_full_read(tmp_path, block_admission):
+    """Two governors' decisions (policy.decide) over one scripted queue, cycle by cycle: one
+    reads every job in full, the other through the plan with what policy.full_reads names.
+    Timeouts, requeues, backoff, a deactivation and its operator release, Slurm's own
+    requeue, block_admission's holds and releases: the same actions in every cycle."""
+    from nodeforge.gang import config as gcfg
+    from nodeforge.gang import policy
+    from nodeforge.gang.slurm_view import Snapshot
+    from nodeforge.gang.state import GovState
+
+    cfg = gcfg.from_dict(
+        {
+            "timeout": 3,
+            "recovery_timeout": 0,
+            "block_admission": block_admission,
+            "requeuing": {"backoff_base_seconds": 2, "backoff_max_seconds": 2, "jitter": 0,
+                          "backoff_limit_count": 1},
+        },
+        "test",
+    )  # fmt: skip
+    jobs = [job(i) for i in range(1, 31)] + [job(31, nodes_n=1)]
+    lab = Lab(tmp_path, jobs)
+    full_st, plan_st = GovState(), GovState()
+    script = {
+        2: lambda: [jobs[k].update(job(k + 1, "RUNNING")) for k in (0, 1, 2)],
+        4: lambda: jobs[19].update(comment="an owner's edit"),
+        9: lambda: jobs[0].update(job(1, "RUNNING", restarts=jobs[0]["restart_cnt"])),
+        11: lambda: jobs[2].update(job(3, "RUNNING", restarts=jobs[2]["restart_cnt"])),
+        12: lambda: jobs[2].update(job(3, "PENDING", restarts=jobs[2]["restart_cnt"] + 1)),
+        16: lambda: jobs[0].update(priority=n24(7), state_reason="Priority"),  # an operator
+        18: lambda: jobs.append(job(40, "RUNNING")),
+    }
+    kinds: set[str] = set()
+    for step in range(24):
+        if step in script:
+            script[step]()
+        lab.write()
+        snap_p, _ = lab.planned(need=policy.full_reads(cfg, plan_st))
+        snap_f = Snapshot(jobs=lab.full(), nodes={}, taken_at=lab.now)
+        snap_p = Snapshot(jobs=snap_p.jobs, nodes={}, taken_at=lab.now)
+        full_st, plan_st, acts_f = _same_decisions(
+            cfg, full_st, snap_f, plan_st, snap_p, lab.now, step
+        )
+        kinds |= {a.kind for a in acts_f}
+        _apply(jobs, acts_f)
+    # the scenario reached what it is about (a test that cannot fail proves nothing)
+    assert {"requeue", "requeuehold"} <= kinds
+    if block_admission:
+        assert {"hold", "release"} <= kinds
+
+
+def test_a_requeue_by_slurm_between_two_cycles_is_noted_within_the_staleness_bound(tmp_path):
+    """The documented difference (read_plan.py): a pending job that ran and was requeued by
+    Slurm between two cycles (a fast prolog failure) keeps its listed state, PENDING; the
+    full read notes RequeuedBySlurm at once, the planned one at the refresh (or at the next
+    start). No other decision differs."""
+    from nodeforge.gang import config as gcfg
+    from nodeforge.gang import policy
+    from nodeforge.gang.slurm_view import Snapshot
+    from nodeforge.gang.state import GovState
+
+    cfg = gcfg.from_dict({"timeout": 3}, "test")
+    jobs = [job(i) for i in range(1, 41)]
+    lab = Lab(tmp_path, jobs)
+    st = GovState()
+    noted_at = None
+    for step in range(int(lab.cli.stale_seconds) + 3):
+        if step == 2:
+            jobs[7]["restart_cnt"] = 1  # ran and was requeued, unseen
+        snap, _ = lab.planned(need=policy.full_reads(cfg, st))
+        st, acts = policy.decide(cfg, st, Snapshot(jobs=snap.jobs, taken_at=lab.now), lab.now)
+        assert all(a.kind == "note" for a in acts)
+        if any(a.reason == "RequeuedBySlurm" and a.job_id == "8" for a in acts):
+            noted_at = step
+            break
+    assert noted_at is not None and 2 <= noted_at <= 2 + lab.cli.stale_seconds + 1
+
+
+def test_a_slow_cycle_asks_for_no_larger_refresh_than_refresh_max():
+    """A cycle that took long (elapsed >> interval) must not turn the refresh into a read of
+    every job (the next cycle would be slower still: seen live at 50k queued)."""
+    from nodeforge.gang import read_plan as rp
+    from nodeforge.slurm_records import JobRecord, JobState
+
+    n = 3 * rp.REFRESH_MAX
+    known = rp.Known()
+    for i in range(1, n + 1):
+        known.store(JobRecord(i, "PENDING", "PENDING", frozenset(), "Priority", 2, ()), now=0.0)
+    listing = [JobState(str(i), "PENDING", frozenset(), i) for i in range(1, n + 1)]
+    p = rp.plan(listing, frozenset(), known, now=10_000.0, elapsed=10_000.0, stale=300.0)
+    assert p.requests is not None and len(p.requests) == rp.REFRESH_MAX
+    # the oldest first: what was read at 0 before what was read later
+    assert p.requests == {str(i) for i in range(1, rp.REFRESH_MAX + 1)}
+
+
+def node(name: str, *state: str) -> dict:
+    """A 24.11 node record (FIXTURE)."""
+    return {"name": name, "state": list(state or ["ALLOCATED"]), "reason": ""}
+
+
+def _apply_running(jobs: list[dict], actions) -> None:
+    """FIXTURE Slurm's reaction to the governor's commands, running jobs included."""
+    _apply(jobs, actions)
+    for a in actions:
+        for j in jobs:
+            if str(j["job_id"]) == a.job_id and a.kind in ("requeue", "requeuehold"):
+                j["node_count"] = n24(2)
+
+
+@pytest.mark.parametrize("block_admission", [False, True])
+def test_ready_running_gangs_kept_from_their_last_read_decide_as_a_full_read(
+    tmp_path, block_admission
+):
+    """Running gangs found ready are kept from their last full record (policy.settled_reads)
+    while their listed state is the same and their nodes are up and allocated. Over one
+    scripted queue, cycle by cycle, against a governor that reads every job in full: an
+    owner's and an operator's edits of ready jobs, a --no-kill node failure (the job shrinks)
+    evicted after recovery_timeout, a node that stops responding and comes back, Slurm's own
+    requeue of a ready job, an operator's shrink, a het job: the same actions and phases in
+    every cycle, and the ready jobs are not read in full on quiet cycles."""
+    from nodeforge.gang import config as gcfg
+    from nodeforge.gang import policy
+    from nodeforge.gang.slurm_view import Snapshot
+    from nodeforge.gang.state import GovState
+
+    cfg = gcfg.from_dict(
+        {
+            "timeout": 3,
+            "recovery_timeout": 3,
+            "block_admission": block_admission,
+            "requeuing": {"backoff_base_seconds": 2, "backoff_max_seconds": 2, "jitter": 0},
+        },
+        "test",
+    )
+    jobs = [job(i) for i in range(1, 31)]
+    jobs += [job(i, nodes_n=1) for i in range(100, 180)]  # (not gangs: the plan's share)
+    jobs += [job(40 + k, "RUNNING", nodes=f"gn[{2 * k + 1}-{2 * k + 2}]") for k in range(5)]
+    jobs += [
+        job(60, "RUNNING", het_job_id=60, het_job_offset=0, nodes_n=1, nodes="gn11"),
+        job(61, "RUNNING", het_job_id=60, het_job_offset=1, nodes_n=1, nodes="gn12"),
+    ]
+    nodes = [node(f"gn{i}") for i in range(1, 13)]
+    lab = Lab(tmp_path, jobs, nodes)
+    by_id = {j["job_id"]: j for j in jobs}
+    ready_ids = {40, 41, 42, 43, 44}
+
+    def shrink(jid: int, keep: str) -> None:
+        by_id[jid].update(nodes=keep, node_count=n24(1))
+
+    script = {
+        # an owner's edit (Comment) and an operator's (Priority) of ready jobs
+        4: lambda: (by_id[40].update(comment="epoch 3"), by_id[41].update(priority=n24(99))),
+        # --no-kill: gn3 fails, Slurm takes it out of job 41 in the same step
+        6: lambda: (nodes[2].update(state=["DOWN"]), shrink(41, "gn4")),
+        # gn5 stops responding (job 42 keeps it) and comes back
+        7: lambda: nodes[4].update(state=["ALLOCATED", "NOT_RESPONDING"]),
+        8: lambda: nodes[4].update(state=["ALLOCATED"]),
+        # Slurm requeues ready job 43 on its own
+        12: lambda: by_id[43].update(
+            job_state=["PENDING"], nodes="", state_reason="BeginTime", restart_cnt=1
+        ),
+        # an operator shrinks ready job 44; the freed node is idle
+        14: lambda: (shrink(44, "gn9"), nodes[9].update(state=["IDLE"])),
+        # the het job's second component finishes
+        17: lambda: by_id[61].update(job_state=["COMPLETED"]),
+    }
+    full_st, plan_st = GovState(), GovState()
+    notes: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+    kinds: set[str] = set()
+    quiet_reads: list[int] = []
+    for step in range(24):
+        if step in script:
+            script[step]()
+        snap_p, read = lab.planned(
+            need=policy.full_reads(cfg, plan_st), settled=policy.settled_reads(plan_st)
+        )
+        snap_f = Snapshot(jobs=lab.full(), nodes=snap_p.nodes, taken_at=lab.now)
+        full_st, plan_st, acts_f = _same_decisions(
+            cfg, full_st, snap_f, plan_st, snap_p, lab.now, step
+        )
+        if step in (3, 5, 10, 11):  # quiet for the ready jobs (found ready at step 0)
+            quiet_reads.append(len(read & ready_ids))
+        kinds |= {a.kind for a in acts_f}
+        notes |= {a.reason for a in acts_f}
+        seen |= {(a.reason, a.job_id) for a in acts_f}
+        _apply_running(jobs, acts_f)
+    # the scenario reached what it is about (a test that cannot fail proves nothing)
+    assert {"PodsReady", "ReadinessLost", "Recovered", "RequeuedBySlurm"} <= notes
+    assert "requeue" in kinds and policy.REASON_RECOVERY in notes
+    assert {("ReadinessLost", "41"), ("ReadinessLost", "44"), ("Recovered", "42")} <= seen
+    assert ("RequeuedBySlurm", "43") in seen and (policy.REASON_RECOVERY, "41") in seen
+    assert quiet_reads and max(quiet_reads) <= 1  # (at most the refresh's share)
+
+
+def test_a_settled_job_is_read_when_a_node_of_it_is_not_up_or_not_allocated():
+    from nodeforge.gang import read_plan as rp
+    from nodeforge.gang import readiness
+    from nodeforge.slurm_records import JobRecord, JobState
+
+    assert readiness.READ_FLAGS <= rp.UNSETTLED_FLAGS  # (spelled out in read_plan)
+    run = JobRecord(7, "RUNNING", "RUNNING", frozenset(), "None", 2, ("a1", "a2"))
+    listing = [JobState("7", "RUNNING", frozenset(), 7)] + [
+        JobState(str(i), "PENDING", frozenset(), i) for i in range(100, 110)
+    ]
+
+    def reads(nodes, settled=frozenset({"7"}), state=run) -> bool:
+        known = rp.Known()
+        for i in range(100, 110):
+            known.store(JobRecord(i, "PENDING", "PENDING", frozenset(), "Priority", 2, ()), 0.0)
+        known.store(state, now=0.5)  # (the newest: not the refresh's)
+        p = rp.plan(listing, frozenset(), known, 1.0, 1.0, 300.0, settled, nodes)
+        assert p.requests is not None
+        return "7" in p.requests
+
+    up = {"a1": frozenset({"ALLOCATED"}), "a2": frozenset({"MIXED", "DRAIN"})}
+    assert not reads(up)  # ready, nodes up and held (a drain is no loss of readiness)
+    assert reads(up, settled=frozenset())  # not found ready: read every cycle
+    assert reads({"a1": up["a1"]})  # a node slurmctld no longer lists
+    for bad in [*readiness.READ_FLAGS, "IDLE"]:
+        assert reads(
+            {**up, "a2": frozenset({"MIXED", bad})}
+            if bad != "IDLE"
+            else {**up, "a2": frozenset({"IDLE"})}
+        ), bad
+    done = JobRecord(7, "COMPLETING", "RUNNING", frozenset({"COMPLETING"}), "None", 2, ("a1",))
+    assert reads(up, state=done)  # the listing shows another state than the record
+
+
+def test_a_quiet_queue_is_refreshed_in_batches_within_the_staleness_bound(tmp_path):
+    """squeue filters --jobs in the client: a full read costs about the same for a few ids
+    as for hundreds, so a quiet cycle makes none; the refresh comes in batches (here every
+    stale/10 s) and still no kept record is older than the bound."""
+    jobs = [job(i) for i in range(1, 301)]
+    lab = Lab(tmp_path, jobs)
+    lab.planned()  # every job in full
+    stale = lab.cli.stale_seconds
+    last = dict.fromkeys(range(1, 301), lab.now)
+    no_read = 0
+    cycles = int(3 * stale)
+    for _ in range(cycles):
+        snap, read = lab.planned()
+        assert snap.jobs == lab.full()
+        no_read += not read
+        for jid in read:
+            last[jid] = lab.now
+        assert lab.now - min(last.values()) <= stale, lab.now
+    assert no_read >= cycles // 3  # (every 2 s here: about every other cycle reads nothing)
+
+
+def test_the_plans_need_check_by_listed_name_is_the_records_own():
+    """plan() checks *need* by the listing's name of a job (read_plan._needed_listed, inline)
+    instead of building each record's key: the same answer for plain jobs, array tasks (the
+    task that carries the array's own id, and one split out under its own id) and het
+    components; for a key that names no job of the queue (`23_3`, job 23 being task 3 of
+    array 20) at most an extra read."""
+    from nodeforge.gang import read_plan as rp
+    from nodeforge.slurm_records import JobRecord
+
+    def rec(jid, **kw):
+        return JobRecord(jid, "PENDING", "PENDING", frozenset(), "Priority", 2, (), **kw)
+
+    records = [
+        rec(5),
+        rec(20, array_job_id=20, array_task_id=0),  # the task with the array's own id
+        rec(23, array_job_id=20, array_task_id=3),  # split out as job 23
+        rec(30, het_job_id=30, het_job_offset=0),
+        rec(31, het_job_id=30, het_job_offset=1),
+    ]
+    keys = ["5", "20", "23", "30", "31", "20_0", "20_3", "23_3", "30+1", "99"]
+    for r in records:
+        k = rp.listing_key(r)
+        job, _, rest = k.partition("_")
+        jid, _, off = job.partition("+")
+        s = rp.JobState(
+            k,
+            "PENDING",
+            frozenset(),
+            r.array_job_id if rest else int(jid),
+            int(rest) if rest else None,
+            int(off) if off else None,
+        )
+        for n in range(len(keys)):
+            need = frozenset(keys[n : n + 3])
+            fast, full = rp._needed_listed(s, r, need), rp._needed(r, need)
+            # never a missed read; an extra one only for `J_T` naming no job of this queue
+            assert fast >= full and (fast == full or (k == "23_3" and "23_3" in need))
