@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
 import http.server
 import json
 import os
+import re
+import shutil
 import ssl
 import subprocess
 import sys
@@ -53,7 +57,40 @@ def nodeforge(
     return cp
 
 
+GIB = 1 << 30
+BUILD_ROOM = 6 * GIB  # a build's rootfs tree, its disk and the compressed tarball side by side
+
+
+def need_room(path: Path, need: int, what: str) -> None:
+    """Fail `what` up front, naming the room, when the file system of `path` has less free.
+
+    The e2e tier fills the disk step by step; failing first with the figures beats a tool's
+    "Failure writing output" deep inside a build or `vagrant box add`.
+    """
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        pytest.fail(
+            f"{what} needs {need / GIB:.1f} GiB free under {path}, {free / GIB:.1f} GiB is free: "
+            f"remove leftovers of earlier runs from {E2E_ROOT} and shrink the build cache "
+            "(nodeforge cache prune --max-size 8G)",
+            pytrace=False,
+        )
+
+
+def drop_outputs(*paths: Path) -> None:
+    """Remove large test outputs no later test reads, so the tier's disk use stays bounded."""
+    for p in paths:
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p)
+
+
 def build_image(output: Path, mirror: Path, versions: Path, *extra: str) -> tuple[dict, float]:
+    need_room(output.parent, BUILD_ROOM, f"the build into {output}")
     t0 = time.monotonic()
     cp = nodeforge(
         "build",
@@ -233,3 +270,38 @@ def fake_command(bindir: Path, name: str, *, stdout: str = "", rc: int = 0) -> P
     )
     f.chmod(0o755)
     return log
+
+
+def linked_copy(src: Path, dest: Path, manifest: dict | None = None) -> Path:
+    """FIXTURE: another image directory with the same files (hard links, no disk used);
+    *manifest* replaces manifest.json when given. Beside the image: links need one filesystem."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "manifest.json":
+            os.link(f, dest / f.name)
+    doc = manifest if manifest is not None else json.loads((src / "manifest.json").read_text())
+    (dest / "manifest.json").write_text(json.dumps(doc))
+    return dest
+
+
+_B64_TOKEN = re.compile(r"[A-Za-z0-9+/]{16,}={0,2}")
+
+
+def carries_secret(text: str, secret: bytes, depth: int = 3) -> str | None:
+    """Where *text* shows *secret*: plainly, as its base64, or inside a base64 token (decoded
+    up to *depth* levels, as an OEM string's credential wraps a file's base64). None: nowhere."""
+    b64 = base64.b64encode(secret).decode()
+    if secret in text.encode(errors="surrogateescape") or b64 in text:
+        return "as is" if secret in text.encode(errors="surrogateescape") else "as its base64"
+    if depth == 0:
+        return None
+    for tok in _B64_TOKEN.findall(text):
+        try:
+            inner = base64.b64decode(tok + "=" * (-len(tok) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        where = carries_secret(inner.decode(errors="surrogateescape"), secret, depth - 1)
+        if where is not None:
+            return f"{where}, inside base64 {tok[:24]}..."
+    return None

@@ -15,13 +15,14 @@ import os
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nodeforge.images import cache
 from nodeforge.images import manifest as manifest_mod
-from tests.helpers import E2E_ROOT, build_image, nodeforge
+from tests.helpers import E2E_ROOT, build_image, drop_outputs, nodeforge
 
 pytestmark = pytest.mark.e2e
 
@@ -79,7 +80,7 @@ def _byte(path: Path, at: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def cached_build(fixture_mirror, pinned_versions) -> dict:
+def cached_build(fixture_mirror, pinned_versions) -> Iterator[dict]:
     """A build into this module's own output and cache: it makes both groups' layers."""
     if CACHE.exists():
         shutil.rmtree(CACHE)
@@ -91,7 +92,9 @@ def cached_build(fixture_mirror, pinned_versions) -> dict:
         if out.exists():
             shutil.rmtree(out)
     summary, _ = _build(OUT, fixture_mirror, pinned_versions)
-    return summary
+    yield summary
+    # This module's own cache and outputs (~9 GiB) are read by no later module.
+    drop_outputs(CACHE, OUT, OUT_INSTALL, E2E_ROOT / "image-cache-config")
 
 
 def test_build_stores_one_layer_per_role_group_each_over_the_previous(cached_build):

@@ -9,17 +9,16 @@ the DKMS module are Debian's real packages.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nodeforge.images import manifest as manifest_mod
 from nodeforge.images import scan
-from tests.conftest import require_tools
-from tests.helpers import BUILD_TOOLS, E2E_ROOT, build_image
+from tests.helpers import E2E_ROOT, drop_outputs
 
 pytestmark = pytest.mark.e2e
 
@@ -45,21 +44,7 @@ GPU_PACKAGES = (
 
 
 @pytest.fixture(scope="module")
-def gpu_image(request) -> Path:
-    reuse = os.environ.get("NODEFORGE_E2E_GPU_IMAGE")  # a gpu build output (developer speed-up)
-    if reuse:
-        return Path(reuse)
-    fixture_mirror = request.getfixturevalue("fixture_mirror")
-    pinned_versions = request.getfixturevalue("pinned_versions")
-    require_tools(*BUILD_TOOLS, "chroot")
-    out = E2E_ROOT / "image-gpu"
-    summary, secs = build_image(out, fixture_mirror, pinned_versions, "--variant", "gpu")
-    (E2E_ROOT / "gpu-build.json").write_text(json.dumps({"seconds": secs, **summary}, indent=2))
-    return out
-
-
-@pytest.fixture(scope="module")
-def gpu_tree(gpu_image) -> Path:
+def gpu_tree(gpu_image) -> Iterator[Path]:
     tree = E2E_ROOT / "tree-gpu"
     subprocess.run(["rm", "-rf", "--one-file-system", str(tree)], check=True)
     tree.mkdir(parents=True)
@@ -76,7 +61,8 @@ def gpu_tree(gpu_image) -> Path:
         ],
         check=True,
     )
-    return tree
+    yield tree
+    drop_outputs(tree)  # the extracted tree (2.2 GiB): only this module reads it
 
 
 def test_gpu_image_has_the_module_for_its_own_kernel(gpu_image, gpu_tree):

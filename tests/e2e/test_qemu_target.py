@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,16 @@ import pytest
 from nodeforge.images import manifest as manifest_mod
 from nodeforge.images.versions import sha256_file
 from tests.conftest import require_tools
-from tests.helpers import E2E_ROOT, REPO, ctrl_c_enabled, debugfs_read, nodeforge
+from tests.helpers import (
+    E2E_ROOT,
+    GIB,
+    REPO,
+    ctrl_c_enabled,
+    debugfs_read,
+    drop_outputs,
+    need_room,
+    nodeforge,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -59,12 +69,15 @@ def _no_build_leftovers(out: Path, log: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def qemu_build(root_required, fixture_mirror, pinned_versions) -> Path:
+def qemu_build(root_required, fixture_mirror, pinned_versions) -> Iterator[Path]:
     require_tools(*QEMU_TOOLS)
     out = E2E_ROOT / "qemu-smoke"
     reuse = os.environ.get("NODEFORGE_E2E_QEMU_IMAGE")  # developer speed-up; CI builds
     if reuse:
-        return Path(reuse)
+        yield Path(reuse)  # the developer's own output: never removed
+        return
+    # The build VM's disk, its export and the box (about 4 GiB at the peak).
+    need_room(E2E_ROOT, 4 * GIB, "the qemu target's build")
     cp = nodeforge(
         "build",
         "--target",
@@ -81,7 +94,8 @@ def qemu_build(root_required, fixture_mirror, pinned_versions) -> Path:
         timeout=3600,
     )
     assert json.loads(cp.stdout)["output"] == str(out)
-    return out
+    yield out
+    drop_outputs(out)  # 0.9 GiB no later module reads
 
 
 def test_outputs_and_manifest(qemu_build):

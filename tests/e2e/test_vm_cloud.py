@@ -8,12 +8,16 @@ node_agent_imds_root_only, so the munge key may ride there), its public-keys the
 its role the instance credentials. The computes fetch an s3:// extension in HyperPod's shape
 (prefix + script) over TLS from moto's S3 server behind a private test CA
 (lab/s3front.py), at 169.254.169.10:443 inside the same user network, signed with the role's
-credentials (short-lived: refreshed from the metadata service), never with keys from params.
+credentials, never with keys from params. The credentials live CRED_TTL seconds and the front
+refuses a request signed with an expired or unknown set (lab/s3front.py).
 
-* ctl: controller; c1: compute whose extension runs, then it is IDLE; rebooted, it keeps its
-  identity, does not run the extension again, and is IDLE again; c2 (booted after c1 is
-  stopped: ctl's qemu socket link takes one peer at a time): compute whose extension is
-  refused by S3 (403), so it stays drained with the reason in `sinfo -R`.
+* ctl: controller; c1: compute whose extension runs, then it is IDLE. Its extension outlives
+  the credential set its fetch used, so the second extension's fetch must use a new set from
+  the metadata service (refresh after expiry). Rebooted, it keeps its identity, does not run
+  the extensions again, and is IDLE again; c2 (booted after c1 is stopped: ctl's qemu socket
+  link takes one peer at a time): compute whose extension is refused by S3 (403), so it stays
+  drained with the reason in `sinfo -R`; then its metadata service serves only a stale
+  (expired) set, the agent is run again, and S3's ExpiredToken is the drain reason.
 
 The image: $NODEFORGE_VM_CLOUD_IMAGE (a build output made with the guard), else built here from
 the session's mirror with the guard var file (tests/e2e/conftest.py: built with layer cache).
@@ -27,6 +31,7 @@ import os
 import shlex
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,7 +41,7 @@ from nodeforge.lab import s3front
 from nodeforge.lab.imds import IMDS, Instance
 from nodeforge.lab.vm import VM, CloudNet, VMConfig, free_port
 from tests.conftest import require_tools, wait_for
-from tests.helpers import E2E_ROOT, build_image
+from tests.helpers import E2E_ROOT, build_image, drop_outputs
 
 pytestmark = pytest.mark.e2e
 BOOT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_BOOT_TIMEOUT", "480"))
@@ -45,19 +50,31 @@ IMAGE_ENV = os.environ.get("NODEFORGE_VM_CLOUD_IMAGE")
 MUNGE_B64 = "bm9kZWZvcmdlLXZtLWNsb3VkLW11bmdlLWtleS0zMi1ieXRlcy1vaw=="  # test only
 S3_ADDR = "169.254.169.10"
 ROLE = "nf-node"
-CRED_TTL = 90.0  # seconds: botocore refreshes within its 10 min window, i.e. on every call
-ON_INIT = b"""#!/bin/sh
+# Seconds each role credential set lives. botocore extends a set that expires within ~12 min
+# locally (its static-stability window), so one client may sign with an expired key: the node
+# makes a new client, hence a new set from the metadata service, for each hook's fetch.
+CRED_TTL = 20
+ON_INIT = f"""#!/bin/sh
 # HyperPod's shape: the entry script runs beside its siblings (synced prefix).
 set -eu
 ./stamp.sh
-"""
+# Outlive the credential set this fetch was signed with: the next hook's fetch needs a new one.
+sleep {CRED_TTL + 3}
+""".encode()
 STAMP = b"""#!/bin/sh
 set -eu
 echo "ran $(date +%s) $NODEFORGE_NODE" >> /var/lib/lifecycle-ran
 """
+SECOND = b"""#!/bin/sh
+set -eu
+echo "ran $(date +%s) $NODEFORGE_NODE" >> /var/lib/second-ran
+"""
+SECOND_URI = "s3://lifecycle/second/after.sh"  # c1's second hook: runs after "lifecycle"
 
 
-def _user_data(role: str, name: str, ip: str, *, hook_prefix: str | None, ca: str) -> bytes:
+def _user_data(
+    role: str, name: str, ip: str, *, hook_prefix: str | None, ca: str, second: bool = False
+) -> bytes:
     section: dict = {
         "role": role,
         "cluster_name": "cloud",
@@ -74,21 +91,25 @@ def _user_data(role: str, name: str, ip: str, *, hook_prefix: str | None, ca: st
             "hook_retries": 0,
             "hooks": [{"uri": hook_prefix, "script": "on_init.sh", "name": "lifecycle"}],
         }
+        if second:
+            section["hooks"].append({"uri": SECOND_URI, "name": "second"})
     # A #cloud-config document with a nodeforge section, as on EC2.
     return ("#cloud-config\n" + json.dumps({"nodeforge": section}, indent=1) + "\n").encode()
 
 
 @pytest.fixture(scope="module")
-def cloud_image(request) -> Path:
+def cloud_image(request) -> Iterator[Path]:
     if IMAGE_ENV:
-        return Path(IMAGE_ENV)
+        yield Path(IMAGE_ENV)  # the developer's own image: never removed
+        return
     mirror = request.getfixturevalue("fixture_mirror")
     versions = request.getfixturevalue("pinned_versions")
     var = E2E_ROOT / "imds-guard.pkrvars.hcl"
     var.write_text("ansible_vars = {\n  node_agent_imds_root_only = true\n}\n")
     out = E2E_ROOT / "image-imds"
     build_image(out, mirror, versions, "--var-file", str(var))
-    return out
+    yield out
+    drop_outputs(out, var)  # 1.7 GiB no later module reads
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +141,7 @@ def cloud(tmp_path_factory, cloud_image):
         for prefix in ("config/", "denied/"):
             admin.put_object(Bucket="lifecycle", Key=prefix + "on_init.sh", Body=ON_INIT)
             admin.put_object(Bucket="lifecycle", Key=prefix + "stamp.sh", Body=STAMP)
+        admin.put_object(Bucket="lifecycle", Key=SECOND_URI.split("/", 3)[3], Body=SECOND)
         # One S3 front; it accepts only credentials that the computes' metadata services
         # issued and that have not expired.
         nodes = [
@@ -149,7 +171,9 @@ def cloud(tmp_path_factory, cloud_image):
                 Instance(
                     instance_id=f"i-0{abs(hash(name)) % 10**16:016d}",
                     hostname=f"ip-10-77-0-{ip.rsplit('.', 1)[1]}.eu-west-1.compute.internal",
-                    user_data=_user_data(role, name, ip, hook_prefix=prefix, ca=ca_pem),
+                    user_data=_user_data(
+                        role, name, ip, hook_prefix=prefix, ca=ca_pem, second=name == "c1"
+                    ),
                     public_keys=[("admin", pub)],
                     role=ROLE if prefix else None,
                     cred_ttl=CRED_TTL,
@@ -238,15 +262,23 @@ def test_compute_configured_from_imds_runs_s3_extension_then_schedulable(cloud):
     assert "/latest/user-data" in paths
     assert "/latest/meta-data/public-keys/0/openssh-key" in paths
     creds = [p for p in paths if p.endswith(f"/iam/security-credentials/{ROLE}")]
-    # Refresh after expiry is proven in the unit tier (tests/unit/test_hooks_s3_cloud.py):
-    # here the three S3 calls fit in one credential set's life.
-    assert creds, "the role's credentials never came from the metadata service"
+    assert len(creds) >= 2, "the role's credentials came from the metadata service once at most"
     assert not [e for e in log if e[2] == 401]
-    # The extension came over TLS from S3, signed with IMDS-issued unexpired credentials.
+    # The extensions came over TLS from S3, signed with IMDS-issued unexpired credentials.
     front = cloud["fronts"]["c1"]
     assert front.refused == [] and any("config/on_init.sh" in p for _, p in front.requests)
-    ran = c1.ssh("cat /var/lib/lifecycle-ran").stdout.splitlines()
-    assert len(ran) == 1 and ran[0].endswith(" c1")
+    # Refresh after expiry: the first hook's fetch used set A; the second hook's fetch, made
+    # after A expired (the first hook outlived it), used another set that the front accepted.
+    svc, signed = cloud["imds"]["c1"], front.signed
+    print(f"c1 S3 requests (when, key, method, path): {signed}")
+    first_key = signed[0][1]
+    late = [(t, k) for t, k, m, p in signed if p.startswith("/lifecycle/second/")]
+    assert late, f"the second hook was never fetched: {signed}"
+    expired_at = svc.expiry_of(first_key)
+    assert expired_at is not None and expired_at <= late[0][0], (expired_at, late)
+    assert all(k != first_key for _, k in late), f"an expired set was reused: {signed}"
+    ran = c1.ssh("cat /var/lib/lifecycle-ran /var/lib/second-ran").stdout.splitlines()
+    assert len(ran) == 2 and all(r.endswith(" c1") for r in ran), ran
     # Schedulable only after the extension ran: the hooks step ended before the ready step.
     assert st["steps"]["hooks"]["status"] == "done"
     assert st["steps"]["hooks"]["ended"] <= st["steps"]["ready"]["started"]
@@ -290,7 +322,7 @@ def test_reboot_keeps_identity_and_does_not_rerun_once_work(cloud):
     assert st["boots"] == 2 and st["status"] == "ready" and st["node"] == "c1"
     assert st["steps"]["identity"]["status"] == "skipped"
     assert st["steps"]["hooks"]["status"] == "skipped"
-    assert len(c1.ssh("cat /var/lib/lifecycle-ran").stdout.splitlines()) == 1
+    assert len(c1.ssh("cat /var/lib/lifecycle-ran /var/lib/second-ran").stdout.splitlines()) == 2
     wait_for("c1 IDLE after reboot", lambda: _sinfo(ctl, "c1").startswith("idle|"), 180, every=3.0)
 
 
@@ -305,6 +337,32 @@ def test_failing_extension_leaves_node_drained_with_reason(cloud):
     assert c2.ssh("test -e /var/lib/lifecycle-ran", check=False).returncode != 0
     reason = wait_for("c2 drained with a reason", lambda: _drained(ctl, "c2"), 120, every=3.0)
     assert "lifecycle" in reason, reason
+
+
+def test_only_a_stale_role_key_leaves_node_drained_with_reason(cloud):
+    """c2 again (after the 403 case): its metadata service now serves only an expired set, the
+    prefix is allowed, and the agent runs again (a failed step is retried on the next run)."""
+    ctl, c2 = cloud["vms"]["ctl"], cloud["vms"]["c2"]
+    svc, front = cloud["imds"]["c2"], cloud["fronts"]["c2"]
+    svc.stale = True
+    front.forbidden.clear()
+    front.refused.clear()
+    front.signed.clear()
+    c2.ssh("systemctl restart nodeforge-init.service", check=False, timeout=INIT_TIMEOUT)
+    assert c2.wait_unit("nodeforge-init.service", timeout=INIT_TIMEOUT) == "failed"
+    print(f"c2 S3 requests (when, key, method, path): {front.signed}; refused {front.refused}")
+    assert front.refused and set(front.refused) == {"ExpiredToken"}, front.refused
+    assert {k for _, k, _, _ in front.signed} == {svc.credentials().access_key_id}
+    st = _state(c2)
+    assert st["status"] == "failed" and st["steps"]["hooks"]["status"] == "failed"
+    assert "ExpiredToken" in st["steps"]["hooks"]["error"], st["steps"]["hooks"]["error"]
+    assert c2.ssh("test -e /var/lib/lifecycle-ran", check=False).returncode != 0
+
+    def reason() -> str | None:
+        r = _drained(ctl, "c2")
+        return r if r and "ExpiredToken" in r else None
+
+    print("c2 drain reason:", wait_for("c2 drained for ExpiredToken", reason, 120, every=3.0))
 
 
 def _drained(ctl: VM, node: str) -> str | None:
