@@ -359,6 +359,8 @@ class VM:
         self.ready_after: float | None = None  # seconds from start to SSH login
         self._prev_term = None
         self.seed_image: Path | None = None  # built by start() when cfg.seed is set
+        self._argv: list[str] | None = None  # qemu's argv, made by start()
+        self.power_cycles = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> VM:
@@ -431,12 +433,19 @@ class VM:
         self.port = free_port()
         self.console.unlink(missing_ok=True)
         self.pidfile.unlink(missing_ok=True)
-        argv = self.qemu_argv(pub)
+        self._argv = self.qemu_argv(pub)
+        self._launch()
+
+    def _launch(self) -> None:
+        """Start qemu with this VM's argv (the overlay, OVMF's vars copy and the SSH port
+        stay this machine's across a power cycle)."""
+        cfg = self.cfg
+        assert self._argv is not None and self.accel is not None
         self.started_at = time.monotonic()
         self.started_wall = time.time()
         # -daemonize: qemu returns once the guest is set up (errors such as a bad disk come
         # back here with their message); the pid file lets stop() end it.
-        self.run(argv, timeout=60, hint="qemu could not start the VM")
+        self.run(self._argv, timeout=60, hint="qemu could not start the VM")
         try:
             self.pid = int(self.pidfile.read_text().strip())
         except (OSError, ValueError) as exc:
@@ -504,15 +513,17 @@ class VM:
             )
         return text
 
-    def firmware_argv(self, pubkey: str) -> list[str]:
+    def firmware_argv(self, pubkey: str, *, fresh: bool = True) -> list[str]:
         """The firmware (OVMF flash: read-only code, this VM's own copy of the vars) and
-        the credentials as SMBIOS type 11 strings."""
+        the credentials as SMBIOS type 11 strings. *fresh*: copy the vars anew from the
+        template (False: a power cycle keeps what the machine wrote there)."""
         cfg = self.cfg
         argv: list[str] = []
         if cfg.boot in FIRMWARE:
             code, vars_template = (cfg.ovmf_dir / n for n in FIRMWARE[cfg.boot])
             vars_copy = self.workdir / "OVMF_VARS.fd"
-            shutil.copyfile(vars_template, vars_copy)
+            if fresh or not vars_copy.exists():
+                shutil.copyfile(vars_template, vars_copy)
             if cfg.boot == "uefi-secureboot":
                 argv += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
             argv += [
@@ -526,7 +537,7 @@ class VM:
             argv += smbios_credential(name, value)
         return argv
 
-    def qemu_argv(self, pubkey: str) -> list[str]:
+    def qemu_argv(self, pubkey: str, *, fresh: bool = True) -> list[str]:
         cfg = self.cfg
         assert self.accel is not None and self.port is not None
         accel = self.accel.accel
@@ -543,7 +554,7 @@ class VM:
             argv += ["-kernel", str(cfg.kernel), "-initrd", str(cfg.initrd),
                      "-append", self.kernel_append(pubkey)]  # fmt: skip
         else:
-            argv += self.firmware_argv(pubkey)
+            argv += self.firmware_argv(pubkey, fresh=fresh)
         argv += [
             "-drive", f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe",
             *(["-drive", f"file={self.seed_image},if=virtio,format=raw,readonly=on"]
@@ -569,8 +580,7 @@ class VM:
     def alive(self) -> bool:
         return proc.pid_alive(self.pid)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """Kill qemu (SIGTERM, then SIGKILL) and remove the overlay. Idempotent."""
+    def _end_qemu(self, grace: float) -> None:
         if self.pid and self.alive():
             # Only qemu itself: -daemonize took it out of any group we could signal.
             proc.stop_group(self.pid, grace, group=False)
@@ -579,6 +589,36 @@ class VM:
             self._watcher.kill()
             self._watcher.wait(timeout=10)
             self._watcher = None
+
+    def power_cycle(self) -> None:
+        """Pull the plug and start the same machine again, as a cloud's stop/start does: the
+        same disk overlay, firmware variables and SSH port; a new qemu process, so the
+        firmware starts cold (a warm reset keeps the process). The console so far is kept
+        as console.N.log (qemu's -serial file: starts its file anew)."""
+        if self._argv is None:
+            raise NodeforgeError(f"VM {self.cfg.name}: power_cycle before start")
+        self._end_qemu(grace=5.0)
+        self.power_cycles += 1
+        if self.console.exists():
+            self.console.rename(self.console.with_name(f"console.{self.power_cycles}.log"))
+        self.pidfile.unlink(missing_ok=True)
+        log.warning("VM %s: power cycle %d", self.cfg.name, self.power_cycles)
+        # Made again (an -rtc base follows the wall clock), keeping the vars the firmware wrote.
+        self._argv = self.qemu_argv(self.ensure_key(), fresh=False)
+        self._launch()
+
+    def firmware_stall(self) -> str | None:
+        """The console's last line when it is OVMF handing over to the disk's loader
+        (`BdsDxe: starting Boot...`) and nothing came after: a boot stuck between the
+        firmware and the loader's first output. None otherwise."""
+        if not self.console.is_file():
+            return None
+        last = console_tail(self.console, lines=1).strip()  # terminal escapes stripped
+        return last if last.startswith("BdsDxe: starting Boot") else None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Kill qemu (SIGTERM, then SIGKILL) and remove the overlay. Idempotent."""
+        self._end_qemu(grace)
         self.overlay.unlink(missing_ok=True)
         if not self.cfg.keep and self.workdir.exists():
             shutil.rmtree(self.workdir, ignore_errors=True)

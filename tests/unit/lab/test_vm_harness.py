@@ -446,3 +446,63 @@ def test_rtc_offset_starts_the_vm_clock_skewed_and_is_checked(tmp_path):
     for bad in (1.5, True, 10**10):
         with pytest.raises(NodeforgeError, match="rtc_offset_s"):
             _cloud_vm(tmp_path, rtc_offset_s=bad).check_inputs()
+
+
+def test_power_cycle_is_a_new_qemu_on_the_same_disk_vars_and_port(tmp_path, monkeypatch):
+    """A power cycle: the old qemu is gone, a new one runs with the same overlay (what the
+    guest wrote stays), the vars the firmware wrote, the same SSH port; the console so far
+    is kept beside the new one."""
+    img, fake = _fake_image_and_qemu(tmp_path)
+    monkeypatch.setattr(vmmod.proc, "require_tool", lambda t: t)
+    cfg = vmmod.VMConfig(
+        image_dir=img,
+        workdir=tmp_path / "w",
+        accel="tcg",
+        boot="uefi",
+        ovmf_dir=_ovmf(tmp_path),
+        qemu=str(fake),
+        keep=True,
+    )
+    v = vmmod.VM(cfg, runner=fake_vm_runner)
+    with v:
+        first, port = v.pid, v.port
+        v.overlay.write_bytes(b"the guest wrote this")
+        (v.workdir / "OVMF_VARS.fd").write_bytes(b"BootOrder the firmware wrote")
+        v.power_cycle()
+        assert v.pid != first and v.alive() and not process_running(first)
+        assert v.port == port and v.power_cycles == 1
+        assert v.overlay.read_bytes() == b"the guest wrote this"
+        assert (v.workdir / "OVMF_VARS.fd").read_bytes() == b"BootOrder the firmware wrote"
+        assert "vm login:" in (v.workdir / "console.1.log").read_text()
+        assert "vm login:" in v.console.read_text()  # the new run's own console
+        second = v.pid
+    assert not process_running(second) and v.pid is None
+
+
+def test_power_cycle_before_start_is_refused(tmp_path):
+    img, _ = _fake_image_and_qemu(tmp_path)
+    v = vmmod.VM(vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w"))
+    with pytest.raises(NodeforgeError, match="power_cycle before start"):
+        v.power_cycle()
+
+
+@pytest.mark.parametrize(
+    ("console", "stall"),
+    [
+        (
+            'BdsDxe: loading Boot0001\nBdsDxe: starting Boot0001 "UEFI Misc Device"\n\n',
+            'BdsDxe: starting Boot0001 "UEFI Misc Device"',
+        ),
+        ('BdsDxe: starting Boot0001 "UEFI Misc Device"\nWelcome to GRUB!\n', None),
+        ("\x1b[2J\x1b[01;01HBdsDxe: starting Boot0002\r\n", "BdsDxe: starting Boot0002"),
+        ("[    0.0] Linux version 6.12\nvm login: \n", None),
+        ("", None),
+    ],
+)
+def test_firmware_stall_is_ovmf_handing_over_and_nothing_after(tmp_path, console, stall):
+    img, _ = _fake_image_and_qemu(tmp_path)
+    v = vmmod.VM(vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w"))
+    assert v.firmware_stall() is None  # no console yet
+    v.workdir.mkdir()
+    v.console.write_text(console)
+    assert v.firmware_stall() == stall
