@@ -11,8 +11,9 @@ Contract (extensions/README.md is the operator-facing copy):
   /var/lib/nodeforge/hooks/, checked (sha256, Content-Length) BEFORE they are renamed into
   place; a mismatch is refused. An S3 prefix + script (HyperPod's SourceS3Uri + OnCreate) is
   synced to /var/lib/nodeforge/hooks/<name>.d/ and the script runs there, with its siblings.
-  Each fetch attempt is bounded as a whole (FETCH_DEADLINE): for s3://, the listing and every
-  object together, request and body, whatever the per-read timeouts allow.
+  Each fetch attempt is bounded as a whole (FETCH_DEADLINE): for s3://, the credentials from
+  the metadata service, each name lookup and connect, the listing and every object together,
+  request and body, whatever the per-read timeouts allow.
 - s3:// credentials come from boto3's default chain (the instance role through IMDSv2), never
   params; a request S3 refuses as signed with expired credentials is made once more with a
   fresh set from that chain.
@@ -51,6 +52,8 @@ from .params import Params
 from .paths import Paths
 
 if TYPE_CHECKING:
+    import socket
+
     from nodeforge import download
 
     from .host import Host
@@ -62,6 +65,11 @@ _SKIP_SUFFIXES = (".dpkg-old", ".dpkg-new", ".dpkg-dist", ".disabled", "~", ".sw
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FETCH_TIMEOUT = 60.0  # seconds without a byte
 FETCH_DEADLINE = 600.0  # one whole fetch
+S3_CONNECT_TIMEOUT = 10.0  # one TCP connect to the S3 endpoint
+# what the fetch was still doing, if the deadline passed while credentials were fetched
+_GETTING_CREDENTIALS = (
+    "getting credentials from boto3's default chain: on an instance, from its metadata service"
+)
 MAX_SCRIPT_BYTES = 64 << 20
 MAX_PREFIX_OBJECTS = 1000
 MAX_PREFIX_BYTES = 1 << 30
@@ -421,10 +429,12 @@ def _s3_ca_file(hook: Hook, cache: Path) -> str | None:
     return ca
 
 
-def _s3_client(hook: Hook, cache: Path):
+def _s3_client(hook: Hook, cache: Path, guard: download.Deadline):
     try:
         import boto3  # Debian python3-boto3 in the image; 'nodeforge[s3]' elsewhere
+        import botocore.session
         from botocore.config import Config
+        from botocore.exceptions import NoCredentialsError
     except ImportError:
         raise HookError(
             f"hook {hook.name}: {hook.origin} needs boto3, which is not installed; install it "
@@ -433,19 +443,42 @@ def _s3_client(hook: Hook, cache: Path):
         ) from None
     # Credentials: boto3's default chain only (on a node: the instance role through IMDSv2),
     # never params. The endpoint may be set by params (s3_endpoint_url, https or loopback).
-    cfg = Config(connect_timeout=10, read_timeout=FETCH_TIMEOUT, retries={"max_attempts": 2})
+    cfg = Config(
+        connect_timeout=S3_CONNECT_TIMEOUT,
+        read_timeout=FETCH_TIMEOUT,
+        retries={"max_attempts": 2},
+    )
+    verify = _s3_ca_file(hook, cache)
     # A session of its own: boto3's module-level default session would cache credentials (and
     # an endpoint) across hooks.
-    import botocore.session
-
     core = botocore.session.get_session()
     # The instance role through IMDS: botocore waits 1 s once by default, too little for a
-    # busy or emulated machine at boot; bounded at 3 tries of 2 s.
+    # busy or emulated machine at boot; 3 tries of 2 s, and all of it inside the deadline.
     core.set_config_variable("metadata_service_timeout", 2)
     core.set_config_variable("metadata_service_num_attempts", 3)
-    return boto3.session.Session(botocore_session=core).client(
-        "s3", endpoint_url=hook.s3_endpoint, config=cfg, verify=_s3_ca_file(hook, cache)
-    )
+
+    def make():
+        # The chain is resolved here, and its set frozen into the client: botocore's own
+        # refreshable set would go back to the metadata service from a later request, outside
+        # any bound. A set that expires within the fetch is S3's ExpiredToken, which
+        # _S3Fetch.call answers with a new client (a fresh set).
+        creds = core.get_credentials()
+        if creds is None:
+            raise NoCredentialsError()
+        frozen = creds.get_frozen_credentials()
+        return boto3.session.Session(botocore_session=core).client(
+            "s3",
+            endpoint_url=hook.s3_endpoint,
+            config=cfg,
+            verify=verify,
+            aws_access_key_id=frozen.access_key,
+            aws_secret_access_key=frozen.secret_key,
+            aws_session_token=frozen.token,
+        )
+
+    # botocore's metadata requests have their own timeouts, not ours: the thread is waited on
+    # no longer than the fetch deadline allows.
+    return guard.within(make, _GETTING_CREDENTIALS)
 
 
 def _watch_connections(client, guard: download.Deadline) -> bool:
@@ -476,9 +509,10 @@ def _watch_connections(client, guard: download.Deadline) -> bool:
 def _guarded_pool(base: type, guard: download.Deadline) -> type:
     class Connection(base.ConnectionCls):  # type: ignore[name-defined,misc]
         def _new_conn(self):
-            sock = super()._new_conn()
+            sock = _guarded_socket(self, guard)
             # Before TLS (urllib3 sets .sock to this socket, then wraps it): the handshake is
-            # inside the deadline too.
+            # inside the deadline too. urllib3 still wraps it with the endpoint's host name
+            # (SNI and the certificate check): only the socket is opened here.
             self._nodeforge_sock = sock
             guard.watch_holder(self, _conn_socket, now=sock)
             return sock
@@ -490,6 +524,45 @@ def _guarded_pool(base: type, guard: download.Deadline) -> type:
                 self._nodeforge_sock = self.sock or getattr(self, "_nodeforge_sock", None)
 
     return type(base.__name__, (base,), {"ConnectionCls": Connection})
+
+
+def _guarded_socket(conn, guard: download.Deadline):
+    """urllib3's HTTPConnection._new_conn through the deadline: the name lookup (getaddrinfo
+    has no timeout) and the connect are bounded by what is left, and a failure is the
+    urllib3 exception urllib3 itself raises, so botocore's retries and errors stay the same.
+    A connect that its own timeout ended says so, never "deadline"."""
+    import socket
+
+    from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
+
+    try:
+        return guard.connect(
+            (conn._dns_host, conn.port),
+            conn.timeout,
+            conn.source_address,
+            socket_options=conn.socket_options or (),
+            watch=False,  # watched through the connection (watch_holder): no descriptor kept
+        )
+    except socket.gaierror as exc:
+        raise _name_error(conn, exc) from exc
+    except TimeoutError as exc:
+        if guard.expired:
+            raise ConnectTimeoutError(conn, f"Connection to {conn.host}: {guard.reason()}") from exc
+        raise ConnectTimeoutError(
+            conn, f"Connection to {conn.host} timed out. (connect timeout={conn.timeout})"
+        ) from exc
+    except OSError as exc:
+        raise NewConnectionError(conn, f"Failed to establish a new connection: {exc}") from exc
+
+
+def _name_error(conn, exc: socket.gaierror) -> Exception:
+    try:
+        from urllib3.exceptions import NameResolutionError  # urllib3 2
+    except ImportError:  # urllib3 1.26 reports a failed lookup this way
+        from urllib3.exceptions import NewConnectionError
+
+        return NewConnectionError(conn, f"Failed to resolve '{conn.host}' ({exc})")
+    return NameResolutionError(conn.host, conn, exc)
 
 
 def _conn_socket(conn: object):
@@ -522,9 +595,10 @@ class _S3Fetch:
 
     def call(self, what: str, request: Callable):
         """*request*(client), made once more with a new client if S3 says its credentials have
-        expired. botocore extends a set that expires soon past its real expiry (its "static
-        stability" window, 12-20 min), so one client may keep signing with a key S3 no longer
-        takes; a new client asks the default chain (the metadata service) afresh."""
+        expired. A client signs with the one set it was made with (_s3_client), and botocore
+        takes a set that expires soon as valid past its real expiry (its "static stability"
+        window, 12-20 min), so S3 may stop taking it within a fetch; a new client asks the
+        default chain (the metadata service) afresh, inside the deadline."""
         if self.client is None:
             self._new_client()
         try:
@@ -537,7 +611,7 @@ class _S3Fetch:
         return request(self.client)
 
     def _new_client(self) -> None:
-        self.client = _s3_client(self.hook, self.cache)
+        self.client = _s3_client(self.hook, self.cache, self.guard)
         _watch_connections(self.client, self.guard)
         # Past the deadline botocore would still retry, after its backoff sleep (up to 1 s,
         # then 2 s): a handler that runs before its retry handler ends the call instead.
@@ -545,7 +619,7 @@ class _S3Fetch:
 
     def _no_retry_past_deadline(self, **_kw) -> None:
         if self.guard.expired:
-            raise TimeoutError(f"not finished within {FETCH_DEADLINE:g}s")
+            raise TimeoutError(self.guard.reason())
 
 
 def _s3_fetch(hook: Hook, cache: Path, dest: Path) -> Path:
@@ -561,8 +635,8 @@ def _s3_fetch(hook: Hook, cache: Path, dest: Path) -> Path:
         except (HookError, download.DownloadError) as exc:
             if guard.expired:
                 raise HookError(
-                    f"hook {hook.name}: cannot fetch {download.display_url(hook.origin)}: not "
-                    f"finished within {FETCH_DEADLINE:g}s"
+                    f"hook {hook.name}: cannot fetch {download.display_url(hook.origin)}: "
+                    f"{guard.reason()}"
                 ) from exc
             raise
 

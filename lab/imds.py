@@ -27,6 +27,8 @@ The contract it implements (what the unit tests check, tests/unit/lab/test_lab_i
   is one this service issued and still unexpired; `IMDS.expiry_of` when a set it issued expires.
   ``stale = True`` models a metadata service whose role credentials stopped rotating: it serves
   one set that has already expired (what a node "given only a stale key" sees).
+  ``stall = S`` (seconds) makes every answer wait S seconds before it is sent: a slow or
+  overloaded service, slower in all than a client's deadline though each answer is in time.
 * Anything else is 404 (unknown path) or 405 (other method). Bounded: at most ``max_threads``
   requests at once (more wait up to 5 s, then 503), a request body is at most 1 KiB, a client
   that sends nothing for ``request_timeout`` seconds is dropped, at most ``max_tokens`` live
@@ -123,6 +125,7 @@ class IMDS:
         self.log: deque[tuple[str, str, int]] = deque(maxlen=1000)  # (method, path, status)
         self.down = False  # True: answer nothing (the test's "metadata service is down")
         self.stale = False  # True: serve one already-expired credential set (never rotated)
+        self.stall = 0.0  # seconds each answer waits before it is sent (a slow service)
 
     # -- tokens ------------------------------------------------------------------------------
     def new_token(self, ttl: int) -> str:
@@ -315,6 +318,8 @@ class _Handler(BaseHTTPRequestHandler):
         if imds.down:
             self.close_connection = True
             return  # no answer: the client sees the connection closed
+        if imds.stall > 0:
+            time.sleep(imds.stall)
         length = self.headers.get("Content-Length", "0")
         if not length.isdigit() or int(length) > _MAX_BODY:
             self._send(413, "text/plain", b"Payload Too Large\n", head=False)

@@ -170,7 +170,11 @@ class _Front(BaseHTTPRequestHandler):
             return self._refuse(403, "AccessDenied", "Access Denied")
         up = http.client.HTTPConnection("127.0.0.1", srv.upstream, timeout=30)
         try:
-            hdrs = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            # Host is http.client's own (moto would read an endpoint's name as a bucket): the
+            # signature over the client's Host was checked above.
+            hdrs = {
+                k: v for k, v in self.headers.items() if k.lower() not in ("connection", "host")
+            }
             up.request(self.command, self.path, body=body or None, headers=hdrs)
             r = up.getresponse()
             data = r.read(_MAX_BODY)
@@ -215,9 +219,11 @@ class S3Front(ThreadingHTTPServer):
         self.requests: list[tuple[str, str]] = []
         self.refused: list[str] = []
         self.signed: list[tuple[float, str, str, str]] = []  # (when, key id, method, path)
+        self.server_names: list[str | None] = []  # the SNI name of each TLS handshake
         super().__init__((host, port), _Front)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(str(tls.cert), str(tls.key))
+        ctx.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)
         self.socket = ctx.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self._thread = threading.Thread(
             target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True

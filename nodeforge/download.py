@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from . import redact
 from .errors import NodeforgeError
@@ -52,6 +53,7 @@ EXTRA_WAIT = 1.0
 USER_AGENT = "nodeforge"
 
 Progress = Callable[[int, int | None], None]
+_T = TypeVar("_T")
 
 
 class DownloadError(NodeforgeError):
@@ -183,14 +185,16 @@ class Deadline:
     Socket timeouts bound each read, not their sum, and not the name lookup: a server sending a
     header byte every few seconds never trips them. So every socket the attempt opens is
     registered here, and a timer shuts them all down when the deadline passes: the blocked read
-    returns at once and the attempt reports the deadline. The lookup runs in a thread that is
-    waited on no longer than what is left.
+    returns at once and the attempt reports the deadline. What has no bound of its own (the name
+    lookup, a library's credential fetch) runs through within(): a thread waited on no longer
+    than what is left.
     """
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.at = time.monotonic() + seconds
         self.expired = False
+        self.stalled: str | None = None  # what within() was still waiting for at the deadline
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
         # objects that hold a socket, each with how to find it then (held weakly)
@@ -249,47 +253,87 @@ class Deadline:
                 if isinstance(sock, socket.socket):
                     _shutdown(sock)
 
-    def resolve(self, host: str, port: int) -> list:
-        box: dict[str, object] = {}
+    def reason(self) -> str:
+        """What a caller says when the deadline has passed (the one wording: downloads, hooks)."""
+        still = f" (still {self.stalled})" if self.stalled else ""
+        return f"not finished within {self.seconds:g}s{still}"
 
-        def lookup() -> None:
+    def _passed(self, what: str) -> TimeoutError:
+        """The deadline's own error, with *what* was still running kept for reason()."""
+        self._expire()
+        if self.stalled is None:
+            self.stalled = what
+        return TimeoutError("deadline")
+
+    def within(self, fn: Callable[[], _T], what: str) -> _T:
+        """fn() for a call with no bound we can set (getaddrinfo; botocore's credential fetch
+        from the metadata service), waited on no longer than what is left. It runs in a daemon
+        thread; past the deadline that thread is left to end on its own, its result dropped,
+        and the deadline's error is raised (*what*, e.g. "looking up s3.example.com", names
+        what stalled in reason()). fn's own exception is raised here as it is."""
+        if self.left() <= 0:
+            raise self._passed(what)
+        box: dict[str, Any] = {}
+
+        def run() -> None:
             try:
-                box["r"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except OSError as exc:
+                box["r"] = fn()
+            except BaseException as exc:  # handed to the caller's thread below
                 box["e"] = exc
 
-        t = threading.Thread(target=lookup, daemon=True, name="nodeforge-dns")
+        t = threading.Thread(target=run, daemon=True, name="nodeforge-within")
         t.start()
         t.join(self.left())
         if t.is_alive():
-            self._expire()
-            raise TimeoutError("deadline")
+            raise self._passed(what)
         if "e" in box:
-            raise box["e"]  # type: ignore[misc]
-        return box["r"]  # type: ignore[return-value]
+            raise box["e"]
+        return box["r"]
 
-    def connect(self, address: tuple[str, int], timeout, source_address=None) -> socket.socket:
-        """socket.create_connection, with the lookup and each connect inside the deadline."""
+    def resolve(self, host: str, port: int) -> list:
+        return self.within(
+            lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM), f"looking up {host}"
+        )
+
+    def connect(
+        self,
+        address: tuple[str, int],
+        timeout,
+        source_address=None,
+        *,
+        socket_options: Iterable[tuple] = (),
+        watch: bool = True,
+    ) -> socket.socket:
+        """socket.create_connection, with the lookup and each connect inside the deadline.
+
+        A connect that *timeout* ends raises the socket's own timeout ("timed out"); one the
+        deadline ends raises the deadline's error. *socket_options*: setsockopt arguments
+        applied before the connect (urllib3's TCP_NODELAY). watch=False: the caller watches
+        the socket itself (watch_holder), so no descriptor is duplicated."""
         host, port = address
         if not isinstance(timeout, int | float):
             timeout = None  # socket._GLOBAL_DEFAULT_TIMEOUT: the deadline alone bounds it
         err: OSError | None = None
         for family, type_, proto, _, sa in self.resolve(host, port):
             if self.left() <= 0:
-                self._expire()
-                raise TimeoutError("deadline")
+                raise self._passed(f"connecting to {host}")
             sock = socket.socket(family, type_, proto)
             try:
+                for opt in socket_options:
+                    sock.setsockopt(*opt)
                 limit = self.left() if timeout is None else min(timeout, self.left())
                 sock.settimeout(limit)
                 if source_address:
                     sock.bind(source_address)
                 sock.connect(sa)
                 sock.settimeout(timeout)
-                self.watch(sock)
+                if watch:
+                    self.watch(sock)
                 return sock
             except OSError as exc:
                 sock.close()
+                if self.left() <= 0:  # the deadline ended it, not the per-connect timeout
+                    raise self._passed(f"connecting to {host}") from exc
                 err = exc
         raise err or OSError(f"no address for {host}")
 
@@ -596,7 +640,7 @@ def _attempt(url: str, dest: Path, label: str, policy: Policy, **check) -> Resul
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         reason, retry = _reason(exc)
         if guard.expired or (isinstance(exc, TimeoutError) and str(exc) == "deadline"):
-            reason, retry = f"not finished within {policy.deadline:g}s", True
+            reason, retry = guard.reason(), True
         elif reason == "timed out":
             reason = f"timed out (no data for {policy.timeout:g}s)"
         raise DownloadError(label, url, reason, retryable=retry) from exc

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -239,6 +240,22 @@ def http_server(
         srv.shutdown()
         srv.server_close()
         t.join(timeout=5)
+
+
+@contextlib.contextmanager
+def unanswered_port() -> Iterator[tuple[str, int]]:
+    """(host, port) on 127.0.0.1 where a connect hangs until its timeout: a listener with a
+    backlog of 0 whose one queued connection is never accepted, so the kernel drops every
+    further SYN (what a firewall that drops packets looks like, on loopback)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    filler = socket.create_connection(srv.getsockname(), timeout=5)
+    try:
+        yield srv.getsockname()
+    finally:
+        filler.close()
+        srv.close()
 
 
 def loopback_tls(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:

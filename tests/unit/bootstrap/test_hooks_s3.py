@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import time
 
 import pytest
@@ -16,7 +17,7 @@ moto_server = pytest.importorskip("moto.server", reason="dev extra: moto[server]
 from nodeforge.bootstrap import hooks as hooks_mod
 from nodeforge.bootstrap.hooks import HookEnv, Runner, discover
 from nodeforge.bootstrap.params import ParamsError
-from tests.helpers import QuietHandler, http_server
+from tests.helpers import QuietHandler, http_server, unanswered_port
 from tests.unit.support import hook_params
 
 pytestmark = pytest.mark.unit
@@ -278,6 +279,53 @@ def test_every_s3_fetch_is_bounded_as_a_whole(s3, paths, monkeypatch, server, ho
     )
     assert bound <= took < bound + 2, took
     assert [x.name for x in paths.hook_cache.iterdir() if x.name != "s3-ca-bundle.pem"] == []
+
+
+SLOW_HOST = "s3.nodeforge-test.invalid"
+
+
+def test_a_hanging_name_lookup_of_the_endpoint_ends_at_the_fetch_deadline(s3, paths, monkeypatch):
+    """getaddrinfo has no timeout (the resolver's own bound can be long): a lookup of the S3
+    endpoint's name that hangs 4 s ends at the 1 s deadline, with an error naming the host."""
+    monkeypatch.setattr(hooks_mod, "FETCH_DEADLINE", 1)
+    real = socket.getaddrinfo
+
+    def hanging(host, *a, **kw):
+        if host == SLOW_HOST:
+            time.sleep(4)
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    (hook,) = discover(paths, params(f"https://{SLOW_HOST}", hooks=["s3://bucket/x.sh"]))
+    t = time.monotonic()
+    with pytest.raises(hooks_mod.HookError) as err:
+        hooks_mod.fetch(hook, paths.hook_cache)
+    took = time.monotonic() - t
+    assert 1 <= took < 1.8, took
+    assert str(err.value) == (
+        f"hook x.sh: cannot fetch s3://bucket/x.sh: not finished within 1s (still looking up "
+        f"{SLOW_HOST})"
+    )
+
+
+def test_a_connect_timeout_is_not_called_the_deadline(s3, paths, monkeypatch):
+    """An endpoint that drops SYNs: each connect ends at its own timeout, botocore retries as
+    it does, and the error is its connect timeout; the fetch deadline (far off) is not named."""
+    monkeypatch.setattr(hooks_mod, "FETCH_DEADLINE", 30)
+    monkeypatch.setattr(hooks_mod, "S3_CONNECT_TIMEOUT", 0.3)
+    with unanswered_port() as (host, port):
+        endpoint = f"https://{host}:{port}"
+        (hook,) = discover(paths, params(endpoint, hooks=["s3://bucket/x.sh"]))
+        t = time.monotonic()
+        with pytest.raises(hooks_mod.HookError) as err:
+            hooks_mod.fetch(hook, paths.hook_cache)
+        took = time.monotonic() - t
+    assert str(err.value) == (
+        "hook x.sh: cannot fetch s3://bucket/x.sh: ConnectTimeoutError: Connect timeout on "
+        f'endpoint URL: "{endpoint}/bucket/x.sh"'
+    )
+    assert took < 10, took
 
 
 def test_missing_object_is_a_retried_fetch_failure(s3, paths):

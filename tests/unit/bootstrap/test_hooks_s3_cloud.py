@@ -6,6 +6,7 @@ or unknown credentials, 403, 404). moto's S3 server behind lab/s3front.py, all o
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import pytest
@@ -258,6 +259,63 @@ def test_metadata_service_down_or_refusing_is_a_bounded_clear_error(tmp_path, no
         "in boto3's default chain; on a cloud instance they are its IAM role's"
     )
     assert took < 3 * 2 * 2 + 2, took
+    assert w["front"].requests == []
+
+
+def test_a_slow_metadata_service_ends_at_the_fetch_deadline(tmp_path, node_env, monkeypatch):
+    """Each metadata answer comes in 1 s, well inside botocore's own 2 s per try, but the role
+    credentials need three (token, role name, the set): the 1.5 s fetch deadline ends the
+    attempt at 1.5 s, says what it was waiting for, and nothing reaches S3."""
+    w = node_env
+    w["front"].requests.clear()
+    monkeypatch.setattr(hooks_mod, "FETCH_DEADLINE", 1.5)
+    w["imds"].stall = 1.0
+    t = time.monotonic()
+    try:
+        with pytest.raises(hooks_mod.HookError) as err:
+            _fetch(tmp_path, _params(w, "s3://lifecycle/cfg/", w["tls"].ca.read_text()))
+        took = time.monotonic() - t
+    finally:
+        w["imds"].stall = 0.0
+    assert 1.5 <= took < 2.5, took
+    assert w["front"].requests == []
+    assert str(err.value) == (
+        "hook lifecycle: cannot fetch s3://lifecycle/cfg/: not finished within 1.5s (still "
+        "getting credentials from boto3's default chain: on an instance, from its metadata service)"
+    )
+
+
+NAMED = "s3.nodeforge-test.invalid"
+
+
+def test_an_endpoint_by_name_is_verified_and_named_by_that_name(tmp_path, node_env, monkeypatch):
+    """The endpoint's name is looked up through the fetch deadline (here: answered 127.0.0.1),
+    but TLS still sends that name (SNI) and checks the certificate against it: a front whose
+    certificate names only the address is refused, one for the name is used."""
+    w = node_env
+    real = socket.getaddrinfo
+
+    def lookup(host, *a, **kw):
+        return real("127.0.0.1" if host == NAMED else host, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    named_tls = s3front.make_ca(tmp_path / "ca", [], [NAMED], tag="named")
+    named = s3front.S3Front(w["moto_port"], named_tls, imds=w["imds"])
+    try:
+        got = _fetch(
+            tmp_path / "ok",
+            _params(w, "s3://lifecycle/cfg/", named_tls.ca.read_text(),
+                    s3_endpoint_url=f"https://{NAMED}:{named.port}"),
+        )  # fmt: skip
+    finally:
+        named.stop()
+    assert got.is_file() and named.server_names and set(named.server_names) == {NAMED}
+    with pytest.raises(hooks_mod.HookError, match="TLS.*s3_ca_bundle"):
+        _fetch(
+            tmp_path / "ip",
+            _params(w, "s3://lifecycle/cfg/", w["tls"].ca.read_text(),
+                    s3_endpoint_url=f"https://{NAMED}:{w['front'].port}"),
+        )  # fmt: skip
     assert w["front"].requests == []
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from nodeforge import download
 from nodeforge.download import DownloadError, Policy, fetch
-from tests.helpers import QuietHandler, http_server, loopback_tls
+from tests.helpers import QuietHandler, http_server, loopback_tls, unanswered_port
 
 pytestmark = pytest.mark.unit
 
@@ -209,13 +209,54 @@ def test_a_slow_name_lookup_is_inside_the_deadline(tmp_path, monkeypatch):
 
     monkeypatch.setattr(socket, "getaddrinfo", slow)
     t = time.monotonic()
-    with pytest.raises(DownloadError, match=r"not finished within 0\.4s"):
+    with pytest.raises(DownloadError) as ei:
         _dl(
             "http://slow.nodeforge-test.invalid/x",
             tmp_path,
             Policy(timeout=5, deadline=0.4, attempts=1),
         )
     assert time.monotonic() - t < 1.5
+    assert (
+        ei.value.reason == "not finished within 0.4s (still looking up slow.nodeforge-test.invalid)"
+    )
+
+
+def test_within_returns_raises_or_stops_at_the_deadline():
+    """Deadline.within: fn's value, fn's own error, or (fn still running when the deadline
+    passes) the deadline's error at the deadline, naming what was still running."""
+    with download.Deadline(5) as guard:
+        assert guard.within(lambda: 42, "adding") == 42
+        with pytest.raises(KeyError, match="nope"):
+            guard.within(lambda: {}["nope"], "looking")
+        assert not guard.expired and guard.stalled is None
+    with download.Deadline(0.3) as guard:
+        t = time.monotonic()
+        with pytest.raises(TimeoutError, match="^deadline$"):
+            guard.within(lambda: time.sleep(3), "sleeping on purpose")
+        assert 0.25 < time.monotonic() - t < 1.0
+        assert guard.expired
+        assert guard.reason() == "not finished within 0.3s (still sleeping on purpose)"
+        with pytest.raises(TimeoutError, match="^deadline$"):  # nothing left: not even started
+            guard.within(lambda: 1, "late")
+        assert guard.stalled == "sleeping on purpose"
+
+
+def test_connect_timeout_is_not_the_deadline_and_the_deadline_is():
+    """A connect that its own timeout ends is the socket's "timed out" (the deadline left
+    untouched); one that the deadline ends is the deadline's error, naming the host."""
+    with unanswered_port() as (host, port):
+        with download.Deadline(5) as guard:
+            t = time.monotonic()
+            with pytest.raises(TimeoutError) as ei:
+                guard.connect((host, port), 0.3)
+            assert str(ei.value) == "timed out" and not guard.expired
+            assert time.monotonic() - t < 1.0
+        with download.Deadline(0.3) as guard:
+            t = time.monotonic()
+            with pytest.raises(TimeoutError, match="^deadline$"):
+                guard.connect((host, port), 5)
+            assert time.monotonic() - t < 1.0
+            assert guard.reason() == "not finished within 0.3s (still connecting to 127.0.0.1)"
 
 
 def test_whole_fetch_bounded_by_attempts_deadline_and_backoff(tmp_path):

@@ -6,6 +6,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -166,6 +167,19 @@ def test_down_answers_nothing(imds):
     imds.down = True
     with pytest.raises((http.client.HTTPException, ConnectionError)):
         req(imds, "PUT", "/latest/api/token", {TTL_HEADER: "60"})
+
+
+def test_stall_delays_every_answer_then_answers(imds):
+    """The slow-service fixture: each answer comes, correct, after `stall` seconds."""
+    imds.stall = 0.3
+    t = time.monotonic()
+    tok = token(imds)
+    assert get(imds, "/latest/meta-data/instance-id", tok) == (200, "i-0123456789abcdef0")
+    assert time.monotonic() - t >= 0.6
+    imds.stall = 0.0
+    t = time.monotonic()
+    token(imds)
+    assert time.monotonic() - t < 0.3
 
 
 def test_slow_client_is_dropped_and_others_served(clock):
