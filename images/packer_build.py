@@ -50,10 +50,9 @@ Virtualization=!container
 [Network]
 DHCP=yes
 """
-# Packed into the libvirt box: boots the kernel and initrd the box carries (base disk made
-# here), or the disk's own boot loader (a cloud image given as base_disk).
+# Packed into every libvirt box: the sealed disk boots from firmware with its own loader
+# (made here or a cloud image's), so the box needs no kernel of its own.
 BOX_VAGRANTFILE = Path(__file__).resolve().parent / "box" / "Vagrantfile"
-BOX_VAGRANTFILE_LOADER = Path(__file__).resolve().parent / "box" / "Vagrantfile.bootloader"
 # cloud-init NoCloud user-data for a cloud image: only the build's throwaway key for root
 # (the seal role removes it, cloud-init's state and the host keys).
 SEED_USER_DATA = """#cloud-config
@@ -275,13 +274,7 @@ def _qemu_base(run: _PackerRun, size_mib: int) -> None:
     values["output_directory"] = work / "packer-out"
     values["box_output"] = run.partial / "nodeforge-libvirt.box"
     values["console_log"] = work / "console.log"
-    values["kernel_out"] = run.partial / export.KERNEL
-    values["initrd_out"] = run.partial / export.INITRD
-    # A cloud image boots its own loader; the local base disk needs the
-    # box to carry and boot its kernel.
-    values["box_vagrantfile"] = (
-        BOX_VAGRANTFILE if "base_disk" not in user_vars else BOX_VAGRANTFILE_LOADER
-    )
+    values["box_vagrantfile"] = BOX_VAGRANTFILE
 
 
 def _ami_values(run: _PackerRun, ami: dict, fetched: Fetched) -> None:

@@ -117,18 +117,6 @@ TARGET_VARS: dict[str, list[Variable]] = {
             "host command that seals the powered-off disk (set by nodeforge)",
         ),
         Variable(
-            "kernel_out",
-            "string",
-            None,
-            "kernel copied out of the sealed disk, packed into the box",
-        ),
-        Variable(
-            "initrd_out",
-            "string",
-            None,
-            "initrd copied out of the sealed disk, packed into the box",
-        ),
-        Variable(
             "box_vagrantfile", "string", None, "the box's own Vagrantfile (images/box/Vagrantfile)"
         ),
     ],
@@ -287,9 +275,8 @@ def _qemu(b: hcl2.Builder) -> None:
         provider_override=q("libvirt"),
         output="${var.box_output}",
         keep_input_artifact=True,
-        # The disk has no boot loader: the box carries the kernel and initrd, and its
-        # Vagrantfile boots them (vagrant-libvirt's direct kernel boot).
-        include='${var.kernel == "" ? [] : [var.kernel_out, var.initrd_out]}',
+        # Nothing but the disk, metadata.json and the Vagrantfile: the sealed disk carries
+        # its own boot loader, so the box boots from firmware (no kernel of its own).
         vagrantfile_template="${var.box_vagrantfile}",
     )
 

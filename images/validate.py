@@ -47,8 +47,6 @@ def validate_targets(
                 "base_disk": disk,
                 "ssh_private_key_file": key,
                 "seal_command": "exit 1  # stand-in: validation never runs post-processors",
-                "kernel_out": disk,
-                "initrd_out": disk,
                 "box_vagrantfile": BOX_VAGRANTFILE,
             },
             "amazon-ebs": {},

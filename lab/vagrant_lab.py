@@ -7,7 +7,8 @@ Used by the e2e tier (tests/e2e/test_vm_vagrant.py) and usable by hand. What it 
   (`images.qemu_host.probe_accel`: /dev/kvm opening proves nothing on nested hosts), else
   ``qemu`` (TCG).
 * `write_box`: a libvirt box from a build's output directory (disk.qcow2): metadata.json,
-  the disk as box.img, and images/box/Vagrantfile.bootloader (the disk boots from firmware).
+  the disk as box.img, and images/box/Vagrantfile (the disk boots from firmware): the same
+  three files the qemu target's box carries.
 * `Libvirtd`: libvirtd and virtlogd started by us, without systemd, libvirtd's sockets in
   our own directory (``qemu:///system?socket=...``). It refuses to start beside a running
   libvirtd or virtlogd (their state would be shared), and stops both on `stop()`, on
@@ -31,11 +32,11 @@ from pathlib import Path
 from nodeforge import proc
 from nodeforge.errors import NodeforgeError
 from nodeforge.images import build_proc
+from nodeforge.images.packer_build import BOX_VAGRANTFILE
 from nodeforge.images.qemu_host import AccelDecision
 
 DRIVER_ENV = "NODEFORGE_VAGRANT_DRIVER"
 DRIVERS = ("kvm", "qemu")
-BOX_VAGRANTFILE = Path(__file__).resolve().parents[1] / "images" / "box" / "Vagrantfile.bootloader"
 # libvirt object names the lab may create or remove (no shell or XML metacharacters).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The daemons' own names in /proc/PID/comm.

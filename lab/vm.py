@@ -25,6 +25,8 @@ Boot modes (`VMConfig.boot`): ``uefi`` (OVMF, the default), ``bios`` (SeaBIOS, q
 own), ``uefi-secureboot`` (OVMF's Secure Boot build with Microsoft's keys enrolled, q35 +
 SMM: the disk's signed shim, grub and kernel must verify) and ``kernel`` (qemu ``-kernel``
 with the vmlinuz/initrd beside the disk). The firmware modes boot the disk's own loader.
+The machine (`VMConfig.machine`) is q35 unless the caller asks for ``pc`` (i440fx, the
+machine libvirt gives a domain that names none, as vagrant-libvirt boots a box).
 
 Injection (the sealed image has no authorized_keys and may carry no params): systemd
 credentials, nothing is written into the disk. With a firmware boot they are SMBIOS type 11
@@ -102,6 +104,9 @@ log = logging.getLogger("nodeforge.lab.vm")
 # x86 COMMAND_LINE_SIZE; the kernel silently truncates beyond it.
 CMDLINE_MAX = 2048
 BOOT_MODES = ("uefi", "bios", "uefi-secureboot", "kernel")
+# qemu machine types: q35 (the VM tier's default) and pc (i440fx: what libvirt, and so
+# vagrant-libvirt, gives a domain that names no machine type).
+MACHINES = ("q35", "pc")
 # Debian's ovmf package: (code, vars template) per firmware boot mode. The 4M builds; the
 # secure-boot code needs SMM, its ".ms" vars have Microsoft's keys (Debian's shim is signed
 # by Microsoft's UEFI CA) with Secure Boot on.
@@ -277,6 +282,7 @@ class VMConfig:
     cpus: int = 2
     accel: str = "auto"  # auto | kvm | tcg
     boot: str = "uefi"  # uefi | bios | uefi-secureboot | kernel (BOOT_MODES)
+    machine: str = "q35"  # q35 | pc (MACHINES)
     # The overlay's size when larger than the image's disk (a cloud's bigger volume): the
     # image grows root into it at first boot. None: the image's own size.
     disk_size_mib: int | None = None
@@ -382,6 +388,13 @@ class VM:
         cfg = self.cfg
         if cfg.boot not in BOOT_MODES:
             raise NodeforgeError(f"VM boot mode {cfg.boot!r} is not one of {', '.join(BOOT_MODES)}")
+        if cfg.machine not in MACHINES:
+            raise NodeforgeError(
+                f"VM {cfg.name}: machine {cfg.machine!r} is not one of {', '.join(MACHINES)}"
+            )
+        if cfg.boot == "uefi-secureboot" and cfg.machine != "q35":
+            # OVMF's Secure Boot build keeps its variables in SMM, which needs q35.
+            raise NodeforgeError(f"VM {cfg.name}: boot uefi-secureboot needs machine q35")
         if cfg.boot != "kernel" and (cfg.cmdline_params or cfg.extra_append):
             raise NodeforgeError(
                 f"VM {cfg.name}: cmdline_params/extra_append go on a kernel command line, "
@@ -545,7 +558,7 @@ class VM:
         smm = ",smm=on" if cfg.boot == "uefi-secureboot" else ""
         argv = [
             cfg.qemu, "-name", cfg.name,
-            "-machine", f"q35,accel={accel}{smm}", "-cpu", "host" if accel == "kvm" else "max",
+            "-machine", f"{cfg.machine},accel={accel}{smm}", "-cpu", "host" if accel == "kvm" else "max",
             "-m", str(cfg.memory_mb), "-smp", str(cfg.cpus),
             "-nodefaults", "-display", "none", "-vga", "none",
             "-serial", f"file:{self.console}",

@@ -6,7 +6,8 @@ the same target with the FIXTURE playbook tests/fixtures/qemu-smoke.yml (one mar
 then the real seal role), so everything that is the qemu target's own runs for real: the
 base disk made from the cached mmdebstrap base, the KVM probe / TCG fallback, Packer booting
 it and reaching SSH on 127.0.0.1, the ansible provisioner, shutdown, images/disk_seal.py as
-a shell-local post-processor, and the vagrant post-processor's libvirt box.
+a shell-local post-processor, and the vagrant post-processor's libvirt box, whose own disk
+then boots from SeaBIOS on vagrant-libvirt's default machine (no kernel of its own).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ import pytest
 
 from nodeforge.images import manifest as manifest_mod
 from nodeforge.images.versions import sha256_file
+from nodeforge.lab.vm import VM, VMConfig
 from tests.conftest import require_tools
 from tests.helpers import (
     E2E_ROOT,
@@ -40,6 +43,7 @@ from tests.helpers import (
 pytestmark = pytest.mark.e2e
 
 SMOKE = REPO / "tests/fixtures/qemu-smoke.yml"
+BOX_BOOT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_BOOT_TIMEOUT", "480"))  # to SSH login
 QEMU_TOOLS = (
     "packer",
     "qemu-system-x86_64",
@@ -140,30 +144,90 @@ def test_disk_is_provisioned_and_sealed(qemu_build, tmp_path):
     assert info["virtual-size"] >= 8 << 30 and info["format"] == "qcow2"
 
 
-def test_box_holds_the_sealed_disk_and_boots_its_kernel(qemu_build, tmp_path):
+def _box_files(box: Path, dest: Path) -> list[str]:
+    """The box's member names, extracted into *dest*. GNU tar, as Vagrant's bsdtar reads it
+    (Python's tarfile misreads Packer's GNU headers)."""
+    names = subprocess.run(
+        ["tar", "-tzf", str(box)], capture_output=True, text=True, check=True, timeout=300
+    ).stdout.split()
+    subprocess.run(["tar", "-xzf", str(box), "-C", str(dest)], check=True, timeout=600)
+    return sorted(names)
+
+
+@pytest.fixture
+def box(tmp_path) -> Iterator[Path]:
+    """Where the box is unpacked; its 1 GiB disk is dropped after the test, pass or fail."""
+    d = tmp_path / "box"
+    d.mkdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_box_holds_the_sealed_disk_and_it_boots_from_firmware(qemu_build, box, tmp_path):
+    """The box as vagrant-libvirt boots it: its own box.img (a copy-on-write overlay), the
+    i440fx machine with SeaBIOS (libvirt's default), no kernel from outside the disk; the
+    SSH key comes in as an SMBIOS credential, as the lab's Vagrantfile passes it."""
+    require_tools("qemu-system-x86_64", "qemu-img", "ssh", "ssh-keygen")
     out = qemu_build
-    # GNU tar, as Vagrant's bsdtar reads it (Python's tarfile misreads Packer's GNU headers).
-    names = set(
-        subprocess.run(
-            ["tar", "-tzf", str(out / "nodeforge-libvirt.box")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-    )
-    assert {"box.img", "metadata.json", "Vagrantfile", "vmlinuz", "initrd.img"} <= names
-    subprocess.run(
-        ["tar", "-xzf", str(out / "nodeforge-libvirt.box"), "-C", str(tmp_path)],
-        check=True,
-        timeout=600,
-    )
-    meta = json.loads((tmp_path / "metadata.json").read_text())
+    assert _box_files(out / "nodeforge-libvirt.box", box) == [
+        "Vagrantfile",
+        "box.img",
+        "metadata.json",
+    ]
+    meta = json.loads((box / "metadata.json").read_text())
     assert meta["provider"] == "libvirt" and meta["format"] == "qcow2"
     # The box is made after the host-side seal: the very same bytes as the published disk.
-    assert sha256_file(tmp_path / "box.img") == sha256_file(out / "disk.qcow2")
-    assert sha256_file(tmp_path / "vmlinuz") == sha256_file(out / "vmlinuz")
-    vf = (tmp_path / "Vagrantfile").read_text()
-    assert 'lv.kernel = File.join(File.dirname(__FILE__), "vmlinuz")' in vf
+    disk_sum = sha256_file(box / "box.img")
+    assert disk_sum == sha256_file(out / "disk.qcow2")
+    vf = (box / "Vagrantfile").read_text()
+    settings = [ln.split("#", 1)[0].strip() for ln in vf.splitlines()]
+    assert [ln for ln in settings if ln.startswith("lv.")] == ['lv.disk_bus = "virtio"'], vf
+    # The VM harness boots IMAGE_DIR/disk.qcow2: here that is the box's own box.img.
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "disk.qcow2").symlink_to(box / "box.img")
+    cfg = VMConfig(
+        image_dir=image,
+        workdir=tmp_path / "vm",
+        name="box",
+        boot="bios",
+        machine="pc",
+        accel="tcg",
+        boot_timeout=BOX_BOOT_TIMEOUT,
+        # The smoke image has no first-boot host-key unit (the product's ssh role adds one).
+        compat_keygen=True,
+        keep=True,
+    )
+    with VM(cfg) as vm:
+        # What runs: qemu's own command line, and the overlay it boots.
+        argv = Path(f"/proc/{vm.pid}/cmdline").read_bytes().decode().split("\0")
+        assert "-kernel" not in argv and "-initrd" not in argv and "-append" not in argv
+        assert argv[argv.index("-machine") + 1] == "pc,accel=tcg" and "pflash" not in str(argv)
+        overlay = json.loads(
+            subprocess.run(
+                ["qemu-img", "info", "-U", "--output=json", str(vm.overlay)],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout
+        )
+        assert overlay["full-backing-filename"] == str((box / "box.img").resolve())
+        took = vm.wait_ssh()
+        print(f"\nbox.img from SeaBIOS (i440fx, tcg): SSH login after {took:.1f}s")
+        got = vm.ssh(
+            "cat /proc/cmdline; test -d /sys/firmware/efi && echo firmware=efi "
+            "|| echo firmware=bios; cat /sys/class/dmi/id/product_name; "
+            "cat /etc/nodeforge-qemu-smoke",
+            timeout=120,
+        ).stdout
+    print(got)
+    cmdline, firmware, machine, marker = got.splitlines()[:4]
+    # grub (from the disk's BIOS boot partition) booted the kernel, root by filesystem UUID
+    assert cmdline.startswith("BOOT_IMAGE=") and " root=UUID=" in cmdline, cmdline
+    assert firmware == "firmware=bios" and "i440FX" in machine, got
+    assert marker.startswith("provisioned for "), got  # the smoke playbook's marker
+    assert sha256_file(box / "box.img") == disk_sum, "the VM wrote into the box's disk"
 
 
 def test_box_adds_and_the_lab_validates_with_it(qemu_build, tmp_path):

@@ -58,17 +58,31 @@ def test_qemu_template_seals_before_the_box_is_made():
     assert kinds == ["shell-local", "vagrant"]
     vagrant = chain[1]['"vagrant"']
     assert vagrant["provider_override"] == '"libvirt"'
-    # The box carries the kernel and initrd only when the disk is booted directly.
-    assert vagrant["include"] == '${var.kernel == "" ? [] : [var.kernel_out, var.initrd_out]}'
+    assert vagrant["vagrantfile_template"] == "${var.box_vagrantfile}"
 
     assert "post-processor" not in build, "a separate post-processor would box the unsealed disk"
 
 
-def test_box_vagrantfile_boots_the_kernel_it_carries():
+def test_box_carries_only_the_disk_metadata_and_vagrantfile():
+    """Nothing is added to the vagrant post-processor's box.img + metadata.json +
+    Vagrantfile: no kernel or initrd (no `include`), and no variable left to name one."""
+    d = template.render_dict("qemu")
+    chain = d["build"][0]["post-processors"][0]["post-processor"]
+    vagrant = chain[1]['"vagrant"']
+    assert "include" not in vagrant
+    names = {v.name for v in template.variables_for("qemu")}
+    assert not {"kernel_out", "initrd_out"} & names
+    # One Vagrantfile for every box (the qemu target's and vagrant_lab.write_box's).
+    assert sorted(p.name for p in remote.BOX_VAGRANTFILE.parent.iterdir()) == ["Vagrantfile"]
+
+
+def test_box_vagrantfile_boots_the_disk_from_firmware():
     text = remote.BOX_VAGRANTFILE.read_text()
-    assert re.search(r'lv\.kernel = File\.join\(File\.dirname\(__FILE__\), "vmlinuz"\)', text)
-    assert re.search(r'lv\.initrd = File\.join\(File\.dirname\(__FILE__\), "initrd\.img"\)', text)
-    assert "root=LABEL=nodeforge-root" in text and "/dev/vda" not in text
+    code = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
+    settings = [ln for ln in code if ln.startswith("lv.")]
+    # disk_bus only: no lv.kernel, lv.initrd or lv.cmd_line (direct kernel boot).
+    assert settings == ['lv.disk_bus = "virtio"']
+    assert not re.search(r"\b(kernel|initrd|cmd_line)\b", "\n".join(code))
     # Packer renders the file as a Go template: a stray '{{' would break the box.
     assert "{{" not in text
 
@@ -203,8 +217,6 @@ def test_qemu_template_validates_with_direct_kernel_boot(tmp_path):
         "initrd": tmp_path / "initrd.img",
         "ssh_private_key_file": tmp_path / "k",
         "seal_command": "exit 1",
-        "kernel_out": tmp_path / "vmlinuz",
-        "initrd_out": tmp_path / "initrd.img",
         "box_vagrantfile": remote.BOX_VAGRANTFILE,
     }
     assert "valid" in packer.validate(f, values, [])

@@ -418,6 +418,34 @@ def test_boot_mode_and_firmware_files_are_checked(tmp_path):
         vmmod.VM(cfg).check_inputs()
 
 
+def test_machine_is_q35_unless_pc_is_asked_for(tmp_path):
+    """machine="pc" boots the i440fx machine libvirt (so vagrant-libvirt) gives by default;
+    anything else, or Secure Boot without q35 (its OVMF needs SMM), is refused by name."""
+    img, _ = _fake_image_and_qemu(tmp_path)
+
+    def argv_for(**kw):
+        v = vmmod.VM(vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w", boot="bios", **kw))
+        v.workdir.mkdir(exist_ok=True)
+        v.check_inputs()
+        v.accel, v.port = vmmod.AccelDecision("tcg", "test"), 2222
+        argv = v.qemu_argv("k")
+        return argv[argv.index("-machine") + 1]
+
+    assert argv_for() == "q35,accel=tcg"
+    assert argv_for(machine="pc") == "pc,accel=tcg"
+    with pytest.raises(NodeforgeError, match="machine 'isapc' is not one of q35, pc"):
+        argv_for(machine="isapc")
+    cfg = vmmod.VMConfig(
+        image_dir=img,
+        workdir=tmp_path / "w",
+        boot="uefi-secureboot",
+        machine="pc",
+        ovmf_dir=_ovmf(tmp_path),
+    )
+    with pytest.raises(NodeforgeError, match="uefi-secureboot needs machine q35"):
+        vmmod.VM(cfg).check_inputs()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=80))
 def test_smbios_credential_names_are_a_grammar(name):

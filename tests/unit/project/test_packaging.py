@@ -86,7 +86,6 @@ def test_full_wheel_carries_the_build_and_verify_data(full_install):
         "nodeforge/images/site.yml",
         "nodeforge/images/versions.yaml",
         "nodeforge/images/box/Vagrantfile",
-        "nodeforge/images/box/Vagrantfile.bootloader",
         "nodeforge/slurm_versions.json",
     ):
         assert rel in names, f"{rel} missing from {wheel.name}"
