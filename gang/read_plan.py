@@ -17,7 +17,7 @@ jobs whose decisions read nothing but their state. On Slurm >= 24.05 a cycle rea
    backoff, deactivated, block_admission's), a het job's every component with any one,
    and the kept records read longest ago, in batches: enough that each is at most
    STALE_SECONDS old (at most REFRESH_MAX a cycle: the bound holds up to REFRESH_MAX *
-   STALE_SECONDS / cycle seconds kept jobs, ~145k at 1 s cycles). A batch is taken when the
+   STALE_SECONDS / cycle seconds kept jobs, 60k at 1 s cycles). A batch is taken when the
    cycle reads in full anyway, REFRESH_EVERY seconds after the last one, or when a record
    would pass the bound before the next: squeue filters --jobs in the client (slurmctld
    packs every job), so a full read of 30 ids costs about what one of 2 does, and a
@@ -57,7 +57,9 @@ from nodeforge.slurm_records import JobRecord, JobState, SlurmDataError, array_t
 
 STALE_SECONDS = 300.0  # the oldest a pending job's full record may be (bench/README-gang.md)
 FULL_SHARE = 0.5
-REFRESH_MAX = 500  # kept records refreshed per cycle, at most
+# kept records refreshed per cycle, at most: a batch of 200 costs squeue ~440 ms at 50k
+# queued (~200 ms + ~1.2 ms an id; 500: ~790 ms), so a refresh cycle stays under 1 s there
+REFRESH_MAX = 200
 REFRESH_EVERY = 10.0  # seconds between refreshes of a quiet queue (at most stale / 10)
 MAX_IDS = 4000  # ~40 kB of argv: far below Linux's 128 kB per argument
 # Up to this many plain ids, one `scontrol show job --json ID` each (~7 ms: slurmctld's
