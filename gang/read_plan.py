@@ -63,8 +63,8 @@ REFRESH_MAX = 200
 REFRESH_EVERY = 10.0  # seconds between refreshes of a quiet queue (at most stale / 10)
 MAX_IDS = 4000  # ~40 kB of argv: far below Linux's 128 kB per argument
 # Up to this many plain ids, one `scontrol show job --json ID` each (~7 ms: slurmctld's
-# single-job RPC) beats one `squeue --jobs` (~210 ms at 50k queued, ~50 ms at 10k: it loads
-# every job), measured live on 24.11 (bench/README-gang.md, `live`).
+# single-job RPC) beats one `squeue --jobs` (~210 ms at 50k queued, measured live on 24.11;
+# ~50 ms at 10k, estimated: it loads every job) (bench/README-gang.md, `live`).
 FEW_IDS = 8
 # A settled job's node with any of these (or none of HELD_FLAGS, or not listed) is read in
 # full: what readiness reads (its READ_FLAGS, spelled out: read_plan must not import the
