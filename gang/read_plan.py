@@ -8,18 +8,21 @@ jobs whose decisions read nothing but their state. On Slurm >= 24.05 a cycle rea
    prints it, `N`, `JobId_T` or `JobId+Offset`, and its state; no user text), parsed with
    the same grammars as a full record (slurm_records.parse_job_states);
 2. in full, `squeue --json --states=all --jobs=...` (the same records as scontrol's, checked
-   on 24.11): every job that is not plainly PENDING (running, configuring, completing,
+   on 24.11), or for at most FEW_IDS plain job ids (no array, no het job) one `scontrol show
+   job --json ID` each (slurmctld's single-job RPC, the same record: squeue loads every job
+   in the client, ~210 ms at 50k queued, the single read ~7 ms): every job that is not plainly PENDING (running, configuring, completing,
    suspended, finished, PENDING with a flag), every job whose listed state differs from its
    last full record or that has none (new), an array's record of pending tasks whose task
    ids differ from the listed ones, the gangs the governor names (policy.full_reads:
    backoff, deactivated, block_admission's), a het job's every component with any one,
    and the kept records read longest ago, in batches: enough that each is at most
    STALE_SECONDS old (at most REFRESH_MAX a cycle: the bound holds up to REFRESH_MAX *
-   STALE_SECONDS / cycle seconds kept jobs, ~145k at 1 s cycles). A batch is taken when the
+   STALE_SECONDS / cycle seconds kept jobs, 60k at 1 s cycles). A batch is taken when the
    cycle reads in full anyway, REFRESH_EVERY seconds after the last one, or when a record
    would pass the bound before the next: squeue filters --jobs in the client (slurmctld
-   packs every job), so a full read of 30 ids costs about what one of 500 does, and a
-   quiet cycle (9 in 10 with a quiet queue) makes none.
+   packs every job), so a full read of 30 ids costs about what one of 2 does, and a
+   quiet cycle (9 in 10 with a quiet queue) makes none; a cycle whose own reads are a few
+   plain ids (read one by one) takes no batch along.
 
 Every other pending job keeps its last full record (the same object, so the policy sees the
 same observation and keeps its decision record as it is). What such a record may miss, for
@@ -38,7 +41,9 @@ such a record may miss, and why no decision needs it at once: policy.settled_rea
 Records are listed in the full reads' order (slurmctld's job list; the listing has its own).
 With more than FULL_SHARE of the listed jobs to request, more ids than fit one command line
 (MAX_IDS), on the first cycle, or when squeue refuses a one-job filter (the job left since the
-listing), the cycle reads every job in full, unfiltered. 22.05 and 23.x (no listing) read
+listing), the cycle reads every job in full, unfiltered. A plain job read one by one that left
+since the listing comes back as no record (slurmctld's empty list, or "Invalid job id"), as a
+filtered squeue read leaves it out: its kept record is dropped. 22.05 and 23.x (no listing) read
 every job in full every cycle, as before.
 """
 
@@ -52,9 +57,15 @@ from nodeforge.slurm_records import JobRecord, JobState, SlurmDataError, array_t
 
 STALE_SECONDS = 300.0  # the oldest a pending job's full record may be (bench/README-gang.md)
 FULL_SHARE = 0.5
-REFRESH_MAX = 500  # kept records refreshed per cycle, at most
+# kept records refreshed per cycle, at most: a batch of 200 costs squeue ~440 ms at 50k
+# queued (~200 ms + ~1.2 ms an id; 500: ~790 ms), so a refresh cycle stays under 1 s there
+REFRESH_MAX = 200
 REFRESH_EVERY = 10.0  # seconds between refreshes of a quiet queue (at most stale / 10)
 MAX_IDS = 4000  # ~40 kB of argv: far below Linux's 128 kB per argument
+# Up to this many plain ids, one `scontrol show job --json ID` each (~7 ms: slurmctld's
+# single-job RPC) beats one `squeue --jobs` (~210 ms at 50k queued, measured live on 24.11;
+# ~50 ms at 10k, estimated: it loads every job) (bench/README-gang.md, `live`).
+FEW_IDS = 8
 # A settled job's node with any of these (or none of HELD_FLAGS, or not listed) is read in
 # full: what readiness reads (its READ_FLAGS, spelled out: read_plan must not import the
 # policy) and the node no longer being allocated (a shrink; FUTURE/IDLE).
@@ -165,6 +176,13 @@ class Plan:
     asked: set[int]
     refreshed: bool = False  # the kept records' refresh is in *requests*
     listed: set[int] = field(default_factory=set)  # known records the listing names (+ asked)
+    by_id: bool = False  # *requests* are at most FEW_IDS plain job ids: read one by one
+
+
+def _plain(r: JobRecord) -> bool:
+    """A job that is neither an array's (task or record of pending tasks) nor a het
+    component: its own id names exactly it, for squeue's --jobs and scontrol's show job."""
+    return r.array_job_id is None and r.het_job_id is None
 
 
 def _needed(r: JobRecord, need: Collection[str]) -> bool:
@@ -217,12 +235,18 @@ def plan(
         return Plan(None, set())
     by_key, meta = known.by_key, known.meta
     requests: set[str] = set()
+    odd: set[str] = set()  # requests that are not a plain job's own id (arrays, het jobs)
     asked: set[int] = set()
     cached: set[int] = set()
     unsplit: dict[int, set[int]] = {}  # array's job id -> tasks listed in its record
 
+    def ask(q: str, plain: bool = False) -> None:
+        requests.add(q)
+        if not plain:
+            odd.add(q)
+
     def read(r: JobRecord) -> None:
-        requests.add(request(r))
+        ask(request(r), _plain(r))
         asked.add(r.job_id)
 
     get, keep = by_key.get, cached.add
@@ -251,11 +275,11 @@ def plan(
         elif s.task is not None:
             m = meta.get(s.job)
             if m is None or not s.pending or not s.shows(m):
-                requests.add(str(s.job))  # the array: its record of pending tasks, its tasks
+                ask(str(s.job))  # the array: its record of pending tasks, its tasks
             else:
                 unsplit.setdefault(s.job, set()).add(s.task)
         else:
-            requests.add(str(s.job))  # a job (or het component) without a full record yet
+            ask(str(s.job), s.het_offset is None)  # a job (or het component) not read yet
     for a, m in meta.items():
         try:
             same = unsplit.get(a, set()) == array_task_ids(m.array_tasks)
@@ -267,26 +291,28 @@ def plan(
             cached.add(m.job_id)
     listed = cached | asked  # (every known record the listing names, and those asked for)
     cached -= asked
-    refreshed = bool(cached) and _refresh(known, cached, requests, now, elapsed, stale, read)
+    squeue = bool(odd) or len(requests) > FEW_IDS  # (else: a few plain ids, one by one)
+    refreshed = bool(cached) and _refresh(known, cached, squeue, now, elapsed, stale, read)
     if len(requests) > FULL_SHARE * len(listing) or len(requests) > MAX_IDS:
         return Plan(None, set())
-    return Plan(requests, asked, refreshed, listed)
+    return Plan(requests, asked, refreshed, listed, not odd and 0 < len(requests) <= FEW_IDS)
 
 
 def _refresh(
     known: Known,
     cached: set[int],
-    requests: set[str],
+    squeue: bool,
     now: float,
     elapsed: float,
     stale: float,
     read: Callable[[JobRecord], None],
 ) -> bool:
-    """plan()'s refresh phase: *read* the oldest of the *cached* records when one is due;
-    True when this cycle refreshed."""
+    """plan()'s refresh phase: *read* the oldest of the *cached* records when one is due
+    (*squeue*: this cycle reads with squeue anyway; a few ids read one by one are cheap, and
+    a batch along would make them a squeue read); True when this cycle refreshed."""
     # the refresh, in batches (squeue's --jobs filter is the client's: a full read costs
-    # about the same for 1 id as for 500, so a quiet cycle should make none): when this
-    # cycle reads in full anyway, when the last refresh is *every* old, or when a record
+    # about the same for 2 ids as for 100, so a quiet cycle should make none): when this
+    # cycle reads with squeue anyway, when the last refresh is *every* old, or when a record
     # would pass *stale* before the next one. The oldest records first: every one that
     # would, and at least the share of the time since the last refresh in *stale* (so
     # the whole queue turns over within *stale*); at most REFRESH_MAX (a slow cycle must
@@ -295,7 +321,7 @@ def _refresh(
     since = elapsed if known.refreshed_at is None else now - known.refreshed_at
     horizon = stale - every
     records, read_at = known.records, known.read_at
-    due = bool(requests) or since >= every
+    due = squeue or since >= every
     if not due:
         oldest = next((t for jid, t in read_at.items() if jid in cached), now)
         due = now - oldest >= horizon

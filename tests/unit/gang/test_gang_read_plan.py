@@ -16,6 +16,8 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.gang.slurm_view import SlurmCli, parse_jobs
@@ -30,6 +32,7 @@ FAKE_SQUEUE = textwrap.dedent(
     import json, sys
     table = json.load(open(sys.argv[1]))
     mode = sys.argv[2]
+    GONE = {"777"}
     def num(v):
         return v["number"] if v.get("set", True) else None
     def tasks(spec):  # "2-9" / "1,3" (the fixture's forms)
@@ -51,6 +54,12 @@ FAKE_SQUEUE = textwrap.dedent(
             else:
                 keys = [str(j["job_id"])]
             jobs += [{"job_id": k, "state": j["job_state"]} for k in keys]
+    elif mode == "one":  # scontrol show job --json N: that job (24.11: [] when unknown)
+        jobs = [j for j in table if str(j["job_id"]) == sys.argv[-1]]
+        if sys.argv[-1] in GONE:  # (the older client form of an unknown job)
+            open(sys.argv[1] + ".log", "a").write(json.dumps([mode, []]) + "\\n")
+            sys.stdout.write("slurm_load_jobs error: Invalid job id specified\\n")
+            sys.exit(1)
     else:  # --jobs as squeue filters: N = that job, every task of array N, every het comp.
         want = None
         for a in sys.argv[3:]:
@@ -119,6 +128,7 @@ class Lab:
         self.cli._commands = ([*fake, "full", "--states=all"], ["cat", str(nodes)])
         self.cli._state_argv = [*fake, "state"]
         self.cli._full_argv = [*fake, "full", "--states=all"]
+        self.cli._one_argv = [*fake, "one"]
         self.write()
 
     def write(self) -> None:
@@ -129,14 +139,17 @@ class Lab:
         return parse_jobs(json.dumps({"jobs": self.jobs, "errors": []}))
 
     def planned(self, need=frozenset(), dt: float = 1.0, settled=frozenset()):
+        """One planned snapshot and the ids its full reads returned (squeue's or one by
+        one); *self.modes*: the full reads' forms ("full": squeue, "one": per id)."""
         self.now += dt
         self.write()
         log = self.table.with_name("table.json.log")
         log.unlink(missing_ok=True)
         snap = self.cli.snapshot(need=need, settled=settled)
-        calls = [json.loads(x) for x in log.read_text().splitlines()]
-        read = [ids for mode, ids in calls if mode == "full"]
-        return snap, (set(read[0]) if read else set())
+        calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        self.modes = [mode for mode, _ in calls if mode != "state"]
+        assert self.modes.count("full") <= 1  # (one squeue read at most)
+        return snap, {i for mode, ids in calls if mode != "state" for i in ids}
 
 
 def _same_decisions(cfg, full_st, snap_f, plan_st, snap_p, now, step):
@@ -158,10 +171,10 @@ def test_planned_snapshot_equals_a_full_read_and_reads_only_what_changed(tmp_pat
     lab = Lab(tmp_path, jobs)
     snap, read = lab.planned()
     assert snap.jobs == lab.full() and len(read) == 201  # the first cycle reads every job
-    for _ in range(3):  # steady: the running job, and the refresh share (1 s of 30 s)
-        snap, read = lab.planned()
+    for _ in range(3):  # steady: the running job, by its id, or with a refresh batch
+        snap, read = lab.planned()  # (every 2 s here: the share of 2 s of 20 s)
         assert snap.jobs == lab.full()
-        assert 500 in read and len(read) <= 1 + -(-200 // 20)
+        assert (read == {500} and lab.modes == ["one"]) or (500 in read and len(read) == 1 + 20)
     # a pending job starts, one is cancelled, one is new, one leaves the queue
     jobs[0].update(job(1, "RUNNING"))
     jobs[1]["job_state"] = ["CANCELLED"]
@@ -614,3 +627,123 @@ def test_the_plans_need_check_by_listed_name_is_the_records_own():
             fast, full = rp._needed_listed(s, r, need), rp._needed(r, need)
             # never a missed read; an extra one only for `J_T` naming no job of this queue
             assert fast >= full and (fast == full or (k == "23_3" and "23_3" in need))
+
+
+# ---- a few plain ids: one `scontrol show job --json ID` each (read_plan.FEW_IDS) -----------
+
+
+def test_a_few_new_or_changed_plain_jobs_are_read_one_by_one_without_a_refresh(tmp_path):
+    """squeue loads every job in the client (~210 ms at 50k queued for 2 ids); slurmctld's
+    single-job read costs ~7 ms: a cycle that needs a few plain jobs reads each by its id
+    and takes no refresh batch along (that would make it a squeue read again)."""
+    from nodeforge.gang import read_plan as rp
+
+    jobs = [job(i) for i in range(1, 301)] + [job(500, "RUNNING")]
+    lab = Lab(tmp_path, jobs)
+    lab.cli.stale_seconds = 300.0  # (the refresh every 10 s: none in the cycles below)
+    lab.planned()
+    for k in range(1, rp.FEW_IDS):  # k new jobs (and the running one) each cycle
+        new = [job(1000 + 10 * k + i) for i in range(k)]
+        jobs.extend(new)
+        snap, read = lab.planned()
+        assert snap.jobs == lab.full()
+        assert read == {500} | {j["job_id"] for j in new}
+        assert lab.modes == ["one"] * (k + 1)
+    jobs.extend(job(2000 + i) for i in range(rp.FEW_IDS))  # more than FEW_IDS: squeue
+    snap, read = lab.planned()  # (a squeue read takes a refresh batch along: it costs no more)
+    assert snap.jobs == lab.full() and lab.modes == ["full"]
+    assert read >= {500} | set(range(2000, 2000 + rp.FEW_IDS))
+
+
+@pytest.mark.parametrize("gone_id", [901, 777], ids=["empty-list", "invalid-job-id-exit"])
+def test_a_job_read_by_id_that_left_since_the_listing_is_dropped(tmp_path, gone_id):
+    """The job leaves between the listing and its read: 24.11's scontrol prints an empty
+    list (the older form: "Invalid job id specified", exit 1). Its kept record is dropped
+    and the cycle does not fall back to reading every job (16-20 s at 50k queued)."""
+    jobs = [job(i) for i in range(1, 101)] + [job(gone_id)]
+    lab = Lab(tmp_path, jobs)
+    lab.planned()
+    script = tmp_path / "squeue.py"
+    # the listing still shows it RUNNING (it started), the full read no longer has it
+    script.write_text(
+        FAKE_SQUEUE.replace(
+            "mode = sys.argv[2]\n",
+            f'mode = sys.argv[2]\nif mode == "state": table[-1]["job_state"] = ["RUNNING"]\n'
+            f'else: table = [j for j in table if j["job_id"] != {gone_id}]\n',
+        )
+    )
+    snap, read = lab.planned()
+    assert lab.modes == ["one"] and gone_id not in read
+    assert str(gone_id) not in {j.job_id for j in snap.jobs}
+    assert snap.jobs == lab.full()[:-1]
+    assert gone_id not in lab.cli._known.records
+
+
+def test_a_failed_read_by_id_is_an_error_not_a_guess(tmp_path):
+    """Any other failure of a one-job read (slurmctld away) fails the cycle's read, naming
+    the command: no decision on a partial view."""
+    jobs = [job(i) for i in range(1, 101)]
+    lab = Lab(tmp_path, jobs)
+    lab.planned()
+    jobs.append(job(900))
+    lab.cli._one_argv = ["sh", "-c", 'echo "slurm_load_jobs error: Unable to contact'
+                         ' slurm controller (connect failure)"; exit 1', "scontrol"]  # fmt: skip
+    with pytest.raises(NodeforgeError, match="exit 1.*connect failure"):
+        lab.planned()
+
+
+def _rec(jid: int, kind: str, state: str = "PENDING"):
+    from nodeforge.slurm_records import JobRecord
+
+    kw: dict = {
+        "plain": {},
+        "task": {"array_job_id": jid - 1, "array_task_id": 3},  # split out as its own job
+        "meta": {"array_job_id": jid, "array_tasks": "1-2"},  # an array's pending tasks
+        "het": {"het_job_id": jid, "het_job_offset": 0},
+    }[kind]
+    return JobRecord(jid, state, state, frozenset(), "Priority", 2, (), **kw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(["plain", "task", "meta", "het"]), min_size=1, max_size=24),
+    started=st.sets(st.integers(0, 23)),
+    new=st.lists(st.sampled_from(["plain", "task", "het"]), max_size=12),
+)
+def test_the_plan_reads_by_id_exactly_the_few_plain_batches(kinds, started, new):
+    """Over any batch: the plan reads one by one only when every job it names is a plain
+    job (no array task or record, no het component: those keep squeue's --jobs form, which
+    names the array or the het job) and there are at most FEW_IDS; squeue otherwise."""
+    from nodeforge.gang import read_plan as rp
+    from nodeforge.slurm_records import JobState
+
+    known = rp.Known()
+    listing: list[JobState] = []
+    plain_ids: set[str] = set()
+    for i, kind in enumerate(kinds):
+        jid = 10 * (i + 1)
+        r = known.store(_rec(jid, kind), now=0.0)
+        state = "RUNNING" if i in started else "PENDING"
+        if kind == "meta":  # listed as its tasks: a started task names the array
+            listing += [JobState(f"{jid}_{t}", state, frozenset(), jid, t) for t in (1, 2)]
+            continue
+        k = rp.listing_key(r)
+        task = r.array_task_id
+        het = r.het_job_offset
+        listing.append(JobState(k, state, frozenset(), jid, task, het))
+        if kind == "plain":
+            plain_ids.add(str(jid))
+    for i, kind in enumerate(new):  # jobs without a full record yet
+        jid = 1000 + 10 * i
+        task = 5 if kind == "task" else None
+        het = 0 if kind == "het" else None
+        key = f"{jid}_5" if task is not None else f"{jid}+0" if het is not None else str(jid)
+        listing.append(JobState(key, "PENDING", frozenset(), jid, task, het))
+        if kind == "plain":
+            plain_ids.add(str(jid))
+    listing += [JobState(str(i), "PENDING", frozenset(), i) for i in range(5000, 5100)]
+    p = rp.plan(listing, frozenset(), known, now=1.0, elapsed=1.0, stale=300.0)
+    if p.requests is None:
+        assert not p.by_id
+        return
+    assert p.by_id == (0 < len(p.requests) <= rp.FEW_IDS and p.requests <= plain_ids)
