@@ -12,10 +12,12 @@ reason, the hook the last run left behind is stopped, the node is drained with t
 
 OnFailure= also fires on each kill that systemd does restart (the unit passes through
 "failed"), and after a failure the agent recorded itself: only a unit that stays failed with
-the agent's state still "running" is recorded here; anything else is left as it is. While the
-unit waits out RestartSec (SubState auto-restart) this waits too, bounded: a run of this
-handler still going when the 4th kill's restart is refused would swallow that second
-OnFailure= start (a start of an activating oneshot joins the running one).
+the agent's state still "running" is recorded here; anything else is left as it is. A start
+of this oneshot while it runs joins the running one, so a kill during a run of this handler
+starts nothing new: the handler therefore watches the unit while it is activating (waiting
+out RestartSec, then the restarted agent), bounded by WATCH_S, and reads the end itself. (It
+returned as soon as the unit left auto-restart before: kills in quick succession left the
+4th unrecorded, "running hooks" for good; the CI dry run of 2026-12-06 caught it.)
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ UNIT = "nodeforge-init.service"
 START_LIMIT = 4  # StartLimitBurst of the unit (roles/node_agent nodeforge-init.service.j2)
 _SHOW = re.compile(r"(ActiveState|SubState|Result|NRestarts)=([a-z0-9-]{0,40})")
 _KEYS = ("ActiveState", "SubState", "Result", "NRestarts")
-SETTLE_S = 20.0  # the wait for the unit to leave auto-restart (RestartSec=2)
+# The watch over a restarted agent (within the handler's TimeoutStartSec=180, with room for
+# its bounded scontrol calls); a kill after it starts a new run of the handler.
+WATCH_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,13 @@ def read_unit(host: Host) -> UnitEnd:
     return parse_show(host.run(argv, timeout=30).stdout or "")
 
 
-def settled_unit(host: Host, timeout: float = SETTLE_S) -> UnitEnd:
-    """The unit once it is no longer waiting to restart the agent (bounded by *timeout*: then
-    as it is, and record() leaves a unit that is not failed alone)."""
+def settled_unit(host: Host, timeout: float = WATCH_S) -> UnitEnd:
+    """The unit once it is no longer activating: neither waiting to restart the agent nor
+    running it again (bounded by *timeout*: then as it is, and record() leaves a unit that is
+    not failed alone)."""
     deadline = host.monotonic() + timeout
     end = read_unit(host)
-    while end.sub == "auto-restart" and host.monotonic() < deadline:
+    while end.active == "activating" and host.monotonic() < deadline:
         host.sleep(0.5)
         end = read_unit(host)
     return end

@@ -204,6 +204,30 @@ def test_the_handler_waits_out_the_restart_delay_then_reads_the_end():
     assert sleeps == [0.5, 0.5, 0.5]
 
 
+def test_a_kill_while_the_handler_watches_the_restarted_agent_is_read_by_that_run():
+    """Kills in quick succession: the handler started by the 3rd kill is still running when
+    the 4th comes (whose OnFailure= start joins it). It watches the restarted agent (the
+    unit activating) and reads the refused restart itself, not the restart it saw first."""
+    fh = Restarting(
+        [show("activating", "auto-restart", "signal", 2)] * 2
+        + [show("activating", "start", "signal", 3)] * 4
+        + [show("failed", "failed", "signal", 4)]
+    )
+    sleeps: list[float] = []
+    host = Host(run=fh.run, sleep=sleeps.append, monotonic=lambda: 0.0)
+    end = gave_up.settled_unit(host)
+    assert end == GAVE_UP and len(sleeps) == 6
+
+
+def test_an_agent_that_finishes_while_watched_is_left_alone():
+    fh = Restarting(
+        [show("activating", "start", "signal", 1)] * 2 + [show("active", "exited", "success", 1)]
+    )
+    host = Host(run=fh.run, sleep=lambda s: None, monotonic=lambda: 0.0)
+    end = gave_up.settled_unit(host)
+    assert (end.active, end.sub) == ("active", "exited")
+
+
 def test_the_handler_wait_is_bounded():
     fh = Restarting([show("activating", "auto-restart", "signal", 1)])
     clock = iter(range(0, 1000, 5))
