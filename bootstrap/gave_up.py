@@ -15,9 +15,9 @@ OnFailure= also fires on each kill that systemd does restart (the unit passes th
 the agent's state still "running" is recorded here; anything else is left as it is. A start
 of this oneshot while it runs joins the running one, so a kill during a run of this handler
 starts nothing new: the handler therefore watches the unit while it is activating (waiting
-out RestartSec, then the restarted agent), bounded by WATCH_S, and reads the end itself. (It
-returned as soon as the unit left auto-restart before: kills in quick succession left the
-4th unrecorded, "running hooks" for good; the CI dry run of 2026-12-06 caught it.)
+out RestartSec, then the restarted agent), bounded by WATCH_S, and reads the end itself;
+returning once the unit left auto-restart left a quick 4th kill unrecorded ("running hooks"
+for good).
 """
 
 from __future__ import annotations
