@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import fcntl
 import hashlib
 import http.server
 import json
@@ -90,21 +91,46 @@ def drop_outputs(*paths: Path) -> None:
             shutil.rmtree(p)
 
 
+# The e2e lanes (scripts/test.sh, tests/e2e/lanes.txt) run side by side and share the build
+# cache, which admits one build at a time: a second fails at once (images/cache.py `locked`).
+# A test that builds, or checks what a build left in the cache, takes this turn first.
+BUILD_LOCK = Path(os.environ.get("NODEFORGE_E2E_BUILD_LOCK", "/var/tmp/nodeforge-e2e.build.lock"))
+BUILD_LOCK_WAIT_S = 2400.0  # longer than any one lane's builds together
+
+
+@contextlib.contextmanager
+def build_turn(what: str, wait_s: float = BUILD_LOCK_WAIT_S) -> Iterator[None]:
+    """Hold the e2e tier's build turn for `what` (not re-entrant: one holder per test)."""
+    BUILD_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(BUILD_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    pytest.fail(
+                        f"{what}: another e2e lane held the build turn ({BUILD_LOCK}) for "
+                        f"{wait_s:.0f}s; look for a hung `nodeforge build` (ps -ef)",
+                        pytrace=False,
+                    )
+                time.sleep(2)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the turn
+
+
 def build_image(output: Path, mirror: Path, versions: Path, *extra: str) -> tuple[dict, float]:
     need_room(output.parent, BUILD_ROOM, f"the build into {output}")
-    t0 = time.monotonic()
-    cp = nodeforge(
-        "build",
-        "--artifact-mirror",
-        str(mirror),
-        "--versions-file",
-        str(versions),
-        "--output",
-        str(output),
-        "--json",
-        *extra,
-    )
-    return json.loads(cp.stdout), time.monotonic() - t0
+    with build_turn(f"the build into {output}"):
+        t0 = time.monotonic()
+        cp = nodeforge(
+            "build", "--artifact-mirror", str(mirror), "--versions-file", str(versions),
+            "--output", str(output), "--json", *extra,
+        )  # fmt: skip
+        return json.loads(cp.stdout), time.monotonic() - t0
 
 
 def fake_image_tree(tmp_path: Path) -> Path:

@@ -4,7 +4,8 @@ The build uses the tests' own FIXTURE artifact mirror (tests/fixtures/mirror.py)
 Enroot/Pyxis are unreachable on test machines. The versions file is copied and pinned to the
 fixture files with `nodeforge versions lock`, so the build runs the real pinned path
 (download from the mirror, sha256 verification). Set NODEFORGE_E2E_IMAGE=<output dir> to
-reuse an image built earlier (developer speed-up; CI always builds).
+reuse an image built earlier: a developer's speed-up, and how scripts/test.sh hands the build
+lane's image to the lanes that run after it (tests/e2e/lanes.txt); CI always builds.
 
 The gang modules' `clean` and `gov` fixtures are here too: they stand on the module's own
 `lab` fixture (the 22.05 netns lab or a local cluster from the image).
@@ -120,9 +121,10 @@ def gov(clean, tmp_path):
         g.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gpu_image(request) -> Path:
-    """The gpu variant's build (test_gpu_build.py checks it, test_gpu_vm.py boots it)."""
+    """The gpu variant's build, once a session (test_gpu_build.py checks it, test_gpu_vm.py
+    boots it)."""
     reuse = os.environ.get("NODEFORGE_E2E_GPU_IMAGE")  # a gpu build output (developer speed-up)
     if reuse:
         return Path(reuse)

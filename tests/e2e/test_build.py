@@ -14,7 +14,14 @@ import pytest
 from nodeforge.images import manifest as manifest_mod
 from nodeforge.images import scan
 from nodeforge.images.versions import sha256_file
-from tests.helpers import E2E_ROOT, REPO, build_image, ctrl_c_enabled, drop_outputs
+from tests.helpers import (
+    E2E_ROOT,
+    REPO,
+    build_image,
+    build_turn,
+    ctrl_c_enabled,
+    drop_outputs,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -222,6 +229,11 @@ def test_checksum_mismatch_fails_and_leaves_nothing(fixture_mirror, pinned_versi
 def test_interrupt_cleans_up_sandbox_and_mounts(
     built_image, fixture_mirror, pinned_versions, tmp_path
 ):
+    with build_turn("the interrupted build"):
+        _interrupted_build(fixture_mirror, pinned_versions, tmp_path)
+
+
+def _interrupted_build(fixture_mirror: Path, pinned_versions: Path, tmp_path: Path) -> None:
     out = E2E_ROOT / "image-interrupted"
     # A configuration change, so the build boots the sandbox and runs Ansible over the
     # cached layer (with nothing to re-apply it would only seal and export).

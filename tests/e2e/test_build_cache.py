@@ -22,7 +22,7 @@ import pytest
 
 from nodeforge.images import cache
 from nodeforge.images import manifest as manifest_mod
-from tests.helpers import E2E_ROOT, build_image, drop_outputs, nodeforge
+from tests.helpers import E2E_ROOT, build_image, build_turn, drop_outputs, nodeforge
 
 pytestmark = pytest.mark.e2e
 
@@ -84,9 +84,10 @@ def cached_build(fixture_mirror, pinned_versions) -> Iterator[dict]:
     """A build into this module's own output and cache: it makes both groups' layers."""
     drop_outputs(CACHE, OUT, OUT_INSTALL)  # an earlier run's
     CACHE.mkdir(parents=True)
-    for d in ("base", "apt-archives", "artifacts"):
-        if (DEFAULT_CACHE / d).is_dir():
-            shutil.copytree(DEFAULT_CACHE / d, CACHE / d, symlinks=True)
+    with build_turn("copying the shared build cache"):  # no build writes it meanwhile
+        for d in ("base", "apt-archives", "artifacts"):
+            if (DEFAULT_CACHE / d).is_dir():
+                shutil.copytree(DEFAULT_CACHE / d, CACHE / d, symlinks=True)
     summary, _ = _build(OUT, fixture_mirror, pinned_versions)
     yield summary
     # This module's own cache and outputs (~9 GiB) are read by no later module.

@@ -33,6 +33,7 @@ from tests.helpers import (
     E2E_ROOT,
     GIB,
     REPO,
+    build_turn,
     ctrl_c_enabled,
     debugfs_read,
     drop_outputs,
@@ -82,21 +83,12 @@ def qemu_build(root_required, fixture_mirror, pinned_versions) -> Iterator[Path]
         return
     # The build VM's disk, its export and the box (about 4 GiB at the peak).
     need_room(E2E_ROOT, 4 * GIB, "the qemu target's build")
-    cp = nodeforge(
-        "build",
-        "--target",
-        "qemu",
-        "--playbook",
-        str(SMOKE),
-        "--artifact-mirror",
-        str(fixture_mirror),
-        "--versions-file",
-        str(pinned_versions),
-        "--output",
-        str(out),
-        "--json",
-        timeout=3600,
-    )
+    with build_turn("the qemu target's build"):
+        cp = nodeforge(
+            "build", "--target", "qemu", "--playbook", str(SMOKE),
+            "--artifact-mirror", str(fixture_mirror), "--versions-file", str(pinned_versions),
+            "--output", str(out), "--json", timeout=3600,
+        )  # fmt: skip
     assert json.loads(cp.stdout)["output"] == str(out)
     yield out
     drop_outputs(out)  # 0.9 GiB no later module reads
@@ -263,6 +255,11 @@ def test_failed_provisioning_leaves_nothing_and_shows_the_console(
     root_required, fixture_mirror, pinned_versions, tmp_path
 ):
     require_tools(*QEMU_TOOLS)
+    with build_turn("the failing qemu build"):
+        _failed_provisioning(fixture_mirror, pinned_versions, tmp_path)
+
+
+def _failed_provisioning(fixture_mirror: Path, pinned_versions: Path, tmp_path: Path) -> None:
     out = E2E_ROOT / "qemu-fail"
     vf = tmp_path / "fail.pkrvars.hcl"
     vf.write_text('ansible_vars = { nodeforge_smoke_fail = "true" }\n')
@@ -296,6 +293,11 @@ def test_interrupt_during_provisioning_stops_the_vm_and_leaves_nothing(
     root_required, fixture_mirror, pinned_versions
 ):
     require_tools(*QEMU_TOOLS)
+    with build_turn("the interrupted qemu build"):
+        _interrupted_qemu_build(fixture_mirror, pinned_versions)
+
+
+def _interrupted_qemu_build(fixture_mirror: Path, pinned_versions: Path) -> None:
     out = E2E_ROOT / "qemu-interrupted"
     log = out.with_name(out.name + ".partial") / "build.log"
     p = subprocess.Popen(
