@@ -21,10 +21,15 @@ base=${NODEFORGE_E2E_DIR:-/var/tmp/nodeforge-e2e}
 lane_paths() { sed -n "s/^$1: //p" "$LANES"; }
 start=$(date +%s)
 
+# 5 is pytest's "no tests collected": a lane that lost its tests fails, unless arguments chose
+# the tests (`scripts/test.sh -k NAME` selects from every lane).
+lane_failed() { [ "$1" -ne 0 ] && { [ "$1" -ne 5 ] || [ "$2" -eq 0 ]; }; }
+
 rc=0
 # shellcheck disable=SC2046  # the lane's paths are words
 NODEFORGE_E2E_DIR=$base "$PY" -m pytest "${E2E[@]}" $(lane_paths build) "$@" || rc=$?
 echo "e2e: lane build ended with exit $rc after $(( $(date +%s) - start ))s"
+lane_failed "$rc" $# || rc=0
 image=${NODEFORGE_E2E_IMAGE:-$base/image}
 if [ ! -f "$image/manifest.json" ]; then
   echo "e2e: the build lane left no image at $image; the other lanes boot it, so they did not run" >&2
@@ -66,10 +71,8 @@ for i in "${!names[@]}"; do
   log="$base/lane-${names[$i]}.log"
   echo "e2e: lane ${names[$i]} ended with exit ${lane_rcs[$i]}: $(grep -E '^=+ .* in [0-9.]+s' "$log" | tail -n 1)"
   grep -E '^(FAILED|ERROR) ' "$log" | sed "s/^/e2e:   [${names[$i]}] /" || true
-  r=${lane_rcs[$i]}
-  # 5 is "no tests collected": a lane that lost its tests fails, unless arguments chose tests
-  if [ "$r" -ne 0 ] && { [ "$r" -ne 5 ] || [ $# -eq 0 ]; } && [ "$rc" -eq 0 ]; then
-    rc=$r
+  if lane_failed "${lane_rcs[$i]}" $# && [ "$rc" -eq 0 ]; then
+    rc=${lane_rcs[$i]}
   fi
 done
 exit "$rc"
