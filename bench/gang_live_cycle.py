@@ -100,6 +100,13 @@ def submit(prefix: list[str], n: int, args: str, timeout: float) -> None:
     proc.run([*prefix, "bash", "-c", loop], timeout=timeout)
 
 
+def queue_gangs(prefix: list[str], n: int, partition: str = "main") -> None:
+    """*n* 2-node gangs that stay queued while cycles are measured: half held by their owner,
+    half waiting for a begin time a day ahead."""
+    submit(prefix, n // 2, f"-N2 -p {partition} --hold", 1800)
+    submit(prefix, n - n // 2, f"-N2 -p {partition} --begin=now+1day", 1800)
+
+
 def wait(pred, timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -196,9 +203,8 @@ def main() -> None:
     else:
         from nodeforge.lab import gang_cluster
 
-        gang_cluster.CONF_FIXTURE += SCALE_CONF
         lab = gang_cluster.ClusterLab(
-            Path(os.environ["NODEFORGE_E2E_IMAGE"]), nodes=4, name="nfgscale"
+            Path(os.environ["NODEFORGE_E2E_IMAGE"]), nodes=4, name="nfgscale", extra_conf=SCALE_CONF
         )
         lab.start()
         prefix = lab.prefix()
@@ -226,11 +232,8 @@ def main() -> None:
             for q in (int(x) for x in a.queued.split(",")):
                 have = counts(prefix).get("PENDING", 0)
                 t = time.monotonic()
-                # half held by their owner, half waiting for a begin time a day ahead: 2-node
-                # gangs that stay queued while the cycles are measured
                 more = max(0, q - have)
-                submit(prefix, more // 2, "-N2 -p main --hold", 1800)
-                submit(prefix, more - more // 2, "-N2 -p main --begin=now+1day", 1800)
+                queue_gangs(prefix, more)
                 c = counts(prefix)
                 print(f"queued {c.get('PENDING', 0)} running {c.get('RUNNING', 0)} "
                       f"(submitted {more} in {time.monotonic() - t:.0f} s)", flush=True)  # fmt: skip

@@ -994,9 +994,13 @@ def cmd_deadline(args) -> None:
 
         if args.image is None:
             raise SystemExit("deadline --slurm 24.11 needs --image (output dir of a build)")
-        lab = ClusterLab(args.image, nodes=2)
+        # Slurm's default MaxJobCount (10000) would refuse the queue beside the rounds' gang
+        extra = "MaxJobCount=120000\n" if args.queued else ""
+        lab = ClusterLab(args.image, nodes=2, extra_conf=extra)
         backend = "Slurm 24.11 local cluster (image)"
     else:
+        if args.queued:
+            raise SystemExit("deadline --queued needs --slurm 24.11 (the 22.05 lab is too small)")
         lab = Lab(nodes=2, cloud_nodes=0)
         backend = "Slurm 22.05 lab"
     tmp = Path(tempfile.mkdtemp(prefix="nfg-gang-bench-"))
@@ -1011,6 +1015,13 @@ def cmd_deadline(args) -> None:
     try:
         lab.start()
         lab.set_prolog("gn2", "hang")
+        if args.queued:  # the governor reads them every cycle (the planned read), never acts
+            from gang_live_cycle import counts, queue_gangs
+
+            t = time.monotonic()
+            queue_gangs(lab.prefix(), args.queued)
+            queued = counts(lab.prefix()).get("PENDING", 0)
+            print(f"queued {queued} gangs in {time.monotonic() - t:.0f} s", flush=True)
         cfg = gcfg.from_dict(
             {
                 "timeout": 3,
@@ -1094,7 +1105,8 @@ def cmd_deadline(args) -> None:
         ]
         print(
             f"# deadline -> requeue on a real slurmctld ({backend}), interval={args.interval}s,"
-            f" {args.rounds} rounds, governor phase {args.phase}; load average before: {load0}"
+            f" {args.rounds} rounds, governor phase {args.phase}, {args.queued} more gangs "
+            f"queued; load average before: {load0}"
         )
         print("delays (s): " + " ".join(f"{d:.2f}" for d in delays))
         ds = sorted(delays)
@@ -1176,6 +1188,13 @@ def main() -> None:
         "--image", type=Path, help="deadline --slurm 24.11: output directory of `nodeforge build`"
     )
     ap.add_argument("--timeout", default="20m", help="sim: the governor's timeout")
+    ap.add_argument(
+        "--queued",
+        type=int,
+        default=0,
+        help="deadline (--slurm 24.11): this many more 2-node gangs queued (held or begin a day "
+        "ahead) beside the rounds, so every cycle is the planned read of a real queue",
+    )
     ap.add_argument("--strike-limit", type=int, default=2, help="sim: node_strike_limit")
     ap.add_argument(
         "--begin-fraction",

@@ -53,9 +53,10 @@ class ClusterLab(SlurmClients):
     def cloud_names(self) -> list[str]:
         return []  # no power-saving nodes here (the cases needing them stay on 22.05)
 
-    def __init__(self, image: Path, nodes: int = 4, name: str = "nfg2411"):
+    def __init__(self, image: Path, nodes: int = 4, name: str = "nfg2411", extra_conf: str = ""):
         self.image = Path(image)
         self.nodes = nodes
+        self.extra_conf = extra_conf  # more FIXTURE slurm.conf lines (a bench's queue limits)
         self.lc = LocalCluster(name, progress=lambda msg: None)
         self.base = Path(LAB_DIR)  # the path jobs see (cases put --chdir/--output under it)
         self.env: dict[str, str] | None = None  # clients read the controller's own slurm.conf
@@ -94,7 +95,7 @@ class ClusterLab(SlurmClients):
         self.run("systemctl", "disable", "--now", "nodeforge-gang.service", timeout=60)
         self._write_lab_files(self._host_path("ctl", LAB_DIR))
         conf = self._host_path("ctl", SLURM_CONF)
-        conf.write_text(conf.read_text() + CONF_FIXTURE.format(lab=LAB_DIR))
+        conf.write_text(conf.read_text() + CONF_FIXTURE.format(lab=LAB_DIR) + self.extra_conf)
         self.run("systemctl", "restart", "slurmctld.service", timeout=90)
         self.wait(
             lambda: controller_up(lambda argv: self.run(*argv, check=False, timeout=10)),
