@@ -570,8 +570,8 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
     pos = i + len(opening)
     old = cache.entries if cache.kind == lst.cache_kind else []
     n_old = len(old)
-    by_id: dict[object, int] | None = None
-    id_member, id_value, record_id, parse = lst.id_member, lst.id_value, lst.record_id, lst.parse
+    index: list[dict[object, int]] = []  # (old's items by id, made when first needed)
+    parse = lst.parse
     entries: list[Entry] = []
     add = entries.append
     k = 0  # the cached job expected next
@@ -616,17 +616,7 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
                 e = text.find(_ITEM_END, pos, size)
                 if e < 0:
                     return None
-                h = None  # where this job was last time, by its id
-                q = text.find(id_member, pos - 1, e)
-                m = id_value.match(mv, q + len(id_member), e) if q >= 0 else None
-                if m is not None:
-                    jid = lst.id_of(m)
-                    if k < n_old and record_id(old[k][3]) == jid:
-                        h = k  # the expected item, changed (no index needed)
-                    else:
-                        if by_id is None:
-                            by_id = {record_id(r): x for x, (_, _, _, r) in enumerate(old)}
-                        h = by_id.get(jid)
+                h = _last_place(text, mv, pos, e, old, k, lst, index)
                 seq = False
                 if h is not None and _match(mv, pos, old[h]) == e:
                     add(old[h])
@@ -649,6 +639,23 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
     if not isinstance(head, dict) or head.get(lst.key) != _HEAD_MARK or head.get("errors"):
         return None
     return old if seq and k == n_old == len(entries) else entries
+
+
+def _last_place(
+    text: Buffer, mv: memoryview, pos: int, e: int, old: list[Entry], k: int, lst: _List, index
+) -> int | None:
+    """Where the item at [pos, e) stood in *old*, found by its id (only a hint: its text is
+    still compared in full); *index*: a list that holds old's items by id once made."""
+    q = text.find(lst.id_member, pos - 1, e)
+    m = lst.id_value.match(mv, q + len(lst.id_member), e) if q >= 0 else None
+    if m is None:
+        return None
+    jid = lst.id_of(m)
+    if k < len(old) and lst.record_id(old[k][3]) == jid:
+        return k  # the expected item, changed (no index needed)
+    if not index:
+        index.append({lst.record_id(r): x for x, (_, _, _, r) in enumerate(old)})
+    return index[0].get(jid)
 
 
 def _run(mv: memoryview, pos: int, blob: bytes, offs: list[int], k: int, n: int) -> int:
