@@ -50,7 +50,8 @@ every job in full every cycle, as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+import operator
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nodeforge.slurm_records import JobRecord, JobState, SlurmDataError, array_task_ids
@@ -76,6 +77,7 @@ UNSETTLED_FLAGS = frozenset(
 HELD_FLAGS = frozenset({"ALLOCATED", "MIXED"})
 
 NodeFlags = Mapping[str, frozenset[str]]
+_JID = operator.attrgetter("job_id")
 
 
 def _is_meta(r: JobRecord) -> bool:
@@ -119,6 +121,21 @@ class Known:
     by_key: dict[str, JobRecord] = field(default_factory=dict)
     meta: dict[int, JobRecord] = field(default_factory=dict)
     refreshed_at: float | None = None  # the last refresh's (or unfiltered full read's) time
+    # For plan()'s memo (_Base): the listing keys whose record changed since it was made
+    # (None: an array's record of pending tasks changed, or all were cleared: made anew),
+    # and the records' list as assemble() last returned it, valid while *version* stands.
+    touched: set[str] | None = field(default=None, repr=False)
+    version: int = field(default=0, repr=False)
+    memo: _Base | None = field(default=None, repr=False)
+    values: tuple[int, list[JobRecord]] | None = field(default=None, repr=False)
+
+    def _touch(self, r: JobRecord) -> None:
+        self.version += 1
+        if self.touched is not None:
+            if _is_meta(r):
+                self.touched = None
+            else:
+                self.touched.add(listing_key(r))
 
     def store(self, r: JobRecord, now: float) -> JobRecord:
         """Enter a freshly read record; an equal one already known stays (the same object:
@@ -130,6 +147,8 @@ class Known:
         else:
             if old is not None:
                 self._unindex(old)
+                self._touch(old)
+            self._touch(r)
             self.records[jid] = r
             if _is_meta(r):
                 self.meta[jid] = r
@@ -152,13 +171,25 @@ class Known:
         r = self.records.pop(jid, None)
         if r is not None:
             self._unindex(r)
+            self._touch(r)
         self.read_at.pop(jid, None)
 
-    def keep_only(self, jids: set[int]) -> None:
-        for jid in self.records.keys() - jids:
+    def keep_only(self, jids: set[int], also: set[int] | None = None) -> None:
+        """Drop every record whose id is in neither *jids* nor *also*."""
+        gone = self.records.keys() - jids  # (no union of the two: *jids* may be the queue)
+        for jid in gone - also if also else gone:
             self.drop(jid)
 
+    def listed(self) -> list[JobRecord]:
+        """The records in order: the same list while none changed (jobs_from_records and
+        decide() then see the very same objects)."""
+        if self.values is None or self.values[0] != self.version:
+            self.values = (self.version, list(self.records.values()))
+        return self.values[1]
+
     def clear(self) -> None:
+        self.version += 1
+        self.touched = self.memo = None
         self.refreshed_at = None
         self.records.clear()
         self.read_at.clear()
@@ -177,6 +208,7 @@ class Plan:
     refreshed: bool = False  # the kept records' refresh is in *requests*
     listed: set[int] = field(default_factory=set)  # known records the listing names (+ asked)
     by_id: bool = False  # *requests* are at most FEW_IDS plain job ids: read one by one
+    all_listed: bool = False  # *listed* holds every known record: assemble drops none unasked
 
 
 def _plain(r: JobRecord) -> bool:
@@ -233,12 +265,11 @@ def plan(
     refreshed now)."""
     if not known.records:
         return Plan(None, set())
-    by_key, meta = known.by_key, known.meta
+    b = _base(listing, need, known)
     requests: set[str] = set()
     odd: set[str] = set()  # requests that are not a plain job's own id (arrays, het jobs)
     asked: set[int] = set()
-    cached: set[int] = set()
-    unsplit: dict[int, set[int]] = {}  # array's job id -> tasks listed in its record
+    extra: set[int] = set()  # kept records beyond b.keep's: settled jobs, arrays' records
 
     def ask(q: str, plain: bool = False) -> None:
         requests.add(q)
@@ -249,9 +280,116 @@ def plan(
         ask(request(r), _plain(r))
         asked.add(r.job_id)
 
-    get, keep = by_key.get, cached.add
-    for s in listing:
-        r = get(s.key)
+    for q, plain in b.asks.values():
+        ask(q, plain)
+    for r, s in b.contest.values():
+        if settled and nodes is not None and _settled(r, s, settled, nodes):
+            extra.add(r.job_id)
+        else:
+            read(r)
+    metas: set[int] = set()
+    for a, m in known.meta.items():
+        try:
+            same = b.unsplit.get(a, set()) == array_task_ids(m.array_tasks)
+        except SlurmDataError:
+            same = False  # (a task list the reader could not name: read every cycle)
+        if not same or (need and _needed(m, need)):
+            read(m)
+            metas.add(m.job_id)
+        elif a in b.unsplit:
+            extra.add(m.job_id)
+            metas.add(m.job_id)
+    # every known record the listing names, and those asked for (b.listed: the kept and
+    # contested ones; a record is one or the other, kept or read, never both)
+    listed = b.listed | metas if metas else b.listed
+    cached = _Kept(b.kept, extra - asked)
+    squeue = bool(odd) or len(requests) > FEW_IDS  # (else: a few plain ids, one by one)
+    refreshed = bool(cached) and _refresh(known, cached, squeue, now, elapsed, stale, read)
+    if len(requests) > FULL_SHARE * len(listing) or len(requests) > MAX_IDS:
+        return Plan(None, set())
+    by_id = not odd and 0 < len(requests) <= FEW_IDS
+    # (*listed* is a subset of the known records: as many means all of them)
+    return Plan(requests, asked, refreshed, listed, by_id, len(listed) == len(known.records))
+
+
+@dataclass
+class _Kept:
+    """The kept records' ids: plan()'s memo's, and this cycle's few others (read-only)."""
+
+    base: set[int]
+    extra: set[int]
+
+    def __contains__(self, jid: int) -> bool:
+        return jid in self.base or jid in self.extra
+
+    def __bool__(self) -> bool:
+        return bool(self.base or self.extra)
+
+    def __len__(self) -> int:  # (disjoint: a record is kept by the memo or this cycle)
+        return len(self.base) + len(self.extra)
+
+
+@dataclass
+class _Base:
+    """plan()'s classification of one listing against Known's records and one *need*,
+    kept between cycles while the listing is the same object (the reader hands out the same
+    list for an unchanged listing) and *need* is equal; records that changed since
+    (Known.touched) are classified again, by their listing key. Per listing key, exactly one
+    of: *keep* (plainly pending, its record too, not needed: the record's id), *contest*
+    (a known record that is not plainly pending or is needed: read, unless settled), *asks*
+    (no record yet: what to request), *tasks* (an array task whose array's record of
+    pending tasks shows it: (array, task), gathered in *unsplit*). *kept* = the ids in
+    *keep*; *listed* = those and the contested records' ids."""
+
+    listing: list[JobState]
+    need: frozenset[str]
+    keep: dict[str, int] = field(default_factory=dict)
+    contest: dict[str, tuple[JobRecord, JobState]] = field(default_factory=dict)
+    asks: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    tasks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    unsplit: dict[int, set[int]] = field(default_factory=dict)
+    kept: set[int] = field(default_factory=set)
+    listed: set[int] = field(default_factory=set)
+    by_key: dict[str, JobState] | None = None  # the listing by key (made for the first update)
+
+
+# Up to this many changed records, the memo is updated; beyond, it is made anew (the walk).
+MEMO_UPDATE_MAX = 2000
+
+
+def _base(listing: list[JobState], need: Collection[str], known: Known) -> _Base:
+    """plan()'s memo (_Base) for this listing, *need* and Known's records now."""
+    need_f = frozenset(need)  # (the same object when *need* is a frozenset)
+    b, touched = known.memo, known.touched
+    if (
+        b is None
+        or touched is None
+        or b.listing is not listing
+        or b.need != need_f
+        or len(touched) > MEMO_UPDATE_MAX
+    ):
+        b = _Base(listing, need_f)
+        _classify(b, listing, known)
+        b.kept = set(b.keep.values())
+        b.listed = b.kept | {r.job_id for r, _ in b.contest.values()}
+    elif touched:
+        if b.by_key is None:
+            b.by_key = {s.key: s for s in listing}
+        for k in touched:  # (all removed first: a record may move from one key to another)
+            _unclassify(b, k)
+        _classify(b, filter(None, map(b.by_key.get, touched)), known)
+    known.memo, known.touched = b, set()
+    return b
+
+
+def _classify(b: _Base, entries: Iterable[JobState], known: Known) -> None:
+    """Enter *entries* of the listing into *b* (see _Base)."""
+    by_key, meta, need = known.by_key, known.meta, b.need
+    get, keep, contest = by_key.get, b.keep, b.contest
+    kept, listed = b.kept, b.listed  # (empty while the memo is made: filled after)
+    for s in entries:
+        key = s.key
+        r = get(key)
         if r is not None:
             if (
                 s.base_state != "PENDING"
@@ -261,46 +399,48 @@ def plan(
                 or (
                     need
                     and (
-                        s.key in need  # (see _needed_listed: inline, per pending job)
+                        key in need  # (see _needed_listed: inline, per pending job)
                         or ((s.task is not None or s.het_offset is not None) and _needed(r, need))
                     )
                 )
             ):
-                if settled and nodes is not None and _settled(r, s, settled, nodes):
-                    keep(r.job_id)
-                else:
-                    read(r)
+                contest[key] = (r, s)
+                listed.add(r.job_id)
             else:
-                keep(r.job_id)
+                keep[key] = r.job_id
+                kept.add(r.job_id)
+                listed.add(r.job_id)
         elif s.task is not None:
             m = meta.get(s.job)
             if m is None or not s.pending or not s.shows(m):
-                ask(str(s.job))  # the array: its record of pending tasks, its tasks
+                b.asks[key] = (str(s.job), False)  # the array: its record, its tasks
             else:
-                unsplit.setdefault(s.job, set()).add(s.task)
+                b.tasks[key] = (s.job, s.task)
+                b.unsplit.setdefault(s.job, set()).add(s.task)
         else:
-            ask(str(s.job), s.het_offset is None)  # a job (or het component) not read yet
-    for a, m in meta.items():
-        try:
-            same = unsplit.get(a, set()) == array_task_ids(m.array_tasks)
-        except SlurmDataError:
-            same = False  # (a task list the reader could not name: read every cycle)
-        if not same or (need and _needed(m, need)):
-            read(m)
-        elif a in unsplit:
-            cached.add(m.job_id)
-    listed = cached | asked  # (every known record the listing names, and those asked for)
-    cached -= asked
-    squeue = bool(odd) or len(requests) > FEW_IDS  # (else: a few plain ids, one by one)
-    refreshed = bool(cached) and _refresh(known, cached, squeue, now, elapsed, stale, read)
-    if len(requests) > FULL_SHARE * len(listing) or len(requests) > MAX_IDS:
-        return Plan(None, set())
-    return Plan(requests, asked, refreshed, listed, not odd and 0 < len(requests) <= FEW_IDS)
+            b.asks[key] = (str(s.job), s.het_offset is None)  # a job not read yet
+
+
+def _unclassify(b: _Base, key: str) -> None:
+    """Take what the listing key *key* entered out of *b*."""
+    jid = b.keep.pop(key, None)
+    if jid is None and key in b.contest:
+        jid = b.contest.pop(key)[0].job_id
+    if jid is not None:
+        b.kept.discard(jid)
+        b.listed.discard(jid)
+    b.asks.pop(key, None)
+    t = b.tasks.pop(key, None)
+    if t is not None:
+        left = b.unsplit[t[0]]
+        left.discard(t[1])
+        if not left:
+            del b.unsplit[t[0]]
 
 
 def _refresh(
     known: Known,
-    cached: set[int],
+    cached: _Kept,
     squeue: bool,
     now: float,
     elapsed: float,
@@ -348,13 +488,14 @@ def assemble(fresh: list[JobRecord], known: Known, p: Plan, now: float) -> list[
     if p.requests is None:  # an unfiltered full read: it alone is the truth
         out = [store(r, now) for r in fresh]  # (unchanged records: the known objects)
         known.keep_only({r.job_id for r in out})
-        return out
+        return known.listed() if list(map(_JID, out)) == list(known.records) else out
     got = {store(r, now).job_id for r in fresh}
     for jid in p.asked - got:
         known.drop(jid)
     # (the read's records, also those the listing did not have, and the known ones plan()
     # found by the listing: no second walk of it; those asked for and gone are dropped)
-    known.keep_only(got | p.listed)
+    if not p.all_listed:  # (else: the records now are those listed, less dropped, + got)
+        known.keep_only(p.listed, got)
     # in the order of the full reads (slurmctld's job list: the state listing has its own,
     # e.g. an array's pending tasks last), jobs first read later after them
-    return list(known.records.values())
+    return known.listed()

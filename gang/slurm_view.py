@@ -230,11 +230,21 @@ _KEY = operator.attrgetter("job_id")
 
 
 class JobCache:
-    """Between cycles: each job's JSON text -> JobRecord, and record -> JobObs."""
+    """Between cycles: each job's JSON text -> JobRecord, and record -> JobObs; and the last
+    records list with its observations (the reader hands out the same list while no record
+    changed: then the same observations, with no pass over the queue)."""
 
     def __init__(self) -> None:
         self.records = slurm_records.BlockCache()
         self.obs: dict[int, tuple[JobRecord, JobObs]] = {}
+        self.last: tuple[list[JobRecord], list[JobObs]] | None = None
+
+    def observe(self, records: list[JobRecord]) -> list[JobObs]:
+        if self.last is not None and self.last[0] is records:
+            return self.last[1]
+        out = jobs_from_records(records, self.obs)
+        self.last = (records, out)
+        return out
 
 
 def parse_jobs(
@@ -244,7 +254,7 @@ def parse_jobs(
 ) -> list[JobObs]:
     if cache is None:
         return jobs_from_records(slurm_records.parse_jobs(text, source))
-    return jobs_from_records(slurm_records.parse_jobs(text, source, cache.records), cache.obs)
+    return cache.observe(slurm_records.parse_jobs(text, source, cache.records))
 
 
 def parse_nodes(
@@ -452,7 +462,7 @@ class SlurmCli:
             src_full = " ".join(self._full_argv) + (" --jobs=..." if p.requests else "")
             fresh = slurm_records.parse_jobs(txt, src_full, self._cache.records)
         records = read_plan.assemble(fresh, known, p, now)
-        return jobs_from_records(records, self._cache.obs), size
+        return self._cache.observe(records), size
 
     def _read_each(self, ids: list[str]) -> tuple[list[JobRecord], int]:
         """The records of a few plain jobs, one `scontrol show job --json ID` each (read_plan

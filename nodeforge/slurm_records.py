@@ -29,7 +29,8 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from itertools import accumulate
+from typing import TypeVar, cast
 
 from nodeforge.errors import NodeforgeError
 from nodeforge.slurm_facts import has
@@ -362,13 +363,30 @@ class BlockCache:
     governor's jobs and its nodes): the text of each item of the last document (UTF-8 bytes),
     in its order, and the record parsed from it. See `_walk` for how it is used and why that
     is exact. *kind* is the list the entries came from: a cache handed the other list starts
-    empty (a job's text is never looked up among nodes)."""
+    empty (a job's text is never looked up among nodes). *blob*/*offs*: the entries' texts
+    end to end and where each starts, when no entry has a volatile number (the listing, the
+    nodes): a run of unchanged items is then one comparison (_run). *out*: what the last
+    call returned for these entries, handed out again when every item is unchanged."""
 
-    __slots__ = ("entries", "kind")
+    __slots__ = ("blob", "entries", "kind", "offs", "out")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
         self.kind = ""
+        self.blob: bytes | None = None
+        self.offs: list[int] = []
+        self.out: object = None
+
+    def keep(self, walked: list[Entry] | None, kind: str, out: object) -> None:
+        """Hold this call's items (None: the full parse decided, nothing is kept)."""
+        if walked is not None and walked is self.entries and self.kind == kind:
+            return  # (every item unchanged: the same blob and output)
+        self.entries, self.kind = walked if walked is not None else [], kind
+        self.out = out if walked is not None else None
+        self.blob, self.offs = None, []
+        if walked and not any(map(_VOL_LEN, walked)):
+            self.blob = b"".join(map(_PRE, walked))
+            self.offs = list(accumulate(map(len, map(_PRE, walked)), initial=0))
 
 
 # One item's text (UTF-8) followed by the next item's start (_SEP), cut around the digits of
@@ -431,6 +449,8 @@ def _parse_job_list(
     """The one body of parse_jobs and parse_job_states: the cached walk (or a plain JSON
     parse), a job listed twice refused, the cache left holding this call's items."""
     walked = _walk_cached(text, cache, lst)
+    if cache is not None and walked is not None and walked is cache.entries:
+        return cast(list[_R], cache.out)  # every item unchanged: last call's list
     if walked is None:
         out = [from_json(d) for d in _load(text, "jobs", source)]
     else:
@@ -442,13 +462,12 @@ def _parse_job_list(
                 raise SlurmDataError(f"{source}: job {key_of(j)} is listed twice")
             seen.add(key_of(j))
     if cache is not None:
-        cache.entries = walked if walked is not None else []
-        cache.kind = lst.cache_kind
+        cache.keep(walked, lst.cache_kind, out)
     return out
 
 
 _JOB_ID = operator.attrgetter("job_id")
-_RECORD = operator.itemgetter(3)
+_PRE, _VOL_LEN, _RECORD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(3)
 # Layout of Slurm's pretty-printed JSON (22.05's squeue, 24.11's scontrol/squeue: indent 2):
 # the jobs list is a top-level member, its items sit at indent 4, their members at indent 6.
 _ITEM_END = b"\n    }"
@@ -551,14 +570,22 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
     pos = i + len(opening)
     old = cache.entries if cache.kind == lst.cache_kind else []
     n_old = len(old)
-    by_id: dict[object, int] | None = None
-    id_member, id_value, record_id, parse = lst.id_member, lst.id_value, lst.record_id, lst.parse
+    index: list[dict[object, int]] = []  # (old's items by id, made when first needed)
+    parse = lst.parse
     entries: list[Entry] = []
     add = entries.append
     k = 0  # the cached job expected next
     vol = _VOL_DIGITS.fullmatch
+    blob = cache.blob if old is cache.entries else None
+    seq = True  # every item so far is the cached one expected next
     try:
         while True:
+            if blob is not None and k < n_old:  # a run of unchanged items, at once
+                j = _run(mv, pos, blob, cache.offs, k, n_old)
+                if j > k:
+                    entries += old[k:j]
+                    pos += cache.offs[j] - cache.offs[k]
+                    k = j
             if k < n_old:  # the fast path: _match and the next item's start, in one test
                 ent = old[k]
                 pre, n, post, _ = ent
@@ -589,17 +616,8 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
                 e = text.find(_ITEM_END, pos, size)
                 if e < 0:
                     return None
-                h = None  # where this job was last time, by its id
-                q = text.find(id_member, pos - 1, e)
-                m = id_value.match(mv, q + len(id_member), e) if q >= 0 else None
-                if m is not None:
-                    jid = lst.id_of(m)
-                    if k < n_old and record_id(old[k][3]) == jid:
-                        h = k  # the expected item, changed (no index needed)
-                    else:
-                        if by_id is None:
-                            by_id = {record_id(r): x for x, (_, _, _, r) in enumerate(old)}
-                        h = by_id.get(jid)
+                h = _last_place(text, mv, pos, e, old, k, lst, index)
+                seq = False
                 if h is not None and _match(mv, pos, old[h]) == e:
                     add(old[h])
                 else:
@@ -620,7 +638,51 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
         return None  # the full parse says what is wrong
     if not isinstance(head, dict) or head.get(lst.key) != _HEAD_MARK or head.get("errors"):
         return None
-    return entries
+    return old if seq and k == n_old == len(entries) else entries
+
+
+def _last_place(
+    text: Buffer, mv: memoryview, pos: int, e: int, old: list[Entry], k: int, lst: _List, index
+) -> int | None:
+    """Where the item at [pos, e) stood in *old*, found by its id (only a hint: its text is
+    still compared in full); *index*: a list that holds old's items by id once made."""
+    q = text.find(lst.id_member, pos - 1, e)
+    m = lst.id_value.match(mv, q + len(lst.id_member), e) if q >= 0 else None
+    if m is None:
+        return None
+    jid = lst.id_of(m)
+    if k < len(old) and lst.record_id(old[k][3]) == jid:
+        return k  # the expected item, changed (no index needed)
+    if not index:
+        index.append({lst.record_id(r): x for x, (_, _, _, r) in enumerate(old)})
+    return index[0].get(jid)
+
+
+def _run(mv: memoryview, pos: int, blob: bytes, offs: list[int], k: int, n: int) -> int:
+    """How far the cached items from *k* on stand at *pos* unchanged, each with the next
+    item's start (the fast path's test, for many items in one comparison): the end index.
+    The span tried doubles, then is halved back; each comparison covers only bytes not yet
+    compared (memcmp, no copy), so a document costs about two passes over its bytes."""
+    base, size = offs[k], len(mv)
+    good, bad, step = k, n + 1, 1
+
+    def same(a: int, b: int) -> bool:  # are items [a, b) at their place? (a matched)
+        lo, hi = pos + offs[a] - base, pos + offs[b] - base
+        return hi <= size and blob.startswith(mv[lo:hi], offs[a])
+
+    while good < n:  # gallop
+        j = min(good + step, n)
+        if not same(good, j):
+            bad = j
+            break
+        good, step = j, step * 2
+    while bad - good > 1:  # the first changed item is in [good, bad)
+        mid = (good + bad) // 2
+        if same(good, mid):
+            good = mid
+        else:
+            bad = mid
+    return good
 
 
 def node_from_json(d: object) -> NodeRecord:
@@ -668,6 +730,8 @@ def parse_nodes(
     as parse_jobs: only the nodes whose text changed since the last call are parsed (a node's
     text moves with its load and free memory, so some do every few seconds)."""
     walked = _walk_cached(text, cache, _NODES)
+    if cache is not None and walked is not None and walked is cache.entries:
+        return cast(dict[str, NodeRecord], cache.out)  # every node unchanged: last call's
     records = (
         map(node_from_json, _load(text, "nodes", source))
         if walked is None
@@ -679,8 +743,7 @@ def parse_nodes(
             raise SlurmDataError(f"{source}: node {n.name} is listed twice")
         out[n.name] = n
     if cache is not None:
-        cache.entries = walked if walked is not None else []
-        cache.kind = "nodes"
+        cache.keep(walked, "nodes", out)
     return out
 
 

@@ -747,3 +747,96 @@ def test_the_plan_reads_by_id_exactly_the_few_plain_batches(kinds, started, new)
         assert not p.by_id
         return
     assert p.by_id == (0 < len(p.requests) <= rp.FEW_IDS and p.requests <= plain_ids)
+
+
+# ---- plan()'s memo (read_plan._Base): kept between cycles, updated by the changed records --
+
+
+def _memo_record(jid: int, kind: str, state: str, flag: bool):
+    from nodeforge.slurm_records import JobRecord
+
+    flags = frozenset({"REQUEUED"}) if flag else frozenset()
+    nodes = ("n1", "n2") if state == "RUNNING" else ()
+    kw: dict = {}
+    if kind == "task":  # split out of array 100 as job *jid*
+        kw = {"array_job_id": 100, "array_task_id": jid % 4}
+    elif kind == "meta":  # array 100's record of its pending tasks
+        jid, kw = 100, {"array_job_id": 100, "array_tasks": "1-2"}
+    elif kind == "het":
+        kw = {"het_job_id": 40, "het_job_offset": jid % 3}
+    return JobRecord(jid, state, state, flags, "Priority", 2, nodes, **kw)
+
+
+def _memo_state(key: str, state: str, flag: bool):
+    import re
+
+    from nodeforge.gang import read_plan as rp
+
+    m = re.fullmatch(r"(\d+)(?:_(\d+)|\+(\d+))?", key)
+    assert m is not None
+    job, task, off = m.groups()
+    flags = frozenset({"REQUEUED"}) if flag else frozenset()
+    return rp.JobState(
+        key, state, flags, int(job), None if task is None else int(task), off and int(off)
+    )
+
+
+MEMO_OP = st.tuples(
+    st.sampled_from(["store", "store", "drop", "listing", "need", "same", "settle"]),
+    st.integers(1, 12),  # a job id
+    st.sampled_from(["plain", "plain", "task", "meta", "het"]),
+    st.sampled_from(["PENDING", "PENDING", "RUNNING"]),
+    st.booleans(),  # a state flag
+    st.lists(st.integers(0, 30), max_size=12),  # which keys a listing / need holds
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(MEMO_OP, min_size=1, max_size=25))
+def test_the_plans_memo_plans_as_a_fresh_classification_over_random_cycles(ops):
+    """Records stored, changed and dropped, listings kept (the same object) or new, needs and
+    settled jobs moving: plan() through its memo plans exactly what it plans with none (every
+    entry classified anew), so a changed record is never planned by its old classification
+    and no key takes another's."""
+    from nodeforge.gang import read_plan as rp
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rp, "FULL_SHARE", 1e9)  # (else most small plans read all: nothing to compare)
+        _memo_cycles(ops)
+
+
+def _memo_cycles(ops) -> None:
+    from nodeforge.gang import read_plan as rp
+
+    known = rp.Known()
+    listing: list = []
+    need: frozenset[str] = frozenset()
+    settled: frozenset[str] = frozenset()
+    nodes = {"n1": frozenset({"ALLOCATED"}), "n2": frozenset({"MIXED"})}
+    pool = [str(i) for i in range(1, 13)] + ["100_1", "100_2", "5_1", "40+1", "7+2", "100"]
+    now = 1000.0
+    for op, jid, kind, state, flag, picks in ops:
+        now += 1.0
+        if op == "store":
+            known.store(_memo_record(jid, kind, state, flag), now)
+        elif op == "drop":
+            known.drop(100 if kind == "meta" else jid)
+        elif op == "listing":
+            keys = {rp.listing_key(r) for r in known.records.values() if not rp._is_meta(r)}
+            keys |= {pool[p % len(pool)] for p in picks}
+            tasks = {"100_1", "100_2"} if kind == "meta" else set()  # (array 100's pending)
+            listing = [
+                _memo_state(k, state if p % 2 else "PENDING", flag and p % 3 == 0)
+                for p, k in enumerate(sorted(keys - tasks))
+            ] + [_memo_state(k, "PENDING", flag and jid % 2 == 0) for k in sorted(tasks)]
+        elif op == "need":
+            need = frozenset(pool[p % len(pool)] for p in picks) | ({"100_1"} if flag else set())
+        elif op == "settle":
+            settled = frozenset(r.key for r in known.records.values() if r.base_state == "RUNNING")
+            nodes = {**nodes, "n2": frozenset({"DOWN"} if flag else {"MIXED"})}
+        memo = rp.plan(listing, need, known, now, 5.0, 300.0, settled, nodes)
+        kept = known.memo, known.touched
+        known.memo = known.touched = None
+        fresh = rp.plan(listing, need, known, now, 5.0, 300.0, settled, nodes)
+        known.memo, known.touched = kept
+        assert memo == fresh

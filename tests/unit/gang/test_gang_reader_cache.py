@@ -410,3 +410,144 @@ def test_node_errors_and_truncation_are_the_full_parse_errors():
     cached, full = both_nodes(bad, cache, "bytes")
     assert isinstance(full, str) and "not UTF-8" in full and cached == full
     assert sr.parse_nodes(text, "t", cache) == sr.parse_nodes(text)
+
+
+# -- runs of unchanged items compared at once (BlockCache.blob, slurm_records._run): the
+# state listing, the nodes, and jobs without a volatile number --
+
+LISTING_OPS = ops_of("state", "drop", "add", "move", "dup", "task", "forge", "same")
+
+
+def _listing_doc(items: list) -> str:
+    # 24.11's squeue --only-job-state: jobs first, then meta and the other lists
+    return json.dumps({"jobs": items, "meta": {}, "errors": [], "warnings": []}, indent=2)
+
+
+def _apply_listing_op(items: list, op: str, x: int, text: str, serial: int) -> int:
+    """One random cycle's change to a state listing; *text* is hostile text a forged
+    document carries (squeue writes none: the reader must still read it exactly)."""
+    i = x % len(items) if items else 0
+    if op == "state" and items:
+        s = items[i]["state"]
+        items[i] = {**items[i], "state": ["RUNNING"] if s == ["PENDING"] else ["PENDING"]}
+    elif op == "drop" and items:
+        items.pop(i)
+    elif op == "add":
+        items.insert(i, {"job_id": str(serial), "state": ["PENDING"]})
+        serial += 1
+    elif op == "move" and items:
+        items.append(items.pop(i))
+    elif op == "dup" and items:
+        items.insert(i, dict(items[i]))  # a job listed twice: an error either way
+    elif op == "task" and items:
+        items[i] = {**items[i], "job_id": f"{serial}_{x}"}
+        serial += 1
+    elif op == "forge" and items:
+        # another job's whole text inside this one's: escaped, so never that job's item
+        other = json.dumps(items[(i + 1) % len(items)], indent=2)
+        items[i] = {**items[i], "x": text + other + "\n    },\n    {\n"}
+    return serial
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(0, 40),
+    ops=LISTING_OPS,
+    forms=st.lists(st.sampled_from(["str", "bytes", "mmap"]), min_size=12, max_size=12),
+)
+def test_cached_listing_read_is_the_full_parse_over_random_cycles(n, ops, forms):
+    """The state listing (no volatile number: runs of unchanged jobs are compared at once):
+    exactly the full parse's jobs or its error over any sequence of listings; a job whose
+    text is unchanged is the same object, a changed one never is, and a listing unchanged
+    byte for byte is the very list of the last read."""
+    items = [{"job_id": str(10 + i), "state": ["PENDING"]} for i in range(n)]
+    cache = sr.BlockCache()
+    prev: dict[str, tuple[str, sr.JobState]] = {}
+    last: tuple[str, list] | None = None
+    serial = 1000
+    for cycle, (op, x, text) in enumerate(ops):
+        serial = _apply_listing_op(items, op, x, text, serial)
+        doc = _listing_doc(items)
+        cached, full = both(doc, cache, forms[cycle], sr.parse_job_states)
+        assert cached == full
+        if isinstance(full, str):
+            assert "listed twice" in full
+            seen: set[str] = set()
+            items = [j for j in items if not (j["job_id"] in seen or seen.add(j["job_id"]))]
+            last = None
+            continue
+        for j, r in zip(items, cached, strict=True):
+            t = json.dumps(j, sort_keys=True)
+            if j["job_id"] in prev:
+                assert (r is prev[j["job_id"]][1]) == (prev[j["job_id"]][0] == t)
+        if last is not None and last[0] == doc and items:  # (an empty list: the full parse)
+            assert cached is last[1]
+        prev = {
+            j["job_id"]: (json.dumps(j, sort_keys=True), r)
+            for j, r in zip(items, cached, strict=True)
+        }
+        last = (doc, cached)
+
+
+def _flat(j: dict) -> dict:
+    """A job without last_sched_evaluation (a running job's shape): no volatile number."""
+    return {k: v for k, v in j.items() if k != "last_sched_evaluation"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    names=st.lists(HOSTILE, min_size=0, max_size=8),
+    ops=ops_of("requeue", "drop", "add", "move", "dup", "rename", "stamp", "same"),
+    shape=st.sampled_from(["22", "24"]),
+    forms=st.lists(st.sampled_from(["str", "bytes", "mmap"]), min_size=12, max_size=12),
+)
+def test_cached_read_of_jobs_without_a_volatile_number_is_the_full_parse(names, ops, shape, forms):
+    """Jobs compared in runs (no item has a volatile number until `stamp` gives one a
+    last_sched_evaluation: then item by item again): the full parse's records or error; an
+    unchanged job is the same object, a changed one never."""
+    jobs = [_flat(job(10 + i, shape, n)) for i, n in enumerate(names)]
+    cache = sr.BlockCache()
+    prev: dict[int, tuple[str, sr.JobRecord]] = {}
+    next_id = 100
+    for cycle, (op, x, text) in enumerate(ops):
+        if op == "stamp" and jobs:
+            jobs[x % len(jobs)] = job(jobs[x % len(jobs)]["job_id"], shape, text)
+        elif op != "same":
+            next_id = apply_op(jobs, op, x, text, next_id, shape, 1)
+            if op == "add":
+                jobs = [_flat(j) if j["job_id"] == next_id - 1 else j for j in jobs]
+        cached, full = both(render(jobs, shape), cache, forms[cycle])
+        assert cached == full
+        if isinstance(full, str):
+            jobs = [
+                j for k, j in enumerate(jobs) if j["job_id"] not in {x["job_id"] for x in jobs[:k]}
+            ]
+            continue
+        for j, r in zip(jobs, cached, strict=True):
+            if j["job_id"] in prev:
+                assert (r is prev[j["job_id"]][1]) == (prev[j["job_id"]][0] == stable_any(j))
+        prev = {j["job_id"]: (stable_any(j), r) for j, r in zip(jobs, cached, strict=True)}
+
+
+def stable_any(j: dict) -> str:
+    return stable(j) if "last_sched_evaluation" in j else json.dumps(j, sort_keys=True)
+
+
+def test_a_run_stops_at_the_first_changed_byte_and_at_the_end_of_the_document():
+    """_run: the longest run of cached items at their place, whatever its length; a document
+    that ends inside the run is no match."""
+    items = [{"job_id": str(i), "state": ["PENDING"]} for i in range(1, 40)]
+    cache = sr.BlockCache()
+    sr.parse_job_states(_listing_doc(items), "t", cache)
+    assert cache.blob is not None and len(cache.offs) == len(items) + 1
+    data = _listing_doc(items).encode()
+    start = data.index(b'"job_id"') - 6
+    for changed in (0, 1, 2, 17, 31, 37):
+        other = [dict(j) for j in items]
+        other[changed]["state"] = ["RUNNING"]
+        doc = memoryview(_listing_doc(other).encode())
+        assert sr._run(doc, start, cache.blob, cache.offs, 0, len(items)) == changed
+    # the last item is followed by the list's end, not the next item: never in a run
+    assert sr._run(memoryview(data), start, cache.blob, cache.offs, 0, len(items)) == 38
+    cut = memoryview(data[: start + cache.offs[20] - 1])
+    assert sr._run(cut, start, cache.blob, cache.offs, 0, len(items)) == 19
