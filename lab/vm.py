@@ -107,6 +107,13 @@ BOOT_MODES = ("uefi", "bios", "uefi-secureboot", "kernel")
 # qemu machine types: q35 (the VM tier's default) and pc (i440fx: what libvirt, and so
 # vagrant-libvirt, gives a domain that names no machine type).
 MACHINES = ("q35", "pc")
+# What a guest's reset does: "warm" resets the machine inside the running qemu (qemu's own
+# default); "exit" (-no-reboot) ends qemu, and the caller starts the same machine again
+# (VM.restart_after_reset), as KubeVirt's reboot policy Terminate and Firecracker do. Under
+# TCG qemu's warm reset hung twice in about ten reboots here (nothing after the kernel's "reboot:
+# machine restart", or after OVMF's "BdsDxe: starting Boot0001"); a cold start never did.
+RESETS = ("warm", "exit")
+REBOOT_LINE = "reboot: Restarting system"  # the guest kernel's last words before a reset
 # Debian's ovmf package: (code, vars template) per firmware boot mode. The 4M builds; the
 # secure-boot code needs SMM, its ".ms" vars have Microsoft's keys (Debian's shim is signed
 # by Microsoft's UEFI CA) with Secure Boot on.
@@ -283,6 +290,7 @@ class VMConfig:
     accel: str = "auto"  # auto | kvm | tcg
     boot: str = "uefi"  # uefi | bios | uefi-secureboot | kernel (BOOT_MODES)
     machine: str = "q35"  # q35 | pc (MACHINES)
+    reset: str = "warm"  # warm | exit (RESETS)
     # The overlay's size when larger than the image's disk (a cloud's bigger volume): the
     # image grows root into it at first boot. None: the image's own size.
     disk_size_mib: int | None = None
@@ -366,7 +374,7 @@ class VM:
         self._prev_term = None
         self.seed_image: Path | None = None  # built by start() when cfg.seed is set
         self._argv: list[str] | None = None  # qemu's argv, made by start()
-        self.power_cycles = 0
+        self.restarts = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> VM:
@@ -391,6 +399,10 @@ class VM:
         if cfg.machine not in MACHINES:
             raise NodeforgeError(
                 f"VM {cfg.name}: machine {cfg.machine!r} is not one of {', '.join(MACHINES)}"
+            )
+        if cfg.reset not in RESETS:
+            raise NodeforgeError(
+                f"VM {cfg.name}: reset {cfg.reset!r} is not one of {', '.join(RESETS)}"
             )
         if cfg.boot == "uefi-secureboot" and cfg.machine != "q35":
             # OVMF's Secure Boot build keeps its variables in SMM, which needs q35.
@@ -585,6 +597,8 @@ class VM:
         if cfg.rtc_offset_s:
             base = time.gmtime(time.time() + cfg.rtc_offset_s)
             argv += ["-rtc", "base=" + time.strftime("%Y-%m-%dT%H:%M:%S", base)]
+        if cfg.reset == "exit":
+            argv.append("-no-reboot")
         argv += [
             "-daemonize", "-pidfile", str(self.pidfile),
         ]  # fmt: skip
@@ -611,23 +625,41 @@ class VM:
         if self._argv is None:
             raise NodeforgeError(f"VM {self.cfg.name}: power_cycle before start")
         self._end_qemu(grace=5.0)
-        self.power_cycles += 1
+        log.warning("VM %s: power cycle", self.cfg.name)
+        self._start_again()
+
+    def restart_after_reset(self, timeout: float) -> None:
+        """With reset="exit": wait, bounded, for qemu to end on the guest's own reset, check
+        that the guest asked for it (the kernel's "reboot: Restarting system" on the console,
+        not a crash or a power-off), then start the same machine again (as power_cycle)."""
+        if self._argv is None or self.cfg.reset != "exit":
+            raise NodeforgeError(
+                f"VM {self.cfg.name}: restart_after_reset needs a started VM with reset='exit'"
+            )
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            if time.monotonic() >= deadline:
+                raise self.boot_failure("qemu still running after the guest's reboot", timeout)
+            time.sleep(1)
+        said = console_tail(self.console, lines=80)
+        if REBOOT_LINE not in said:
+            raise NodeforgeError(
+                f"VM {self.cfg.name}: qemu ended, but the guest did not reboot (no "
+                f"{REBOOT_LINE!r} on its console {self.console}); last lines:\n{said}"
+            )
+        self._end_qemu(grace=0.0)  # (its watcher)
+        log.info("VM %s: the guest reset; qemu started again", self.cfg.name)
+        self._start_again()
+
+    def _start_again(self) -> None:
+        assert self._argv is not None
+        self.restarts += 1
         if self.console.exists():
-            self.console.rename(self.console.with_name(f"console.{self.power_cycles}.log"))
+            self.console.rename(self.console.with_name(f"console.{self.restarts}.log"))
         self.pidfile.unlink(missing_ok=True)
-        log.warning("VM %s: power cycle %d", self.cfg.name, self.power_cycles)
         # Made again (an -rtc base follows the wall clock), keeping the vars the firmware wrote.
         self._argv = self.qemu_argv(self.ensure_key(), fresh=False)
         self._launch()
-
-    def firmware_stall(self) -> str | None:
-        """The console's last line when it is OVMF handing over to the disk's loader
-        (`BdsDxe: starting Boot...`) and nothing came after: a boot stuck between the
-        firmware and the loader's first output. None otherwise."""
-        if not self.console.is_file():
-            return None
-        last = console_tail(self.console, lines=1).strip()  # terminal escapes stripped
-        return last if last.startswith("BdsDxe: starting Boot") else None
 
     def stop(self, grace: float = 10.0) -> None:
         """Kill qemu (SIGTERM, then SIGKILL) and remove the overlay. Idempotent."""

@@ -31,7 +31,6 @@ import os
 import shlex
 import signal
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +47,6 @@ pytestmark = pytest.mark.e2e
 BOOT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_BOOT_TIMEOUT", "480"))
 INIT_TIMEOUT = float(os.environ.get("NODEFORGE_VM_INIT_TIMEOUT", "420"))
 # OVMF prints its hand-over line and the loader (shim, grub) writes within seconds under TCG.
-FIRMWARE_STALL_S = 120
 IMAGE_ENV = os.environ.get("NODEFORGE_VM_CLOUD_IMAGE")
 MUNGE_B64 = "bm9kZWZvcmdlLXZtLWNsb3VkLW11bmdlLWtleS0zMi1ieXRlcy1vaw=="  # test only
 S3_ADDR = "169.254.169.10"
@@ -166,6 +164,7 @@ def cloud(tmp_path_factory, cloud_image):
                 link_mac=mac,
                 inject_key=False,
                 boot="uefi",  # as EC2 and HyperPod boot it: firmware, no -kernel (issue 26)
+                reset="exit",  # a guest reboot is a fresh start of this machine (lab/vm.py RESETS)
                 **({"link_listen": link} if role == "controller" else {"link_connect": link}),
             )
             vm = VM(cfg)
@@ -297,33 +296,6 @@ def test_compute_configured_from_imds_runs_s3_extension_then_schedulable(cloud):
     assert cp.returncode != 0 and "timed out" in cp.stdout + (cp.stderr or ""), cp.stdout
 
 
-def _back_after_reboot(vm: VM, rebooted):
-    """The guest's own reboot, bounded. Under TCG, OVMF's warm reset hung once in ~10 runs
-    right after handing over to the disk (`BdsDxe: starting Boot0001`, nothing more for
-    7 min; first boots and cold starts never did). That one case, and only it, is met as a
-    cloud's stop/start: a warning with the line, then a power cycle of the same machine,
-    and the reboot's checks below hold the same. Anything else still fails here."""
-    deadline = time.monotonic() + INIT_TIMEOUT
-    while time.monotonic() < deadline:
-        back = rebooted()
-        if back:
-            return back
-        stalled_since = time.monotonic()
-        while vm.firmware_stall() and time.monotonic() - stalled_since < FIRMWARE_STALL_S:
-            time.sleep(5)
-        if vm.firmware_stall() and vm.power_cycles == 0:
-            warnings.warn(
-                f"{vm.cfg.name}: warm reset stalled in firmware for {FIRMWARE_STALL_S}s after "
-                f"{vm.firmware_stall()!r} (TCG); power-cycled, console kept as console.1.log",
-                stacklevel=2,
-            )
-            vm.power_cycle()
-            return wait_for("c1 back after a power cycle", rebooted, INIT_TIMEOUT, every=5)
-        time.sleep(5)
-    pytest.fail(f"timed out after {INIT_TIMEOUT:.0f}s waiting for c1 back after reboot",
-                pytrace=False)  # fmt: skip
-
-
 def test_reboot_keeps_identity_and_does_not_rerun_once_work(cloud):
     ctl, c1 = cloud["vms"]["ctl"], cloud["vms"]["c1"]
     ident = "cat /etc/machine-id; cat /etc/ssh/ssh_host_*_key.pub | sha256sum; hostname; " \
@@ -343,7 +315,10 @@ def test_reboot_keeps_identity_and_does_not_rerun_once_work(cloud):
         lines = cp.stdout.splitlines() if cp.returncode == 0 else []
         return lines if len(lines) == 5 and lines[3] != before[3] else None
 
-    after = _back_after_reboot(c1, rebooted)
+    # The guest's own reboot ends its qemu (reset="exit"); the same machine starts again with
+    # its disk and firmware variables, as a cloud restarts an instance that rebooted itself.
+    c1.restart_after_reset(timeout=300)
+    after = wait_for("c1 back after its reboot", rebooted, INIT_TIMEOUT, every=5)
     assert after[:3] == before[:3]  # machine-id, host keys, NodeName
     assert after[4] == before[4]  # no second copy of the admin key
     assert c1.wait_unit("nodeforge-init.service", timeout=INIT_TIMEOUT) == "active"

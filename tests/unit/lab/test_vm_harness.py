@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import signal
 import stat
 import sys
 import time
@@ -498,7 +499,7 @@ def test_power_cycle_is_a_new_qemu_on_the_same_disk_vars_and_port(tmp_path, monk
         (v.workdir / "OVMF_VARS.fd").write_bytes(b"BootOrder the firmware wrote")
         v.power_cycle()
         assert v.pid != first and v.alive() and not process_running(first)
-        assert v.port == port and v.power_cycles == 1
+        assert v.port == port and v.restarts == 1
         assert v.overlay.read_bytes() == b"the guest wrote this"
         assert (v.workdir / "OVMF_VARS.fd").read_bytes() == b"BootOrder the firmware wrote"
         assert "vm login:" in (v.workdir / "console.1.log").read_text()
@@ -514,23 +515,77 @@ def test_power_cycle_before_start_is_refused(tmp_path):
         v.power_cycle()
 
 
-@pytest.mark.parametrize(
-    ("console", "stall"),
-    [
-        (
-            'BdsDxe: loading Boot0001\nBdsDxe: starting Boot0001 "UEFI Misc Device"\n\n',
-            'BdsDxe: starting Boot0001 "UEFI Misc Device"',
-        ),
-        ('BdsDxe: starting Boot0001 "UEFI Misc Device"\nWelcome to GRUB!\n', None),
-        ("\x1b[2J\x1b[01;01HBdsDxe: starting Boot0002\r\n", "BdsDxe: starting Boot0002"),
-        ("[    0.0] Linux version 6.12\nvm login: \n", None),
-        ("", None),
-    ],
-)
-def test_firmware_stall_is_ovmf_handing_over_and_nothing_after(tmp_path, console, stall):
-    img, _ = _fake_image_and_qemu(tmp_path)
-    v = vmmod.VM(vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w"))
-    assert v.firmware_stall() is None  # no console yet
-    v.workdir.mkdir()
-    v.console.write_text(console)
-    assert v.firmware_stall() == stall
+def _exit_vm(tmp_path, monkeypatch, **kw) -> vmmod.VM:
+    img, fake = _fake_image_and_qemu(tmp_path)
+    monkeypatch.setattr(vmmod.proc, "require_tool", lambda t: t)
+    cfg = vmmod.VMConfig(
+        image_dir=img, workdir=tmp_path / "w", accel="tcg", boot="uefi", reset="exit",
+        ovmf_dir=_ovmf(tmp_path), qemu=str(fake), keep=True, **kw,
+    )  # fmt: skip
+    return vmmod.VM(cfg, runner=fake_vm_runner)
+
+
+def _guest_ends(v: vmmod.VM, last_words: str) -> None:
+    """What qemu under -no-reboot does when the guest resets: the console's last lines, then
+    the process ends."""
+    with open(v.console, "a") as f:
+        f.write(last_words)
+    assert v.pid is not None
+    os.kill(v.pid, signal.SIGKILL)
+
+
+def test_reset_exit_runs_qemu_with_no_reboot_and_warm_does_not(tmp_path):
+    v = _cloud_vm(tmp_path, reset="exit")
+    assert "-no-reboot" in v.qemu_argv("k")
+    v.cfg.reset = "warm"
+    assert "-no-reboot" not in v.qemu_argv("k")
+    for bad in ("cold", "", "exit;reboot"):
+        v.cfg.reset = bad
+        with pytest.raises(NodeforgeError, match="reset .* is not one of warm, exit"):
+            v.check_inputs()
+
+
+def test_a_guest_reboot_starts_the_same_machine_again(tmp_path, monkeypatch):
+    """reset="exit": the guest's reboot ended qemu; restart_after_reset starts a new qemu on
+    the same overlay, vars and SSH port, and keeps the console of the boot before."""
+    v = _exit_vm(tmp_path, monkeypatch)
+    with v:
+        first, port = v.pid, v.port
+        v.overlay.write_bytes(b"the guest wrote this")
+        _guest_ends(v, "[  153.8] reboot: Restarting system\n[  153.8] reboot: machine restart\n")
+        v.restart_after_reset(timeout=30)
+        assert v.pid != first and v.alive() and v.port == port and v.restarts == 1
+        assert v.overlay.read_bytes() == b"the guest wrote this"
+        assert "reboot: machine restart" in (v.workdir / "console.1.log").read_text()
+        assert "-no-reboot" in Path(f"/proc/{v.pid}/cmdline").read_text()
+    assert v.pid is None
+
+
+def test_qemu_ending_without_the_guests_reboot_is_an_error_naming_the_console(
+    tmp_path, monkeypatch
+):
+    v = _exit_vm(tmp_path, monkeypatch)
+    with v:
+        _guest_ends(v, "[   12.0] Kernel panic - not syncing: Attempted to kill init!\n")
+        with pytest.raises(NodeforgeError, match="qemu ended, but the guest did not reboot") as e:
+            v.restart_after_reset(timeout=30)
+        assert str(v.console) in str(e.value) and "Kernel panic" in str(e.value)
+        assert v.restarts == 0  # nothing started again
+
+
+def test_a_guest_that_never_resets_fails_at_the_bound(tmp_path, monkeypatch):
+    v = _exit_vm(tmp_path, monkeypatch)
+    with v:
+        t0 = time.monotonic()
+        with pytest.raises(vmmod.BootTimeout, match="qemu still running after the guest's"):
+            v.restart_after_reset(timeout=2)
+        assert 2 <= time.monotonic() - t0 < 10
+
+
+def test_restart_after_reset_needs_a_started_vm_that_exits_on_reset(tmp_path, monkeypatch):
+    v = _exit_vm(tmp_path, monkeypatch)
+    with pytest.raises(NodeforgeError, match="needs a started VM with reset='exit'"):
+        v.restart_after_reset(timeout=1)
+    v.cfg.reset = "warm"
+    with v, pytest.raises(NodeforgeError, match="needs a started VM with reset='exit'"):
+        v.restart_after_reset(timeout=1)
