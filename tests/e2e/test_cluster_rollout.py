@@ -44,6 +44,24 @@ def job_state(job: str) -> str:
     return cx("ctl", "sacct", "-n", "-X", "-P", "-j", job, "-o", "State", check=False).strip()
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
+
+
+def completes(job: str, what: str, timeout: float = 240) -> None:
+    """*job* ends COMPLETED within *timeout*; otherwise the failure shows its state and
+    Slurm's own account of it and the nodes (a job that failed is not waited on)."""
+    state = ""
+    try:
+        state = wait_for(
+            what, lambda: next((e for e in ENDED if job_state(job).startswith(e)), ""), timeout
+        )
+    finally:
+        if state != "COMPLETED":
+            print(cx("ctl", "scontrol", "show", "job", job, check=False))
+            print(cx("ctl", "sinfo", "-N", "-o", "%N %T %E", check=False))
+    assert state == "COMPLETED", f"{what}: job {job} ended {state}"
+
+
 def states() -> dict[str, str]:
     out = cx("ctl", "sinfo", "-h", "-N", "-o", "%N|%T")
     return dict(line.split("|", 1) for line in out.split() if "|" in line)
@@ -139,9 +157,9 @@ def test_rollout_canary_batches_requeue_and_restore(built_image, tmp_path):
         assert cx("ctl", "squeue", "-h", "-j", held, "-o", "%T").strip() == "PENDING"
         cx("ctl", "scontrol", "release", held)
         # The requeued job ran again and completed; the queued jobs ran after the rollout.
-        wait_for("the requeued job to complete", lambda: job_state(running) == "COMPLETED", 240)
-        wait_for("the queued job to complete", lambda: job_state(queued) == "COMPLETED", 240)
-        wait_for("the held job to complete", lambda: job_state(held) == "COMPLETED", 240)
+        completes(running, "the requeued job to complete")
+        completes(queued, "the queued job to complete")
+        completes(held, "the held job to complete")
         runs = cx("ctl", "sacct", "-n", "-X", "-D", "-P", "-j", running, "-o", "State").split()
         assert runs[0] == "REQUEUED" and runs[-1] == "COMPLETED", runs
         hist = cx("ctl", "sacct", "-n", "-X", "-P", "-o", "JobID").split()
