@@ -37,10 +37,13 @@ from nodeforge.gang import config as gcfg
 from nodeforge.gang.governor import Governor
 from nodeforge.gang.slurm_view import SlurmCli, Snapshot
 
-SCALE_CONF = """MaxJobCount=120000
-MaxArraySize=60001
+QUEUE_CONF = "MaxJobCount=120000\n"  # Slurm's default (10000) would refuse the queues
+SCALE_CONF = (
+    QUEUE_CONF
+    + """MaxArraySize=60001
 PartitionName=scale Nodes=ALL Default=NO MaxTime=INFINITE State=UP OverSubscribe=FORCE:64
 """
+)
 _RPC = re.compile(r"^\s+([A-Z_]+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:\d+\s+total_time:(\d+)")
 
 

@@ -1000,9 +1000,9 @@ def cmd_deadline(args) -> None:
 
         if args.image is None:
             raise SystemExit("deadline --slurm 24.11 needs --image (output dir of a build)")
-        # Slurm's default MaxJobCount (10000) would refuse the queue beside the rounds' gang
-        extra = "MaxJobCount=120000\n" if args.queued else ""
-        lab = ClusterLab(args.image, nodes=2, extra_conf=extra)
+        from gang_live_cycle import QUEUE_CONF
+
+        lab = ClusterLab(args.image, nodes=2, extra_conf=QUEUE_CONF if args.queued else "")
         backend = "Slurm 24.11 local cluster (image)"
     else:
         if args.queued:

@@ -28,7 +28,8 @@ lane_failed() { [ "$1" -ne 0 ] && { [ "$1" -ne 5 ] || [ "$2" -eq 0 ]; }; }
 rc=0
 # shellcheck disable=SC2046  # the lane's paths are words
 NODEFORGE_E2E_DIR=$base "$PY" -m pytest "${E2E[@]}" $(lane_paths build) "$@" || rc=$?
-echo "e2e: lane build ended with exit $rc after $(( $(date +%s) - start ))s"
+build_rc=$rc
+echo "e2e: lane build ended with exit $build_rc after $(( $(date +%s) - start ))s"
 lane_failed "$rc" $# || rc=0
 image=${NODEFORGE_E2E_IMAGE:-$base/image}
 if [ ! -f "$image/manifest.json" ]; then
@@ -66,7 +67,7 @@ for i in "${!pids[@]}"; do
 done
 trap - INT TERM
 wait  # the output filters: every lane's last lines are printed before the summary
-echo "e2e: lanes finished after $(( $(date +%s) - start ))s (build lane: exit $rc)"
+echo "e2e: lanes finished after $(( $(date +%s) - start ))s (build lane: exit $build_rc)"
 for i in "${!names[@]}"; do
   log="$base/lane-${names[$i]}.log"
   echo "e2e: lane ${names[$i]} ended with exit ${lane_rcs[$i]}: $(grep -E '^=+ .* in [0-9.]+s' "$log" | tail -n 1)"

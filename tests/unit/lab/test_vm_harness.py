@@ -477,22 +477,22 @@ def test_rtc_offset_starts_the_vm_clock_skewed_and_is_checked(tmp_path):
             _cloud_vm(tmp_path, rtc_offset_s=bad).check_inputs()
 
 
+def _firmware_vm(tmp_path, monkeypatch, **kw) -> vmmod.VM:
+    """A UEFI VM on the fake qemu (it daemonizes, writes a console and hangs)."""
+    img, fake = _fake_image_and_qemu(tmp_path)
+    monkeypatch.setattr(vmmod.proc, "require_tool", lambda t: t)
+    cfg = vmmod.VMConfig(
+        image_dir=img, workdir=tmp_path / "w", accel="tcg", boot="uefi",
+        ovmf_dir=_ovmf(tmp_path), qemu=str(fake), keep=True, **kw,
+    )  # fmt: skip
+    return vmmod.VM(cfg, runner=fake_vm_runner)
+
+
 def test_power_cycle_is_a_new_qemu_on_the_same_disk_vars_and_port(tmp_path, monkeypatch):
     """A power cycle: the old qemu is gone, a new one runs with the same overlay (what the
     guest wrote stays), the vars the firmware wrote, the same SSH port; the console so far
     is kept beside the new one."""
-    img, fake = _fake_image_and_qemu(tmp_path)
-    monkeypatch.setattr(vmmod.proc, "require_tool", lambda t: t)
-    cfg = vmmod.VMConfig(
-        image_dir=img,
-        workdir=tmp_path / "w",
-        accel="tcg",
-        boot="uefi",
-        ovmf_dir=_ovmf(tmp_path),
-        qemu=str(fake),
-        keep=True,
-    )
-    v = vmmod.VM(cfg, runner=fake_vm_runner)
+    v = _firmware_vm(tmp_path, monkeypatch)
     with v:
         first, port = v.pid, v.port
         v.overlay.write_bytes(b"the guest wrote this")
@@ -513,16 +513,6 @@ def test_power_cycle_before_start_is_refused(tmp_path):
     v = vmmod.VM(vmmod.VMConfig(image_dir=img, workdir=tmp_path / "w"))
     with pytest.raises(NodeforgeError, match="power_cycle before start"):
         v.power_cycle()
-
-
-def _exit_vm(tmp_path, monkeypatch, **kw) -> vmmod.VM:
-    img, fake = _fake_image_and_qemu(tmp_path)
-    monkeypatch.setattr(vmmod.proc, "require_tool", lambda t: t)
-    cfg = vmmod.VMConfig(
-        image_dir=img, workdir=tmp_path / "w", accel="tcg", boot="uefi", reset="exit",
-        ovmf_dir=_ovmf(tmp_path), qemu=str(fake), keep=True, **kw,
-    )  # fmt: skip
-    return vmmod.VM(cfg, runner=fake_vm_runner)
 
 
 def _guest_ends(v: vmmod.VM, last_words: str) -> None:
@@ -548,7 +538,7 @@ def test_reset_exit_runs_qemu_with_no_reboot_and_warm_does_not(tmp_path):
 def test_a_guest_reboot_starts_the_same_machine_again(tmp_path, monkeypatch):
     """reset="exit": the guest's reboot ended qemu; restart_after_reset starts a new qemu on
     the same overlay, vars and SSH port, and keeps the console of the boot before."""
-    v = _exit_vm(tmp_path, monkeypatch)
+    v = _firmware_vm(tmp_path, monkeypatch, reset="exit")
     with v:
         first, port = v.pid, v.port
         v.overlay.write_bytes(b"the guest wrote this")
@@ -564,7 +554,7 @@ def test_a_guest_reboot_starts_the_same_machine_again(tmp_path, monkeypatch):
 def test_qemu_ending_without_the_guests_reboot_is_an_error_naming_the_console(
     tmp_path, monkeypatch
 ):
-    v = _exit_vm(tmp_path, monkeypatch)
+    v = _firmware_vm(tmp_path, monkeypatch, reset="exit")
     with v:
         _guest_ends(v, "[   12.0] Kernel panic - not syncing: Attempted to kill init!\n")
         with pytest.raises(NodeforgeError, match="qemu ended, but the guest did not reboot") as e:
@@ -574,7 +564,7 @@ def test_qemu_ending_without_the_guests_reboot_is_an_error_naming_the_console(
 
 
 def test_a_guest_that_never_resets_fails_at_the_bound(tmp_path, monkeypatch):
-    v = _exit_vm(tmp_path, monkeypatch)
+    v = _firmware_vm(tmp_path, monkeypatch, reset="exit")
     with v:
         t0 = time.monotonic()
         with pytest.raises(vmmod.BootTimeout, match="qemu still running after the guest's"):
@@ -583,7 +573,7 @@ def test_a_guest_that_never_resets_fails_at_the_bound(tmp_path, monkeypatch):
 
 
 def test_restart_after_reset_needs_a_started_vm_that_exits_on_reset(tmp_path, monkeypatch):
-    v = _exit_vm(tmp_path, monkeypatch)
+    v = _firmware_vm(tmp_path, monkeypatch, reset="exit")
     with pytest.raises(NodeforgeError, match="needs a started VM with reset='exit'"):
         v.restart_after_reset(timeout=1)
     v.cfg.reset = "warm"
