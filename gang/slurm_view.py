@@ -232,19 +232,75 @@ _KEY = operator.attrgetter("job_id")
 class JobCache:
     """Between cycles: each job's JSON text -> JobRecord, and record -> JobObs; and the last
     records list with its observations (the reader hands out the same list while no record
-    changed: then the same observations, with no pass over the queue)."""
+    changed: then the same observations, with no pass over the queue). A list as long as the
+    last one that differs from it in a few places (a running job's record changed, the rest
+    of a 50k queue kept) is patched there: the last observations, copied, with the changed
+    places observed again (_patch), not a pass over every record."""
 
     def __init__(self) -> None:
         self.records = slurm_records.BlockCache()
         self.obs: dict[int, tuple[JobRecord, JobObs]] = {}
-        self.last: tuple[list[JobRecord], list[JobObs]] | None = None
+        # (records, their observations, whether they are in the same places: no het job)
+        self.last: tuple[list[JobRecord], list[JobObs], bool] | None = None
 
     def observe(self, records: list[JobRecord]) -> list[JobObs]:
-        if self.last is not None and self.last[0] is records:
-            return self.last[1]
+        last = self.last
+        if last is not None:
+            if last[0] is records:
+                return last[1]
+            if last[2]:
+                out = _patch(records, last[0], last[1], self.obs)
+                if out is not None:
+                    self.last = (records, out, True)
+                    return out
         out = jobs_from_records(records, self.obs)
-        self.last = (records, out)
+        # (het components are merged into one observation, after the others: places differ)
+        self.last = (records, out, len(out) == len(records) and not _any_het(records))
         return out
+
+
+PATCH_SHARE = 0.125  # beyond this share of places changed, the whole pass (C level) is cheaper
+_HET = operator.attrgetter("het_job_id")
+
+
+def _any_het(records: list[JobRecord]) -> bool:
+    return any(h is not None for h in map(_HET, records))
+
+
+def _patch(
+    records: list[JobRecord],
+    last: list[JobRecord],
+    last_obs: list[JobObs],
+    cache: dict[int, tuple[JobRecord, JobObs]],
+) -> list[JobObs] | None:
+    """jobs_from_records(*records*, *cache*) for a list in which the same jobs stand in the
+    same places as in *last* (no het job, whose components are merged), found at C level;
+    None where that does not hold (another length, many places changed, a het record, a
+    place that now holds another job, a cache that needs its rebuild): then the caller
+    takes the whole pass. Observations stay one per place and keys stay unique, as in
+    *last_obs*."""
+    n = len(records)
+    if n != len(last):
+        return None
+    changed = list(compress(range(n), map(operator.is_not, records, last)))
+    if len(changed) > PATCH_SHARE * n:
+        return None
+    out = list(last_obs)
+    for i in changed:
+        r = records[i]
+        if r.het_job_id is not None:
+            return None
+        hit = cache.get(id(r))
+        o = hit[1] if hit is not None else obs_from_record(r)
+        if o.job_id != last_obs[i].job_id:
+            return None  # another job in this place (one left, one came)
+        out[i] = o
+        if hit is None:
+            cache[id(r)] = (r, o)  # (entries of the records replaced stay until the rebuild)
+    if len(cache) > 2 * n + CACHE_SLACK:  # jobs_from_records' bound, and its rebuild
+        cache.clear()
+        cache.update(zip(map(id, records), zip(records, out, strict=True), strict=True))
+    return out
 
 
 def parse_jobs(

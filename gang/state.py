@@ -133,6 +133,9 @@ class GovState:
     # Not persisted: which records the next decide() must look at although nothing changed
     # (policy._Watch); None: it looks at every job.
     watch: object = field(default=None, compare=False, repr=False)
+    # Not persisted: policy.full_reads/settled_reads of this state (policy._Reads), made
+    # once, or carried forward by decide() from the last state's; None: made when asked.
+    reads: object = field(default=None, compare=False, repr=False)
 
 
 # A record's fields at their defaults are left out of the file (from_json restores them):

@@ -863,7 +863,9 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
     phase would not change, and with the same node map and config it looks only at the jobs
     that changed, loud records and records whose clock is due (policy._Watch); over random
     cycles (clocks running, nodes failing, holds, requeues by Slurm, jobs purged and coming
-    back) the result must equal a decide() that sees no previous observation at all."""
+    back) the result must equal a decide() that sees no previous observation at all. The
+    reads the governor asks for next (full_reads, settled_reads), carried forward from the
+    last state's by the keys decide() looked at, must equal a walk of the records."""
     import random
 
     from nodeforge.gang import policy
@@ -893,7 +895,7 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
     nodes = {n: OK for n in "abcd"}
     jobs: dict[str, JobObs | None] = {str(i): None for i in range(1, 7)}
     st, t = GovState(), T0
-    fast = 0
+    fast = carried = 0
     for _ in range(40):
         t += rng.choice([0, 0.5, 1, 3, 6, 1800])  # (1800: done records of gone jobs expire)
         if rng.random() < node_churn:
@@ -914,13 +916,21 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
         blind = replace(st, seen_jobs={}, seen_nodes=None, watch=None)  # nothing to skip
         full, full_acts = decide(c, blind, s, t)
         fast += isinstance(st.watch, policy._Watch)
+        # what the governor asks before each snapshot (made by a walk, or carried forward)
+        need, settled = policy.full_reads(c, st), policy.settled_reads(st)
         quick, quick_acts = decide(c, st, s, t)
+        carried += isinstance(quick.reads, policy._Reads)
         assert quick_acts == full_acts
         assert quick.jobs.keys() == full.jobs.keys()
         for k, r in quick.jobs.items():
             diff = {f: (v, full.jobs[k].__dict__[f]) for f, v in r.__dict__.items()}
             assert {f: v for f, v in diff.items() if v[0] != v[1]} == {}, (k, st.jobs.get(k))
         assert {k: v.__dict__ for k, v in st.jobs.items()} == before  # input not mutated
+        walked = replace(st, reads=None)  # the reads of the input state, by a walk
+        assert (need, settled) == (policy.full_reads(c, walked), policy.settled_reads(walked))
+        walked = replace(quick, reads=None)  # and of the new one (carried forward, or made)
+        assert policy.full_reads(c, quick) == policy.full_reads(c, walked)
+        assert policy.settled_reads(quick) == policy.settled_reads(walked)
         # the wake-up read from the watch is the walk's
         for later in (t, t + 0.5, t + 3, t + 7):
             assert policy.next_deadline(c, quick, later) == policy.next_deadline(
@@ -928,6 +938,7 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
             )
         st = quick
     assert block or fast > 0  # the look-only-at-changes path was taken
+    assert block or carried > 0  # and the reads carried forward from the last state's
 
 
 @settings(max_examples=200, deadline=None)
@@ -957,3 +968,17 @@ def test_readiness_reads_no_flag_outside_read_flags(flags, state):
     assert readiness.check(j, nodes) == readiness.check(j, seen)
     assert readiness.still_ready(j, nodes, 2) == readiness.still_ready(j, seen, 2)
     assert readiness.unready_nodes(j, nodes) == readiness.unready_nodes(j, seen)
+
+
+def test_full_reads_follow_a_reloaded_config():
+    """The reads a state made for one config are not another's: a pending gang is read in
+    full every cycle once block_admission is turned on (its hold decides the queue), and
+    no longer once it is turned off again."""
+    from nodeforge.gang import policy
+
+    plain, block = cfg(), cfg(block_admission=True)
+    st, _ = run(plain, GovState(), snap(job(state="PENDING", nodes=())), T0)
+    assert st.jobs["1"].phase == "pending"
+    assert policy.full_reads(plain, st) == frozenset()
+    assert policy.full_reads(block, st) == {"1"}
+    assert policy.full_reads(plain, st) == frozenset()

@@ -9,6 +9,7 @@ import json
 import mmap
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -286,6 +287,100 @@ def test_governor_observations_from_its_cache_are_the_uncached_ones(names, ops, 
             prev = {str(j["job_id"]): (stable(j), o) for j, o in zip(jobs, cached, strict=True)}
     finally:
         gs.CACHE_SLACK = saved
+
+
+# -- the governor's observations, patched by place (gang.slurm_view.JobCache) ---------------
+
+RECORD_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["same", "restart", "swap", "drop", "add", "het", "het1", "task", "fresh", "dup"]
+        ),
+        st.integers(0, 30),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(0, 12), ops=RECORD_OPS, slack=st.sampled_from([0, 1, 1024]))
+def test_patched_observations_are_the_whole_pass(size, ops, slack):
+    """JobCache.observe over random record lists (the reader's: the same objects for
+    unchanged jobs; a running job restarts, another job takes a place, jobs leave and come,
+    het components and array tasks appear): the observations equal jobs_from_records of the
+    list with no cache, an unchanged record's observation is the same object as last
+    cycle's, the cache stays bounded, and the patch by place is taken whenever only a few
+    places of a plain list changed."""
+    from nodeforge.gang import slurm_view as gs
+    from nodeforge.slurm_records import JobRecord
+
+    def rec(jid: int, **kw) -> JobRecord:
+        return JobRecord(jid, "RUNNING", "RUNNING", frozenset(), "None", 2, ("a1", "a2"), **kw)
+
+    records = [rec(i) for i in range(1, size + 1)]
+    cache = gs.JobCache()
+    patches: list[bool] = []
+    real = gs._patch
+
+    def spy(*a):
+        out = real(*a)
+        patches.append(out is not None)
+        return out
+
+    saved, gs.CACHE_SLACK, gs._patch = gs.CACHE_SLACK, slack, spy
+    try:
+        for op, x in ops:
+            records = list(records)  # (the reader's: a new list when anything changed)
+            i = x % len(records) if records else 0
+            new_id = max((r.job_id for r in records), default=0) + 1
+            if op == "restart" and records:
+                records[i] = replace(records[i], restarts=records[i].restarts + 1)
+            elif op == "swap" and records:  # another job in this place
+                records[i] = rec(new_id)
+            elif op == "drop" and records:
+                records.pop(i)
+            elif op == "add":
+                records.insert(i, rec(new_id))
+            elif op == "het" and records:  # a het job's two components
+                records[i : i + 1] = [
+                    rec(new_id, het_job_id=new_id, het_job_offset=0),
+                    rec(new_id + 1, het_job_id=new_id, het_job_offset=1),
+                ]
+            elif op == "het1" and records:  # this job now a het job's one component
+                r = records[i]
+                records[i] = replace(r, het_job_id=r.job_id, het_job_offset=0)
+            elif op == "dup" and len(records) > 1:  # a job listed twice (never by slurmctld)
+                records[i] = replace(records[(i + 1) % len(records)])
+            elif op == "task" and records:  # an array task in this place
+                records[i] = rec(new_id, array_job_id=new_id, array_task_id=x)
+            elif op == "fresh" and records:  # an equal record, a new object
+                records[i] = replace(records[i])
+            last = cache.last
+            n_before = len(patches)
+            try:
+                want = gs.jobs_from_records(records)
+            except sr.SlurmDataError as exc:  # the same error from the cache, then no list
+                with pytest.raises(sr.SlurmDataError, match=re.escape(str(exc))):
+                    cache.observe(records)
+                records.pop(i)
+                continue
+            got = cache.observe(records)
+            assert got == want
+            assert len(cache.obs) <= 2 * len(records) + slack
+            if last is None or last[0] is records:
+                continue
+            plain = last[2] and not any(r.het_job_id is not None for r in records)
+            same_jobs = [o.job_id for o in last[1]] == [o.job_id for o in got]
+            if plain and same_jobs and len(records) == len(last[0]):
+                for k, (a, b) in enumerate(zip(last[0], records, strict=True)):
+                    if a is b:  # an unchanged record: last cycle's very observation
+                        assert got[k] is last[1][k]
+                changed = sum(a is not b for a, b in zip(last[0], records, strict=True))
+                if changed <= gs.PATCH_SHARE * len(records):
+                    assert patches[n_before:] == [True]  # patched, no whole pass
+    finally:
+        gs.CACHE_SLACK, gs._patch = saved, real
 
 
 # -- nodes: the same cached read for the node list (the governor's node map every cycle) --
