@@ -14,7 +14,9 @@ message type, before/after). Two read paths, same governor, same queue:
 FIXTURE lab config on top of the gang e2e's (MaxJobCount, MaxArraySize, an oversubscribed
 partition `scale` so 4 small nodes run >= 100 2-node jobs). --prefix-file attaches to a lab
 started elsewhere (one line per argv word of the controller's command prefix; the lab must
-carry the same fixture config). Every wait is bounded.
+carry the same fixture config). --calls also times, per queue size, the read plan's calls
+standalone (the state listing, `squeue --jobs` of 1-64 ids, `scontrol show job --json ID`):
+read_plan.FEW_IDS is their break-even. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -190,6 +192,40 @@ def measure(prefix: list[str], mode: str, cycles: int, tmp: Path, stale: float) 
     }
 
 
+CALL_IDS = (1, 2, 4, 8, 16, 32, 64)  # squeue --jobs sizes timed by --calls
+
+
+def call_costs(prefix: list[str], repeat: int = 5) -> dict:
+    """The read plan's calls on this queue, standalone, median of *repeat* (read_plan.py's
+    FEW_IDS break-even: one `scontrol show job --json ID` per plain id against one `squeue
+    --jobs` of them all): the state listing, squeue with k pending ids, scontrol by id for a
+    pending and a running job. Wall ms, client and slurmctld together, as a cycle waits."""
+    out = proc.run(
+        [*prefix, "squeue", "-h", "-t", "PD", "-o", "%i", "--sort=i"], timeout=120
+    ).stdout.split()
+    pending = [x for x in out if x.isdigit()]
+    running = proc.run([*prefix, "squeue", "-h", "-t", "R", "-o", "%i"], timeout=120).stdout.split()
+    if len(pending) < max(CALL_IDS) or not running:
+        raise SystemExit(f"--calls: {len(pending)} pending, {len(running)} running jobs")
+
+    def ms(argv: list[str]) -> float:
+        v = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            proc.run([*prefix, *argv], timeout=120)
+            v.append((time.perf_counter() - t) * 1000)
+        return round(statistics.median(v), 1)
+
+    step = len(pending) // max(CALL_IDS)  # ids spread over the queue, not its head
+    res = {"listing": ms(["squeue", "--json", "--only-job-state", "--states=all"])}
+    for k in CALL_IDS:
+        ids = ",".join(pending[i * step] for i in range(k))
+        res[f"squeue_jobs_{k}"] = ms(["squeue", "--json", "--states=all", f"--jobs={ids}"])
+    res["scontrol_pending"] = ms(["scontrol", "show", "job", "--json", pending[len(pending) // 2]])
+    res["scontrol_running"] = ms(["scontrol", "show", "job", "--json", running[0]])
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -199,6 +235,7 @@ def main() -> None:
     ap.add_argument("--cycles-planned", type=int, default=20)
     ap.add_argument("--prefix-file")
     ap.add_argument("--stale", default="30", help="planned runs, one per STALE_SECONDS value")
+    ap.add_argument("--calls", action="store_true", help="also time the read plan's calls")
     a = ap.parse_args()
     lab = None
     if a.prefix_file:
@@ -240,6 +277,10 @@ def main() -> None:
                 c = counts(prefix)
                 print(f"queued {c.get('PENDING', 0)} running {c.get('RUNNING', 0)} "
                       f"(submitted {more} in {time.monotonic() - t:.0f} s)", flush=True)  # fmt: skip
+                if a.calls:
+                    r = {"mode": "calls", "queued": c.get("PENDING", 0), **call_costs(prefix)}
+                    results["runs"].append(r)
+                    print(json.dumps(r), flush=True)
                 runs = [("full", a.cycles_full, 0.0)] if a.cycles_full else []
                 runs += [("planned", a.cycles_planned, float(x)) for x in a.stale.split(",")]
                 for mode, n, stale in runs:

@@ -628,6 +628,21 @@ def cmd_cycle(args) -> None:
     )
 
 
+def _churn(jobs: list[dict], k: int, rng: random.Random) -> None:
+    """*k* pending jobs leave the queue (anywhere in it) and *k* new pending jobs, copies of
+    one with new ids, arrive at its end (slurmctld lists its jobs in submission order)."""
+    pending = [i for i, j in enumerate(jobs) if j["job_state"] in ("PENDING", ["PENDING"])]
+    template = jobs[pending[0]]
+    for i in sorted(rng.sample(pending, min(k, len(pending))), reverse=True):
+        del jobs[i]
+    top = max(j["job_id"] for j in jobs)
+    for jid in range(top + 1, top + 1 + k):
+        new = dict(template, job_id=jid, name=f"j{jid}", restart_cnt=0)
+        if "standard_output" in template:
+            new["standard_output"] = f"/home/u/slurm-{jid}.out"
+        jobs.append(new)
+
+
 def _toggler(key: str) -> Callable[[dict], None]:
     """Drain or resume a node of the document (DRAIN in `key`: 22.05's state_flags, 24.11's
     state list), with the operator's reason."""
@@ -855,8 +870,10 @@ def _cycle_run(
 
     gc.callbacks.append(on_gc)
 
-    def one(st, change: float, node_change: float = 0.0, profile: bool = True):
+    def one(st, change: float, node_change: float = 0.0, churn: float = 0.0, profile=True):
         nonlocal saved
+        if churn:  # a share *churn* of the queue leaves (cancelled) and as many new jobs come
+            _churn(jobs, max(1, int(len(jobs) * churn)), rng)
         # a share *change* of the jobs changes between cycles (restarts: a requeue by Slurm)
         for k in rng.sample(range(len(jobs)), int(len(jobs) * change)):
             jobs[k]["restart_cnt"] += 1
@@ -928,14 +945,15 @@ def _cycle_run(
     for v in in_cycle.values():  # the first (cold) cycle is not in the figures
         v.clear()
     cases = (
-        ("steady (nothing changed)", 0.0, 0.0),
-        ("1% of jobs changed", 0.01, 0.0),
-        ("1% of jobs + 1% of nodes drained/resumed", 0.01, 0.01),
+        ("steady (nothing changed)", 0.0, 0.0, 0.0),
+        ("1% of jobs changed", 0.01, 0.0, 0.0),
+        ("1% of jobs + 1% of nodes drained/resumed", 0.01, 0.01, 0.0),
+        ("1% changed, 0.1% leave, 0.1% arrive", 0.01, 0.0, 0.001),
     )
-    for label, change, node_change in cases:
+    for label, change, node_change, churn in cases:
         ts, nbytes = [], 0
         for _ in range(args.repeat):
-            st, t, nbytes = one(st, change, node_change)
+            st, t, nbytes = one(st, change, node_change, churn)
             ts.append(t)
             between()
         p_, d_, s_, w_, cp_, cd_, cs_ = (

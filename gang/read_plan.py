@@ -8,10 +8,12 @@ jobs whose decisions read nothing but their state. On Slurm >= 24.05 a cycle rea
    prints it, `N`, `JobId_T` or `JobId+Offset`, and its state; no user text), parsed with
    the same grammars as a full record (slurm_records.parse_job_states);
 2. in full, `squeue --json --states=all --jobs=...` (the same records as scontrol's, checked
-   on 24.11), or for at most FEW_IDS plain job ids (no array, no het job) one `scontrol show
-   job --json ID` each (slurmctld's single-job RPC, the same record: squeue loads every job
-   in the client, ~210 ms at 50k queued, the single read ~7 ms): every job that is not plainly PENDING (running, configuring, completing,
-   suspended, finished, PENDING with a flag), every job whose listed state differs from its
+   on 24.11), or for at most few_ids() plain job ids (no array, no het job; 4 up to 10k
+   listed jobs, one more per 2,000, at most 24) one `scontrol show job --json ID` each
+   (slurmctld's single-job RPC, the same record: squeue loads every job in the client,
+   ~50 ms at 10k queued and ~230 ms at 50k, the single read 7-10 ms): every job that is not
+   plainly PENDING (running, configuring, completing, suspended, finished, PENDING with a
+   flag), every job whose listed state differs from its
    last full record or that has none (new), an array's record of pending tasks whose task
    ids differ from the listed ones, the gangs the governor names (policy.full_reads:
    backoff, deactivated, block_admission's), a het job's every component with any one,
@@ -21,8 +23,8 @@ jobs whose decisions read nothing but their state. On Slurm >= 24.05 a cycle rea
    cycle reads in full anyway, REFRESH_EVERY seconds after the last one, or when a record
    would pass the bound before the next: squeue filters --jobs in the client (slurmctld
    packs every job), so a full read of 30 ids costs about what one of 2 does, and a
-   quiet cycle (9 in 10 with a quiet queue) makes none; a cycle whose own reads are a few
-   plain ids (read one by one) takes no batch along.
+   quiet cycle (2 in 3 with a quiet queue) makes none; a cycle whose own reads are a few
+   plain ids (read one by one) takes no batch along unless one is due.
 
 Every other pending job keeps its last full record (the same object, so the policy sees the
 same observation and keeps its decision record as it is). What such a record may miss, for
@@ -61,12 +63,26 @@ FULL_SHARE = 0.5
 # kept records refreshed per cycle, at most: a batch of 200 costs squeue ~440 ms at 50k
 # queued (~200 ms + ~1.2 ms an id; 500: ~790 ms), so a refresh cycle stays under 1 s there
 REFRESH_MAX = 200
-REFRESH_EVERY = 10.0  # seconds between refreshes of a quiet queue (at most stale / 10)
+# Seconds between refreshes of a quiet queue (at most stale / 10): a batch of the share of
+# the kept records due in that time. At 10k queued that is 100 ids every 3 s, ~90 ms of
+# `squeue --jobs` (49 ms + 0.4 ms an id, measured live on 24.11.5): the refresh cycle stays
+# within the 250 ms goal, where 10 s (200 ids, the REFRESH_MAX cap) made it ~270 ms.
+REFRESH_EVERY = 3.0
 MAX_IDS = 4000  # ~40 kB of argv: far below Linux's 128 kB per argument
-# Up to this many plain ids, one `scontrol show job --json ID` each (~7 ms: slurmctld's
-# single-job RPC) beats one `squeue --jobs` (~210 ms at 50k queued, measured live on 24.11;
-# ~50 ms at 10k, estimated: it loads every job) (bench/README-gang.md, `live`).
-FEW_IDS = 8
+# Up to few_ids(listed) plain ids, one `scontrol show job --json ID` each (7-10 ms:
+# slurmctld's single-job RPC) beats one `squeue --jobs`, which loads every job in the
+# client: 49-74 ms for 2-64 ids at 10k queued, 233-313 ms at 50k (~4.7 us a queued job,
+# + 0.4-1.2 ms an id), measured live on 24.11.5 (bench/README-gang.md, `calls`). The
+# break-even is ~7 ids at 10k and ~25 at 50k: one id more per QUEUED_PER_ID listed jobs.
+FEW_IDS_MIN, FEW_IDS_MAX = 4, 24
+QUEUED_PER_ID = 2000
+
+
+def few_ids(listed: int) -> int:
+    """How many plain ids a cycle reads one by one, with *listed* jobs in the listing."""
+    return max(FEW_IDS_MIN, min(FEW_IDS_MAX, listed // QUEUED_PER_ID))
+
+
 # A settled job's node with any of these (or none of HELD_FLAGS, or not listed) is read in
 # full: what readiness reads (its READ_FLAGS, spelled out: read_plan must not import the
 # policy) and the node no longer being allocated (a shrink; FUTURE/IDLE).
@@ -207,7 +223,7 @@ class Plan:
     asked: set[int]
     refreshed: bool = False  # the kept records' refresh is in *requests*
     listed: set[int] = field(default_factory=set)  # known records the listing names (+ asked)
-    by_id: bool = False  # *requests* are at most FEW_IDS plain job ids: read one by one
+    by_id: bool = False  # *requests* are at most few_ids() plain job ids: read one by one
     all_listed: bool = False  # *listed* holds every known record: assemble drops none unasked
 
 
@@ -303,11 +319,12 @@ def plan(
     # contested ones; a record is one or the other, kept or read, never both)
     listed = b.listed | metas if metas else b.listed
     cached = _Kept(b.kept, extra - asked)
-    squeue = bool(odd) or len(requests) > FEW_IDS  # (else: a few plain ids, one by one)
+    few = few_ids(len(listing))
+    squeue = bool(odd) or len(requests) > few  # (else: a few plain ids, one by one)
     refreshed = bool(cached) and _refresh(known, cached, squeue, now, elapsed, stale, read)
     if len(requests) > FULL_SHARE * len(listing) or len(requests) > MAX_IDS:
         return Plan(None, set())
-    by_id = not odd and 0 < len(requests) <= FEW_IDS
+    by_id = not odd and 0 < len(requests) <= few
     # (*listed* is a subset of the known records: as many means all of them)
     return Plan(requests, asked, refreshed, listed, by_id, len(listed) == len(known.records))
 

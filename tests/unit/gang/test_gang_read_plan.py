@@ -629,7 +629,7 @@ def test_the_plans_need_check_by_listed_name_is_the_records_own():
             assert fast >= full and (fast == full or (k == "23_3" and "23_3" in need))
 
 
-# ---- a few plain ids: one `scontrol show job --json ID` each (read_plan.FEW_IDS) -----------
+# ---- a few plain ids: one `scontrol show job --json ID` each (read_plan.few_ids) -----------
 
 
 def test_a_few_new_or_changed_plain_jobs_are_read_one_by_one_without_a_refresh(tmp_path):
@@ -640,19 +640,33 @@ def test_a_few_new_or_changed_plain_jobs_are_read_one_by_one_without_a_refresh(t
 
     jobs = [job(i) for i in range(1, 301)] + [job(500, "RUNNING")]
     lab = Lab(tmp_path, jobs)
-    lab.cli.stale_seconds = 300.0  # (the refresh every 10 s: none in the cycles below)
+    lab.cli.stale_seconds = 300.0  # (a refresh every 3 s: none due in the cycles below)
     lab.planned()
-    for k in range(1, rp.FEW_IDS):  # k new jobs (and the running one) each cycle
+    few = rp.few_ids(len(jobs) + 30)  # (the most this test lists before its last cycle)
+    assert few == rp.FEW_IDS_MIN
+    for k in range(1, few):  # k new jobs (and the running one) each cycle
         new = [job(1000 + 10 * k + i) for i in range(k)]
         jobs.extend(new)
-        snap, read = lab.planned()
+        snap, read = lab.planned(dt=0.5)
         assert snap.jobs == lab.full()
         assert read == {500} | {j["job_id"] for j in new}
         assert lab.modes == ["one"] * (k + 1)
-    jobs.extend(job(2000 + i) for i in range(rp.FEW_IDS))  # more than FEW_IDS: squeue
-    snap, read = lab.planned()  # (a squeue read takes a refresh batch along: it costs no more)
+    jobs.extend(job(2000 + i) for i in range(few))  # more than few_ids(): squeue
+    snap, read = lab.planned(dt=0.5)  # (a squeue read takes a refresh batch along)
     assert snap.jobs == lab.full() and lab.modes == ["full"]
-    assert read >= {500} | set(range(2000, 2000 + rp.FEW_IDS))
+    assert read >= {500} | set(range(2000, 2000 + few))
+
+
+def test_how_many_ids_are_read_one_by_one_grows_with_the_queue():
+    """squeue's --jobs read loads every job in the client, so its cost grows with the queue
+    while a single-job read does not: the break-even measured live on 24.11.5 is ~7 ids at
+    10k queued and ~25 at 50k (bench/README-gang.md, `calls`)."""
+    from nodeforge.gang import read_plan as rp
+
+    sizes = [0, 1, 999, 8_000, 10_000, 20_000, 50_000, 10**6]
+    few = [rp.few_ids(n) for n in sizes]
+    assert few == sorted(few) and few[0] == rp.FEW_IDS_MIN and few[-1] == rp.FEW_IDS_MAX
+    assert rp.few_ids(10_000) in range(4, 8) and rp.few_ids(50_000) in range(20, 26)
 
 
 @pytest.mark.parametrize("gone_id", [901, 777], ids=["empty-list", "invalid-job-id-exit"])
@@ -709,11 +723,13 @@ def _rec(jid: int, kind: str, state: str = "PENDING"):
     kinds=st.lists(st.sampled_from(["plain", "task", "meta", "het"]), min_size=1, max_size=24),
     started=st.sets(st.integers(0, 23)),
     new=st.lists(st.sampled_from(["plain", "task", "het"]), max_size=12),
+    queue=st.sampled_from([100, 20_000]),
 )
-def test_the_plan_reads_by_id_exactly_the_few_plain_batches(kinds, started, new):
+def test_the_plan_reads_by_id_exactly_the_few_plain_batches(kinds, started, new, queue):
     """Over any batch: the plan reads one by one only when every job it names is a plain
     job (no array task or record, no het component: those keep squeue's --jobs form, which
-    names the array or the het job) and there are at most FEW_IDS; squeue otherwise."""
+    names the array or the het job) and there are at most few_ids() of the listing's size;
+    squeue otherwise."""
     from nodeforge.gang import read_plan as rp
     from nodeforge.slurm_records import JobState
 
@@ -741,12 +757,13 @@ def test_the_plan_reads_by_id_exactly_the_few_plain_batches(kinds, started, new)
         listing.append(JobState(key, "PENDING", frozenset(), jid, task, het))
         if kind == "plain":
             plain_ids.add(str(jid))
-    listing += [JobState(str(i), "PENDING", frozenset(), i) for i in range(5000, 5100)]
+    listing += [JobState(str(i), "PENDING", frozenset(), i) for i in range(5000, 5000 + queue)]
     p = rp.plan(listing, frozenset(), known, now=1.0, elapsed=1.0, stale=300.0)
     if p.requests is None:
         assert not p.by_id
         return
-    assert p.by_id == (0 < len(p.requests) <= rp.FEW_IDS and p.requests <= plain_ids)
+    few = rp.few_ids(len(listing))
+    assert p.by_id == (0 < len(p.requests) <= few and p.requests <= plain_ids)
 
 
 # ---- plan()'s memo (read_plan._Base): kept between cycles, updated by the changed records --
