@@ -189,6 +189,10 @@ def measure(prefix: list[str], mode: str, cycles: int, tmp: Path, stale: float) 
         "clients_cpu_s_per_cycle": (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime)
         / cycles,
         "cycles": cycles,
+        # every steady cycle: wall ms, client ms, bytes read (which cycles made the p95)
+        "rows": [
+            [round(r["cycle"] * 1000, 1), round(r["client"] * 1000, 1), r["bytes"]] for r in steady
+        ],
     }
 
 

@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, repeat
 from typing import NewType, cast
 
 from nodeforge import proc, slurm_records
@@ -264,7 +264,7 @@ _HET = operator.attrgetter("het_job_id")
 
 
 def _any_het(records: list[JobRecord]) -> bool:
-    return any(h is not None for h in map(_HET, records))
+    return any(map(operator.is_not, map(_HET, records), repeat(None)))  # (C level)
 
 
 def _patch(
