@@ -273,15 +273,17 @@ def plan(
     stale: float = STALE_SECONDS,
     settled: Collection[str] = (),
     nodes: NodeFlags | None = None,
+    delta: Delta | None = None,
 ) -> Plan:
     """What this cycle reads in full (see the module doc). *need*: keys (JobObs.job_id) of
     jobs the governor reads in full while pending; *settled*: keys of running gangs it
     found ready, kept from their last full record while *nodes* (this cycle's node flags)
     shows theirs up; *elapsed*: seconds since the last plan (the share of the kept records
-    refreshed now)."""
+    refreshed now); *delta*: the reader's (slurm_records.BlockCache.delta) for the listing,
+    so that a listing that changed updates the memo by what it added and dropped."""
     if not known.records:
         return Plan(None, set())
-    b = _base(listing, need, known)
+    b = _base(listing, need, known, delta)
     requests: set[str] = set()
     odd: set[str] = set()  # requests that are not a plain job's own id (arrays, het jobs)
     asked: set[int] = set()
@@ -374,29 +376,61 @@ class _Base:
 MEMO_UPDATE_MAX = 2000
 
 
-def _base(listing: list[JobState], need: Collection[str], known: Known) -> _Base:
-    """plan()'s memo (_Base) for this listing, *need* and Known's records now."""
+# The reader's delta of a listing (slurm_records.BlockCache.delta): (the listing before,
+# the listing now, the entries added, the entries dropped).
+Delta = tuple[object, object, list, list]
+
+
+def _base(
+    listing: list[JobState], need: Collection[str], known: Known, delta: Delta | None = None
+) -> _Base:
+    """plan()'s memo (_Base) for this listing, *need* and Known's records now. A listing
+    that is not the memo's is taken by the memo's update when *delta* leads from the memo's
+    listing to it: the keys it dropped and added are classified again, as changed records'
+    are. Else, or past MEMO_UPDATE_MAX keys, the memo is made anew."""
     need_f = frozenset(need)  # (the same object when *need* is a frozenset)
     b, touched = known.memo, known.touched
+    step = None  # (entries added, entries dropped) from the memo's listing to this one
+    if b is not None and b.listing is not listing:
+        if delta is not None and delta[0] is b.listing and delta[1] is listing:
+            step = delta[2], delta[3]
+        else:
+            b = None
     if (
         b is None
         or touched is None
-        or b.listing is not listing
         or b.need != need_f
-        or len(touched) > MEMO_UPDATE_MAX
+        or len(touched) + (len(step[0]) + len(step[1]) if step else 0) > MEMO_UPDATE_MAX
     ):
         b = _Base(listing, need_f)
         _classify(b, listing, known)
         b.kept = set(b.keep.values())
         b.listed = b.kept | {r.job_id for r, _ in b.contest.values()}
-    elif touched:
-        if b.by_key is None:
+    elif touched or step:
+        keys = touched
+        if step is not None:
+            b.by_key = _by_key_after(b, step[0], step[1])
+            keys = touched | {s.key for s in step[1]} | {s.key for s in step[0]}
+            b.listing = listing
+        elif b.by_key is None:
             b.by_key = {s.key: s for s in listing}
-        for k in touched:  # (all removed first: a record may move from one key to another)
+        for k in keys:  # (all removed first: a record may move from one key to another)
             _unclassify(b, k)
-        _classify(b, filter(None, map(b.by_key.get, touched)), known)
+        _classify(b, filter(None, map(b.by_key.get, keys)), known)
     known.memo, known.touched = b, set()
     return b
+
+
+def _by_key_after(b: _Base, added: list[JobState], dropped: list[JobState]) -> dict:
+    """The memo's listing by key, moved on by the reader's delta (a changed entry is one
+    dropped and one added under the same key: dropped first)."""
+    by_key = b.by_key if b.by_key is not None else {s.key: s for s in b.listing}
+    for s in dropped:
+        if by_key.get(s.key) is s:
+            del by_key[s.key]
+    for s in added:
+        by_key[s.key] = s
+    return by_key
 
 
 def _classify(b: _Base, entries: Iterable[JobState], known: Known) -> None:

@@ -494,7 +494,10 @@ class SlurmCli:
         listing = slurm_records.parse_job_states(st_txt, src, self._state_records)
         known = self._known
         elapsed = now - self._planned_at if self._planned_at is not None else math.inf
-        p = read_plan.plan(listing, need, known, now, elapsed, self.stale_seconds, settled, nodes)
+        delta = self._state_records.delta  # (what the listing added and dropped)
+        p = read_plan.plan(
+            listing, need, known, now, elapsed, self.stale_seconds, settled, nodes, delta
+        )
         self._planned_at = now
         fresh: list[JobRecord] = []
         if p.by_id and p.requests:

@@ -366,9 +366,16 @@ class BlockCache:
     empty (a job's text is never looked up among nodes). *blob*/*offs*: the entries' texts
     end to end and where each starts, when no entry has a volatile number (the listing, the
     nodes): a run of unchanged items is then one comparison (_run). *out*: what the last
-    call returned for these entries, handed out again when every item is unchanged."""
+    call returned for these entries, handed out again when every item is unchanged.
 
-    __slots__ = ("blob", "entries", "kind", "offs", "out")
+    *ids*: the entries by their item's id (made when a walk first needs it, then kept in
+    step with what each walk added and dropped): an item not in it is new, with no search
+    for where it stood. *delta*: (the output before, the output now, the records added, the
+    records dropped) of the last walk that kept every remaining item in its order, else
+    None: a reader of the list (read_plan) updates what it derived from the output before by
+    these alone. *walked*: the delta a walk found, until keep() takes it."""
+
+    __slots__ = ("blob", "delta", "entries", "ids", "kind", "offs", "out", "walked")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
@@ -376,17 +383,42 @@ class BlockCache:
         self.blob: bytes | None = None
         self.offs: list[int] = []
         self.out: object = None
+        self.ids: dict[object, Entry] | None = None
+        self.delta: tuple[object, object, list[Record], list[Record]] | None = None
+        self.walked: tuple[list[Entry], list[Entry]] | None = None
 
-    def keep(self, walked: list[Entry] | None, kind: str, out: object) -> None:
-        """Hold this call's items (None: the full parse decided, nothing is kept)."""
+    def keep(
+        self,
+        walked: list[Entry] | None,
+        kind: str,
+        out: object,
+        record_id: Callable[[Record], object] | None = None,
+    ) -> None:
+        """Hold this call's items (None: the full parse decided, nothing is kept);
+        *record_id*: the id of an item's record, to keep *ids* in step."""
+        step, self.walked = self.walked, None
         if walked is not None and walked is self.entries and self.kind == kind:
             return  # (every item unchanged: the same blob and output)
+        before = self.out if self.kind == kind else None
         self.entries, self.kind = walked if walked is not None else [], kind
         self.out = out if walked is not None else None
         self.blob, self.offs = None, []
         if walked and not any(map(_VOL_LEN, walked)):
             self.blob = b"".join(map(_PRE, walked))
             self.offs = list(accumulate(map(len, map(_PRE, walked)), initial=0))
+        ids = self.ids
+        if walked is None or step is None or before is None or record_id is None:
+            self.ids = self.delta = None
+            return
+        added, dropped = step
+        if ids is not None:
+            for ent in dropped:
+                rid = record_id(ent[3])
+                if ids.get(rid) is ent:
+                    del ids[rid]
+            for ent in added:
+                ids[record_id(ent[3])] = ent
+        self.delta = (before, out, list(map(_RECORD, added)), list(map(_RECORD, dropped)))
 
 
 # One item's text (UTF-8) followed by the next item's start (_SEP), cut around the digits of
@@ -462,7 +494,7 @@ def _parse_job_list(
                 raise SlurmDataError(f"{source}: job {key_of(j)} is listed twice")
             seen.add(key_of(j))
     if cache is not None:
-        cache.keep(walked, lst.cache_kind, out)
+        cache.keep(walked, lst.cache_kind, out, lst.record_id)
     return out
 
 
@@ -562,6 +594,7 @@ def _walk(text: Buffer, cache: BlockCache, lst: _List) -> list[Entry] | None:
 
 
 def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> list[Entry] | None:
+    cache.walked = None
     size = len(mv)
     opening = lst.open
     i = text.find(opening, 0, size)
@@ -571,6 +604,9 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
     old = cache.entries if cache.kind == lst.cache_kind else []
     n_old = len(old)
     index: list[dict[object, int]] = []  # (old's items by id, made when first needed)
+    added: list[Entry] = []  # items parsed now
+    dropped: list[Entry] = []  # old items passed over (in order: no item is found behind)
+    ordered = True
     parse = lst.parse
     entries: list[Entry] = []
     add = entries.append
@@ -616,14 +652,20 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
                 e = text.find(_ITEM_END, pos, size)
                 if e < 0:
                     return None
-                h = _last_place(text, mv, pos, e, old, k, lst, index)
+                h = _last_place(text, mv, pos, e, old, k, lst, index, cache)
                 seq = False
-                if h is not None and _match(mv, pos, old[h]) == e:
+                same = h is not None and _match(mv, pos, old[h]) == e
+                if same and h is not None:  # (mypy: same implies h)
                     add(old[h])
                 else:
                     chunk = bytes(mv[pos:e])  # (decoded strictly: Slurm writes UTF-8)
                     add(_entry(chunk, parse(json.loads("{" + chunk.decode() + "}"))))
+                    added.append(entries[-1])
                 if h is not None:
+                    if h < k:
+                        ordered = False  # (an item found behind: it was passed over)
+                    else:
+                        dropped += old[k : h if same else h + 1]
                     k = h + 1
             e += len(_ITEM_END)
             if _at(mv, e, _NEXT_ITEM):
@@ -638,23 +680,49 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
         return None  # the full parse says what is wrong
     if not isinstance(head, dict) or head.get(lst.key) != _HEAD_MARK or head.get("errors"):
         return None
-    return old if seq and k == n_old == len(entries) else entries
+    if seq and k == n_old == len(entries):
+        return old
+    if ordered:
+        cache.walked = (added, dropped + old[k:])
+    return entries
+
+
+LOOKAHEAD = 8  # items past the expected one tried by id before the index (a few dropped)
 
 
 def _last_place(
-    text: Buffer, mv: memoryview, pos: int, e: int, old: list[Entry], k: int, lst: _List, index
+    text: Buffer,
+    mv: memoryview,
+    pos: int,
+    e: int,
+    old: list[Entry],
+    k: int,
+    lst: _List,
+    index: list[dict[object, int]],
+    cache: BlockCache,
 ) -> int | None:
-    """Where the item at [pos, e) stood in *old*, found by its id (only a hint: its text is
-    still compared in full); *index*: a list that holds old's items by id once made."""
+    """Where the item at [pos, e) stood in *old* (the entries of *cache*), found by its id
+    (only a hint: its text is still compared in full): the expected place *k*, a few places
+    on (items dropped before it), else by the index of old's items by id (*index*: a list
+    that holds it once made), unless the cache's *ids* says it is no old item (a new job)."""
+    if not old:
+        return None
     q = text.find(lst.id_member, pos - 1, e)
     m = lst.id_value.match(mv, q + len(lst.id_member), e) if q >= 0 else None
     if m is None:
         return None
     jid = lst.id_of(m)
-    if k < len(old) and lst.record_id(old[k][3]) == jid:
-        return k  # the expected item, changed (no index needed)
+    rid = lst.record_id
+    for h in range(k, min(k + 1 + LOOKAHEAD, len(old))):
+        if rid(old[h][3]) == jid:
+            return h  # the expected item changed, or the next ones dropped (no index)
+    ids = cache.ids
+    if ids is None:  # (kept between calls from now on, in step with each walk)
+        ids = cache.ids = {rid(ent[3]): ent for ent in old}
+    if jid not in ids:
+        return None
     if not index:
-        index.append({lst.record_id(r): x for x, (_, _, _, r) in enumerate(old)})
+        index.append({rid(r): x for x, (_, _, _, r) in enumerate(old)})
     return index[0].get(jid)
 
 
@@ -743,7 +811,7 @@ def parse_nodes(
             raise SlurmDataError(f"{source}: node {n.name} is listed twice")
         out[n.name] = n
     if cache is not None:
-        cache.keep(walked, "nodes", out)
+        cache.keep(walked, "nodes", out, _NODES.record_id)
     return out
 
 

@@ -811,10 +811,11 @@ MEMO_OP = st.tuples(
 @settings(max_examples=300, deadline=None)
 @given(ops=st.lists(MEMO_OP, min_size=1, max_size=25))
 def test_the_plans_memo_plans_as_a_fresh_classification_over_random_cycles(ops):
-    """Records stored, changed and dropped, listings kept (the same object) or new, needs and
-    settled jobs moving: plan() through its memo plans exactly what it plans with none (every
-    entry classified anew), so a changed record is never planned by its old classification
-    and no key takes another's."""
+    """Records stored, changed and dropped, listings kept (the same object) or new (with the
+    reader's delta: the entries it added and dropped), needs and settled jobs moving: plan()
+    through its memo plans exactly what it plans with none (every entry classified anew), so
+    a changed record or listing entry is never planned by its old classification and no key
+    takes another's."""
     from nodeforge.gang import read_plan as rp
 
     with pytest.MonkeyPatch.context() as mp:
@@ -832,6 +833,7 @@ def _memo_cycles(ops) -> None:
     nodes = {"n1": frozenset({"ALLOCATED"}), "n2": frozenset({"MIXED"})}
     pool = [str(i) for i in range(1, 13)] + ["100_1", "100_2", "5_1", "40+1", "7+2", "100"]
     now = 1000.0
+    delta = None  # the reader's, for the last listing (stale after: plan() must see that)
     for op, jid, kind, state, flag, picks in ops:
         now += 1.0
         if op == "store":
@@ -842,16 +844,37 @@ def _memo_cycles(ops) -> None:
             keys = {rp.listing_key(r) for r in known.records.values() if not rp._is_meta(r)}
             keys |= {pool[p % len(pool)] for p in picks}
             tasks = {"100_1", "100_2"} if kind == "meta" else set()  # (array 100's pending)
-            listing = [
+            made = [
                 _memo_state(k, state if p % 2 else "PENDING", flag and p % 3 == 0)
                 for p, k in enumerate(sorted(keys - tasks))
             ] + [_memo_state(k, "PENDING", flag and jid % 2 == 0) for k in sorted(tasks)]
+            # as the reader hands it out: an unchanged entry is last listing's object, and
+            # its delta names the entries added and dropped (every other kept in order)
+            last = {s.key: s for s in listing}
+            new = [last[s.key] if last.get(s.key) == s else s for s in made]
+            kept = {id(s) for s in new} & {id(s) for s in listing}
+            delta = (
+                listing,
+                new,
+                [s for s in new if id(s) not in kept],
+                [s for s in listing if id(s) not in kept],
+            )
+            listing = new
         elif op == "need":
             need = frozenset(pool[p % len(pool)] for p in picks) | ({"100_1"} if flag else set())
         elif op == "settle":
             settled = frozenset(r.key for r in known.records.values() if r.base_state == "RUNNING")
             nodes = {**nodes, "n2": frozenset({"DOWN"} if flag else {"MIXED"})}
-        memo = rp.plan(listing, need, known, now, 5.0, 300.0, settled, nodes)
+        was, touched = known.memo, known.touched
+        memo = rp.plan(listing, need, known, now, 5.0, 300.0, settled, nodes, delta)
+        if (
+            op == "listing"
+            and known.records
+            and was is not None
+            and touched is not None
+            and was.need == need
+        ):
+            assert known.memo is was  # a new listing moved the memo on, not made it anew
         kept = known.memo, known.touched
         known.memo = known.touched = None
         fresh = rp.plan(listing, need, known, now, 5.0, 300.0, settled, nodes)

@@ -64,6 +64,35 @@ def stable(j: dict) -> str:
     return json.dumps({**j, "last_sched_evaluation": digits}, sort_keys=True)
 
 
+def delta_holds(cache: sr.BlockCache, before, out, expect: bool) -> None:
+    """What the cache says changed, checked against the lists themselves: its items by id
+    are exactly its entries; its delta, when it gives one for this read, has the list before
+    and this one, the records added (new objects) and dropped (gone objects), and every
+    other record kept in its order. *expect*: a read that kept the order must give one."""
+    rid = {"nodes": sr._NODES, "job states": sr._STATES}.get(cache.kind, sr._JOBS).record_id
+    if cache.ids is not None:
+        assert {k: id(v) for k, v in cache.ids.items()} == {
+            rid(e[3]): id(e) for e in cache.entries
+        }
+    if out is before or before is None:
+        return
+    d = cache.delta
+    if d is None or d[1] is not out:
+        assert not expect, "an ordered read gave no delta"
+        return
+    assert d[0] is before
+
+    def values(x) -> list:
+        return list(x.values()) if isinstance(x, dict) else list(x)
+
+    b, o = values(before), values(out)
+    added, dropped = {id(r) for r in d[2]}, {id(r) for r in d[3]}
+    assert len(added) == len(d[2]) and len(dropped) == len(d[3])
+    assert added == {id(r) for r in o} - {id(r) for r in b}
+    assert dropped == {id(r) for r in b} - {id(r) for r in o}
+    assert [id(r) for r in o if id(r) not in added] == [id(r) for r in b if id(r) not in dropped]
+
+
 def apply_op(jobs: list, op: str, x: int, text: str, next_id: int, shape: str, bump: int) -> int:
     """One random cycle's change to the job list (what slurmctld would print next); returns
     the next unused job id. `restamp` is the scheduler's pass: every pending job's
@@ -117,8 +146,11 @@ def test_cached_read_is_the_full_parse_over_random_cycles(names, ops, shape, for
         bump = 10**x if x < 12 else 1  # sometimes more digits
         next_id = apply_op(jobs, op, x, text, next_id, shape, bump)
         doc = render(jobs, shape)
+        before = cache.out
         cached, full = both(doc, cache, forms[cycle])
         assert cached == full
+        if not isinstance(full, str):
+            delta_holds(cache, before, cached, op not in ("move", "dup") and bool(jobs))
         if isinstance(full, str):
             assert "listed twice" in full
             jobs = [
@@ -432,8 +464,11 @@ def test_cached_node_read_is_the_full_parse_over_random_cycles(reasons, ops, sha
         elif op == "rename" and nodes:
             nodes[i] = {**nodes[i], "name": f"r{serial}"}
             serial += 1
+        before = cache.out
         cached, full = both_nodes(render_nodes(nodes, shape), cache, forms[cycle])
         assert cached == full
+        if not isinstance(full, str):
+            delta_holds(cache, before, cached, op not in ("move", "dup") and bool(nodes))
         if isinstance(full, str):
             assert "listed twice" in full
             seen: set[str] = set()
@@ -563,8 +598,11 @@ def test_cached_listing_read_is_the_full_parse_over_random_cycles(n, ops, forms)
     for cycle, (op, x, text) in enumerate(ops):
         serial = _apply_listing_op(items, op, x, text, serial)
         doc = _listing_doc(items)
+        before = cache.out
         cached, full = both(doc, cache, forms[cycle], sr.parse_job_states)
         assert cached == full
+        if not isinstance(full, str):
+            delta_holds(cache, before, cached, op not in ("move", "dup") and bool(items))
         if isinstance(full, str):
             assert "listed twice" in full
             seen: set[str] = set()
@@ -611,8 +649,11 @@ def test_cached_read_of_jobs_without_a_volatile_number_is_the_full_parse(names, 
             next_id = apply_op(jobs, op, x, text, next_id, shape, 1)
             if op == "add":
                 jobs = [_flat(j) if j["job_id"] == next_id - 1 else j for j in jobs]
+        before = cache.out
         cached, full = both(render(jobs, shape), cache, forms[cycle])
         assert cached == full
+        if not isinstance(full, str):
+            delta_holds(cache, before, cached, op not in ("move", "dup") and bool(jobs))
         if isinstance(full, str):
             jobs = [
                 j for k, j in enumerate(jobs) if j["job_id"] not in {x["job_id"] for x in jobs[:k]}
