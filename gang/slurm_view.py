@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import compress, count, repeat
 from typing import NewType, cast
 
 from nodeforge import proc, slurm_records
@@ -232,16 +232,18 @@ _KEY = operator.attrgetter("job_id")
 class JobCache:
     """Between cycles: each job's JSON text -> JobRecord, and record -> JobObs; and the last
     records list with its observations (the reader hands out the same list while no record
-    changed: then the same observations, with no pass over the queue). A list as long as the
-    last one that differs from it in a few places (a running job's record changed, the rest
-    of a 50k queue kept) is patched there: the last observations, copied, with the changed
-    places observed again (_patch), not a pass over every record."""
+    changed: then the same observations, with no pass over the queue). A list that differs
+    from the last one in a few places (a running job's record changed, jobs left and came,
+    the rest of a 50k queue kept in its order) is patched there: the last observations of
+    the runs of the same records, and the others observed (_patch), not a pass over every
+    record. *keys*: the last observations' keys (made when a patch first needs them)."""
 
     def __init__(self) -> None:
         self.records = slurm_records.BlockCache()
         self.obs: dict[int, tuple[JobRecord, JobObs]] = {}
         # (records, their observations, whether they are in the same places: no het job)
         self.last: tuple[list[JobRecord], list[JobObs], bool] | None = None
+        self.keys: set[str] | None = None
 
     def observe(self, records: list[JobRecord]) -> list[JobObs]:
         last = self.last
@@ -249,10 +251,13 @@ class JobCache:
             if last[0] is records:
                 return last[1]
             if last[2]:
-                out = _patch(records, last[0], last[1], self.obs)
+                if self.keys is None:
+                    self.keys = set(map(_KEY, last[1]))
+                out = _patch(records, last[0], last[1], self.obs, self.keys)
                 if out is not None:
                     self.last = (records, out, True)
                     return out
+        self.keys = None
         out = jobs_from_records(records, self.obs)
         # (het components are merged into one observation, after the others: places differ)
         self.last = (records, out, len(out) == len(records) and not _any_het(records))
@@ -260,6 +265,8 @@ class JobCache:
 
 
 PATCH_SHARE = 0.125  # beyond this share of places changed, the whole pass (C level) is cheaper
+PATCH_MIN = 16  # places a patch may change in any list, however short
+PATCH_LOOK = 8  # places looked ahead to tell a dropped record from an added one
 _HET = operator.attrgetter("het_job_id")
 
 
@@ -267,36 +274,79 @@ def _any_het(records: list[JobRecord]) -> bool:
     return any(map(operator.is_not, map(_HET, records), repeat(None)))  # (C level)
 
 
+def _same_run(a: list, i: int, b: list, j: int) -> int:
+    """How many places from *i* in *a* and *j* in *b* hold the very same objects (C level,
+    in windows that double: a long run costs about one pass, a short one little)."""
+    n = min(len(a) - i, len(b) - j)
+    t, w = 0, 32
+    while t < n:
+        w = min(w, n - t)
+        k = next(
+            compress(count(), map(operator.is_not, a[i + t : i + t + w], b[j + t : j + t + w])), -1
+        )
+        if k >= 0:
+            return t + k
+        t += w
+        w *= 2
+    return n
+
+
+def _among(x: object, seq: list, start: int) -> bool:
+    """Is *x* itself (not an equal object) in the PATCH_LOOK places of *seq* from *start*?"""
+    return any(map(operator.is_, repeat(x), seq[start : start + PATCH_LOOK]))
+
+
 def _patch(
     records: list[JobRecord],
     last: list[JobRecord],
     last_obs: list[JobObs],
     cache: dict[int, tuple[JobRecord, JobObs]],
+    keys: set[str],
 ) -> list[JobObs] | None:
-    """jobs_from_records(*records*, *cache*) for a list in which the same jobs stand in the
-    same places as in *last* (no het job, whose components are merged), found at C level;
-    None where that does not hold (another length, many places changed, a het record, a
-    place that now holds another job, a cache that needs its rebuild): then the caller
-    takes the whole pass. Observations stay one per place and keys stay unique, as in
-    *last_obs*."""
-    n = len(records)
-    if n != len(last):
-        return None
-    changed = list(compress(range(n), map(operator.is_not, records, last)))
-    if len(changed) > PATCH_SHARE * n:
-        return None
-    out = list(last_obs)
-    for i in changed:
+    """jobs_from_records(*records*, *cache*) from the last list (*last*, no het job: its
+    components are merged, out of place) by alignment: runs of the same records take their
+    last observations; between them a record is new or changed (observed, in its place) and
+    a last one is passed over (it left). Each place's observation is its own record's, so
+    the alignment only decides the cost; *keys* (the last observations' keys) is moved on
+    only when this returns a list. None (the caller takes the whole pass) for a het record,
+    a key listed twice, or more changed places than PATCH_SHARE of the list."""
+    n, m = len(records), len(last)
+    budget = PATCH_SHARE * n + PATCH_MIN
+    out: list[JobObs] = []
+    gone: list[str] = []  # keys of the last observations not in *out*
+    added: list[str] = []  # keys of the observations made or taken from the cache
+    i = j = 0
+    while i < n:
+        run = _same_run(records, i, last, j) if j < m else 0
+        if run:
+            out += last_obs[j : j + run]
+            i, j = i + run, j + run
+            continue
+        if len(added) + len(gone) > budget:
+            return None
         r = records[i]
+        if j < m and _among(r, last, j + 1):
+            gone.append(last_obs[j].job_id)  # last[j] left (the next ones are here)
+            j += 1
+            continue
         if r.het_job_id is not None:
             return None
         hit = cache.get(id(r))
         o = hit[1] if hit is not None else obs_from_record(r)
-        if o.job_id != last_obs[i].job_id:
-            return None  # another job in this place (one left, one came)
-        out[i] = o
         if hit is None:
-            cache[id(r)] = (r, o)  # (entries of the records replaced stay until the rebuild)
+            cache[id(r)] = (r, o)  # (entries of records no longer listed: until the rebuild)
+        out.append(o)
+        added.append(o.job_id)
+        i += 1
+        if j < m and (o.job_id == last_obs[j].job_id or not _among(last[j], records, i)):
+            gone.append(last_obs[j].job_id)  # last[j] changed into r, or left for it
+            j += 1
+    gone += map(_KEY, last_obs[j:])  # (left at the end)
+    was = set(gone)
+    if len(set(added)) != len(added) or any(k in keys and k not in was for k in added):
+        return None  # a key listed twice: the whole pass says so
+    keys.difference_update(was)
+    keys.update(added)
     if len(cache) > 2 * n + CACHE_SLACK:  # jobs_from_records' bound, and its rebuild
         cache.clear()
         cache.update(zip(map(id, records), zip(records, out, strict=True), strict=True))

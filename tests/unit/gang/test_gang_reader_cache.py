@@ -71,9 +71,7 @@ def delta_holds(cache: sr.BlockCache, before, out, expect: bool) -> None:
     other record kept in its order. *expect*: a read that kept the order must give one."""
     rid = {"nodes": sr._NODES, "job states": sr._STATES}.get(cache.kind, sr._JOBS).record_id
     if cache.ids is not None:
-        assert {k: id(v) for k, v in cache.ids.items()} == {
-            rid(e[3]): id(e) for e in cache.entries
-        }
+        assert {k: id(v) for k, v in cache.ids.items()} == {rid(e[3]): id(e) for e in cache.entries}
     if out is before or before is None:
         return
     d = cache.delta
@@ -342,8 +340,8 @@ def test_patched_observations_are_the_whole_pass(size, ops, slack):
     unchanged jobs; a running job restarts, another job takes a place, jobs leave and come,
     het components and array tasks appear): the observations equal jobs_from_records of the
     list with no cache, an unchanged record's observation is the same object as last
-    cycle's, the cache stays bounded, and the patch by place is taken whenever only a few
-    places of a plain list changed."""
+    cycle's, the cache stays bounded, and the patch (an alignment with the last list) is
+    taken whenever a list with no het job changed in a few places."""
     from nodeforge.gang import slurm_view as gs
     from nodeforge.slurm_records import JobRecord
 
@@ -400,19 +398,97 @@ def test_patched_observations_are_the_whole_pass(size, ops, slack):
             got = cache.observe(records)
             assert got == want
             assert len(cache.obs) <= 2 * len(records) + slack
+            if cache.keys is not None:  # (the patch's keys: the observations')
+                assert cache.keys == {o.job_id for o in got}
             if last is None or last[0] is records:
                 continue
-            plain = last[2] and not any(r.het_job_id is not None for r in records)
-            same_jobs = [o.job_id for o in last[1]] == [o.job_id for o in got]
-            if plain and same_jobs and len(records) == len(last[0]):
-                for k, (a, b) in enumerate(zip(last[0], records, strict=True)):
-                    if a is b:  # an unchanged record: last cycle's very observation
-                        assert got[k] is last[1][k]
-                changed = sum(a is not b for a, b in zip(last[0], records, strict=True))
-                if changed <= gs.PATCH_SHARE * len(records):
-                    assert patches[n_before:] == [True]  # patched, no whole pass
+            if last[2] and not any(r.het_job_id is not None for r in records):
+                # an unchanged record: last cycle's very observation (one per place)
+                before = {id(r): o for r, o in zip(last[0], last[1], strict=True)}
+                for r, o in zip(records, got, strict=True):
+                    if id(r) in before:
+                        assert o is before[id(r)]
+                # one change a cycle (a job left, came, changed, or took another's place):
+                # patched, no whole pass
+                assert patches[n_before:] == [True]
     finally:
         gs.CACHE_SLACK, gs._patch = saved, real
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(0, 300),
+    cycles=st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(["drop", "add", "append", "change", "swap"]), st.integers()),
+            max_size=6,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_a_queue_where_jobs_leave_and_come_is_patched_by_alignment(size, cycles):
+    """A long queue (runs longer than _same_run's first windows) where several jobs leave,
+    come (anywhere, and at the end as slurmctld lists new jobs), change or are replaced each
+    cycle: the patched observations equal the whole pass, each unchanged record keeps its
+    very observation, and with a few changes no whole pass is taken."""
+    from nodeforge.gang import slurm_view as gs
+    from nodeforge.slurm_records import JobRecord
+
+    def rec(jid: int, **kw) -> JobRecord:
+        return JobRecord(jid, "PENDING", "PENDING", frozenset(), "Priority", 2, (), **kw)
+
+    records = [rec(i) for i in range(1, size + 1)]
+    top = size
+    cache = gs.JobCache()
+    cache.observe(records)
+    real, used = gs._patch, []
+
+    def spy(*a):
+        out = real(*a)
+        used.append(out is not None)
+        return out
+
+    gs._patch = spy
+    try:
+        for edits in cycles:
+            last, last_obs = records, cache.observe(records)
+            records = list(records)
+            for op, x in edits:
+                i = x % len(records) if records else 0
+                if op == "drop" and records:
+                    records.pop(i)
+                elif op in ("add", "append"):
+                    top += 1
+                    records.insert(i if op == "add" else len(records), rec(top))
+                elif op == "change" and records:
+                    records[i] = replace(records[i], restarts=records[i].restarts + 1)
+                elif op == "swap" and records:
+                    top += 1
+                    records[i] = rec(top)
+            del used[:]
+            got = cache.observe(records)
+            assert got == gs.jobs_from_records(records)
+            before = {id(r): o for r, o in zip(last, last_obs, strict=True)}
+            assert all(
+                o is before[id(r)] for r, o in zip(records, got, strict=True) if id(r) in before
+            )
+            if records is not last and 2 * len(edits) <= gs.PATCH_MIN:
+                assert used == [True]
+    finally:
+        gs._patch = real
+
+
+def test_same_run_is_the_first_place_that_differs():
+    from nodeforge.gang import slurm_view as gs
+
+    a = [object() for _ in range(500)]
+    for n in (0, 1, 31, 32, 33, 95, 96, 97, 499, 500):
+        b = a[:n] + [object()] + a[n + 1 :]
+        assert gs._same_run(a, 0, b, 0) == n
+        assert gs._same_run(a, 3, b, 3) == (n - 3 if n >= 3 else 497)
+    assert gs._same_run(a, 10, a, 10) == 490 and gs._same_run(a, 0, a[:7], 0) == 7
+    assert gs._same_run(a, 1, a, 0) == 0
 
 
 # -- nodes: the same cached read for the node list (the governor's node map every cycle) --
