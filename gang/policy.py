@@ -28,6 +28,7 @@ from functools import partial
 from heapq import heapify, heappop, heappush
 from itertools import compress, filterfalse
 from operator import attrgetter, is_not, not_, or_
+from typing import cast
 
 from . import deadlines, readiness, strikes
 from .actions import Action, ActionKind
@@ -175,6 +176,8 @@ class _Cycle:
         self.held_now: set[str] = set()  # gangs Slurm shows held in this snapshot
         # _decide_changed: every key whose record may differ from st.jobs' (None: any may)
         self.touched: set[str] | None = None
+        # _decide_changed: keys of the records whose jobs are not listed (None: not known)
+        self.unlisted: frozenset[str] | None = None
 
     def act(
         self, kind: ActionKind, rec: GangRecord, job: JobObs | None, reason: str, detail: str, **kw
@@ -193,20 +196,71 @@ def decide(
     """One cycle, one small function per phase (Kueue's workload controller style)."""
     c = _Cycle(cfg, st, snap, now)
     jobs = snap.jobs
-    keys = list(map(_KEY, jobs))
-    seen_jobs = dict(zip(keys, jobs, strict=True))  # (C level; the reader lists each key once)
+    changed = _in_place(st, jobs)
+    if changed is None:
+        keys = list(map(_KEY, jobs))
+        seen_jobs = dict(zip(keys, jobs, strict=True))  # (C level; the reader lists each once)
+        view = _Seen(jobs, keys)
+    else:  # the last snapshot's jobs in the same places: its keys, its map moved on
+        last = cast(_Seen, st.seen_view)
+        keys = last.keys
+        seen_jobs = st.seen_jobs
+        if changed:
+            seen_jobs = dict(seen_jobs)
+            seen_jobs.update((keys[i], jobs[i]) for i in changed)
+        view = _Seen(jobs, keys, last.pos)
     w = st.watch
     moved = _moved_nodes(st.seen_nodes, snap.nodes)
     if isinstance(w, _Watch) and w.cfg is cfg and moved is not None and not cfg.block_admission:
-        watch = _decide_changed(c, w, keys, seen_jobs, moved)
+        watch = _decide_changed(c, w, keys, seen_jobs, moved, changed)
     else:
         watch = _decide_all(c)
+    view.unlisted = c.unlisted
     out = GovState(jobs=c.recs, counters=st.counters, version=st.version, nodes=c.nodes)
     out.seen_jobs = seen_jobs
+    out.seen_view = view
     out.seen_nodes = snap.nodes
     out.watch = watch
     out.reads = _reads_after(cfg, st.reads, c.touched, c.recs)
     return out, c.actions
+
+
+@dataclass
+class _Seen:
+    """The snapshot a state was decided on, for the next decide() (not persisted): its jobs
+    list and their keys; *pos*: key -> place (made when first needed, kept while the keys
+    are); *unlisted*: keys of the state's records whose jobs it does not list (None: not
+    known)."""
+
+    jobs: list[JobObs]
+    keys: list[str]
+    pos: dict[str, int] | None = None
+    unlisted: frozenset[str] | None = None
+
+
+# Beyond this share of new observations (and a few), the C-level passes are cheaper.
+IN_PLACE_SHARE, IN_PLACE_MIN = 0.125, 16
+
+
+def _in_place(st: GovState, jobs: list[JobObs]) -> list[int] | None:
+    """The places of *jobs* whose observation is not the last snapshot's, when *jobs* lists
+    the last snapshot's jobs in the same places (a running job's observation changed, the
+    rest of the queue kept); None otherwise (another length, another job in a place, many
+    changed, no last snapshot)."""
+    last = st.seen_view
+    if not isinstance(last, _Seen) or len(last.jobs) != len(jobs):
+        return None
+    if len(st.seen_jobs) != len(jobs):
+        return None  # (a seen_jobs that is not this view's: e.g. cleared)
+    if last.jobs is jobs:
+        return []
+    changed = list(compress(range(len(jobs)), map(is_not, jobs, last.jobs)))
+    if len(changed) > IN_PLACE_SHARE * len(jobs) + IN_PLACE_MIN:
+        return None
+    keys = last.keys
+    if any(jobs[i].job_id != keys[i] for i in changed):
+        return None
+    return changed
 
 
 _KEY = attrgetter("job_id")
@@ -389,13 +443,20 @@ WATCH_SLACK = 1024  # stale entries in the heap beyond the records: rebuilt by a
 
 
 def _decide_changed(
-    c: _Cycle, w: _Watch, keys: list[str], seen_jobs: dict[str, JobObs], moved: frozenset[str]
+    c: _Cycle,
+    w: _Watch,
+    keys: list[str],
+    seen_jobs: dict[str, JobObs],
+    moved: frozenset[str],
+    changed: list[int] | None = None,
 ) -> _Watch | None:
     """The same config as last cycle: only jobs whose observation is a new object, loud
     records, records whose clock is due and jobs on a node whose flags changed (*moved*:
     readiness reads only the job's own nodes) are looked at (in the snapshot's order, as
     _decide_all would); every other record is quiet by _Watch's invariant and kept as it
-    is. Records of jobs no longer listed go through _forget."""
+    is. Records of jobs no longer listed go through _forget. *changed*: _in_place's places
+    (the last snapshot's jobs in the same places): then those places and the loud and due
+    records' are looked at, and the unlisted records are the last cycle's."""
     st, now = c.st, c.now
     jobs = c.snap.jobs
     due = list(w.due)  # (the input state is never mutated)
@@ -403,15 +464,23 @@ def _decide_changed(
     look = loud.copy()
     while due and due[0][0] <= now:
         look.add(heappop(due)[1])
-    # C level: a job is looked at when its observation is not last cycle's object, or its
-    # record is loud or due
-    fresh = map(is_not, map(st.seen_jobs.get, keys), jobs)
-    mask = map(or_, fresh, map(look.__contains__, keys)) if look else fresh
-    if moved:  # jobs on a node whose flags changed: readiness is theirs to look at again
-        mask = map(or_, mask, map(not_, map(moved.isdisjoint, map(_NODES, jobs))))
-    looked = list(compress(jobs, mask))
+    last = st.seen_view if changed is not None else None
+    if isinstance(last, _Seen) and not moved:
+        looked = _looked_in_place(jobs, keys, cast(list[int], changed), look, last)
+    else:
+        # C level: a job is looked at when its observation is not last cycle's object, or
+        # its record is loud or due
+        fresh = map(is_not, map(st.seen_jobs.get, keys), jobs)
+        mask = map(or_, fresh, map(look.__contains__, keys)) if look else fresh
+        if moved:  # jobs on a node whose flags changed: readiness is theirs to look at again
+            mask = map(or_, mask, map(not_, map(moved.isdisjoint, map(_NODES, jobs))))
+        looked = list(compress(jobs, mask))
     c.recs = dict(st.jobs)  # the quiet ones kept as they are (decide never mutates them)
-    gone = list(st.jobs.keys() - seen_jobs.keys())
+    if isinstance(last, _Seen) and last.unlisted is not None:
+        gone = list(last.unlisted)  # (the same jobs listed: the same records unlisted)
+    else:
+        gone = list(st.jobs.keys() - seen_jobs.keys())
+    unlisted = len(gone)
     old_get = st.jobs.get
     for job in looked:
         jid = job.job_id
@@ -435,10 +504,25 @@ def _decide_changed(
         loud.discard(jid)
         _forget(c, jid, st.jobs[jid])
     c.touched = {job.job_id for job in looked}.union(gone)  # (no other record is replaced)
+    c.unlisted = frozenset(k for k in gone[:unlisted] if k in c.recs)  # (_forget kept them)
     _classify(c, looked, loud, partial(heappush, due))
     if len(due) > len(c.recs) + WATCH_SLACK:
         return None  # too many stale entries: the next cycle takes the full pass
     return _Watch(c.cfg, loud, due)
+
+
+def _looked_in_place(
+    jobs: list[JobObs], keys: list[str], changed: list[int], look: set[str], last: _Seen
+) -> list[JobObs]:
+    """The jobs to look at, in the snapshot's order, when the snapshot lists the last one's
+    jobs in the same places: the *changed* places and those of the *look* keys (a key of a
+    job no longer listed has none)."""
+    pos = last.pos
+    if pos is None:  # (kept in the view, and the next one's, while the keys are the same)
+        pos = last.pos = dict(zip(keys, range(len(keys)), strict=False))
+    places = set(changed)
+    places.update(i for i in map(pos.get, look) if i is not None)
+    return [jobs[i] for i in sorted(places)]
 
 
 def _record(c: _Cycle, job: JobObs) -> GangRecord | None:

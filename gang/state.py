@@ -130,6 +130,9 @@ class GovState:
     # (the reader's cache hands out the same object for an unchanged job).
     seen_jobs: dict = field(default_factory=dict, compare=False, repr=False)
     seen_nodes: object = field(default=None, compare=False, repr=False)
+    # Not persisted: that snapshot's job list and keys (policy._Seen), so that decide() can
+    # move seen_jobs on when the next one lists the same jobs in the same places.
+    seen_view: object = field(default=None, compare=False, repr=False)
     # Not persisted: which records the next decide() must look at although nothing changed
     # (policy._Watch); None: it looks at every job.
     watch: object = field(default=None, compare=False, repr=False)

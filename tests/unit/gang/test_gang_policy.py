@@ -777,6 +777,28 @@ def test_unchanged_observation_is_skipped_but_clocks_still_run():
     assert [(a.kind, a.job_id) for a in acts] == [("requeue", "1")]  # the clock ran
 
 
+def test_done_record_of_a_gone_job_expires_while_the_rest_stays_in_place():
+    """A gang's job leaves slurmctld while the other jobs stay listed in the same places
+    (decide() then moves its last view on, policy._in_place): its record is DONE, kept an
+    hour (DONE_KEEP_SECONDS), then dropped, exactly as a decide() with no last view does."""
+    from dataclasses import replace as dc_replace
+
+    from nodeforge.gang import policy
+
+    c = cfg()
+    a, b = job("1"), job("2", state="PENDING", nodes=())
+    st, _ = decide(c, GovState(), snap(a, b), T0)
+    st, _ = decide(c, st, snap(b), T0 + 1)  # job 1 left slurmctld
+    assert st.jobs["1"].phase == "done" and st.jobs["1"].done_at == T0 + 1
+    b2 = dc_replace(b, priority=b.priority + 1)  # (a new observation in the same place)
+    for t, kept in ((T0 + 2, True), (T0 + 1800, True), (T0 + 3602, False), (T0 + 3603, False)):
+        s = snap(b2 if t == T0 + 1800 else b)
+        assert policy._in_place(st, s.jobs) is not None  # the same jobs, the same places
+        blind, _ = decide(c, dc_replace(st, seen_jobs={}, seen_view=None, watch=None), s, t)
+        st, _ = decide(c, st, s, t)
+        assert ("1" in st.jobs) is kept and st.jobs.keys() == blind.jobs.keys()
+
+
 def test_release_of_a_quiet_waiting_record_does_not_mutate_the_input_state():
     c = cfg(block_admission=True)
     w = held_admin(job("10", state="PENDING", nodes=(), submit=T0 - 50))
@@ -895,7 +917,7 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
     nodes = {n: OK for n in "abcd"}
     jobs: dict[str, JobObs | None] = {str(i): None for i in range(1, 7)}
     st, t = GovState(), T0
-    fast = carried = 0
+    fast = carried = in_place = 0
     for _ in range(40):
         t += rng.choice([0, 0.5, 1, 3, 6, 1800])  # (1800: done records of gone jobs expire)
         if rng.random() < node_churn:
@@ -916,6 +938,8 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
         blind = replace(st, seen_jobs={}, seen_nodes=None, watch=None)  # nothing to skip
         full, full_acts = decide(c, blind, s, t)
         fast += isinstance(st.watch, policy._Watch)
+        # the same jobs in the same places, some observations new: seen_jobs moved on
+        in_place += isinstance(st.watch, policy._Watch) and bool(policy._in_place(st, s.jobs))
         # what the governor asks before each snapshot (made by a walk, or carried forward)
         need, settled = policy.full_reads(c, st), policy.settled_reads(st)
         quick, quick_acts = decide(c, st, s, t)
@@ -926,6 +950,8 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
             diff = {f: (v, full.jobs[k].__dict__[f]) for f, v in r.__dict__.items()}
             assert {f: v for f, v in diff.items() if v[0] != v[1]} == {}, (k, st.jobs.get(k))
         assert {k: v.__dict__ for k, v in st.jobs.items()} == before  # input not mutated
+        # the next cycle's map of what this one saw: this snapshot's very observations
+        assert {k: id(v) for k, v in quick.seen_jobs.items()} == {j.job_id: id(j) for j in s.jobs}
         walked = replace(st, reads=None)  # the reads of the input state, by a walk
         assert (need, settled) == (policy.full_reads(c, walked), policy.settled_reads(walked))
         walked = replace(quick, reads=None)  # and of the new one (carried forward, or made)
@@ -939,6 +965,7 @@ def test_quiet_shortcut_decides_what_the_full_path_decides(
         st = quick
     assert block or fast > 0  # the look-only-at-changes path was taken
     assert block or carried > 0  # and the reads carried forward from the last state's
+    assert block or in_place > 0  # and a snapshot of the same jobs in the same places
 
 
 @settings(max_examples=200, deadline=None)
