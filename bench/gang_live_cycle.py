@@ -15,8 +15,9 @@ FIXTURE lab config on top of the gang e2e's (MaxJobCount, MaxArraySize, an overs
 partition `scale` so 4 small nodes run >= 100 2-node jobs). --prefix-file attaches to a lab
 started elsewhere (one line per argv word of the controller's command prefix; the lab must
 carry the same fixture config). --calls also times, per queue size, the read plan's calls
-standalone (the state listing, `squeue --jobs` of 1-64 ids, `scontrol show job --json ID`):
-read_plan.FEW_IDS is their break-even. Every wait is bounded.
+standalone (the state listing, `squeue --jobs` of 1-64 ids, `scontrol show job --json ID`:
+read_plan.few_ids() is their break-even; and the cold cycle's read of every job, by squeue
+and by scontrol). Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -227,6 +228,17 @@ def call_costs(prefix: list[str], repeat: int = 5) -> dict:
         res[f"squeue_jobs_{k}"] = ms(["squeue", "--json", "--states=all", f"--jobs={ids}"])
     res["scontrol_pending"] = ms(["scontrol", "show", "job", "--json", pending[len(pending) // 2]])
     res["scontrol_running"] = ms(["scontrol", "show", "job", "--json", running[0]])
+    # the cold cycle's read of every job in full (the plan's squeue, and scontrol's), once
+    # each, into a file as the governor's memory file takes it: wall ms and MB
+    for name, argv in (
+        ("full_squeue", ["squeue", "--json", "--states=all"]),
+        ("full_scontrol", ["scontrol", "show", "job", "--json"]),
+    ):
+        with tempfile.TemporaryFile() as f:
+            t = time.perf_counter()
+            proc.run([*prefix, *argv], timeout=600, output_file=f)
+            res[name] = round((time.perf_counter() - t) * 1000, 1)
+            res[name + "_mb"] = round(f.tell() / 1e6, 1)
     return res
 
 

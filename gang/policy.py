@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from heapq import heapify, heappop, heappush
-from itertools import compress, filterfalse
+from itertools import compress, filterfalse, islice
 from operator import attrgetter, is_not, not_, or_
 from typing import cast
 
@@ -254,8 +254,10 @@ def _in_place(st: GovState, jobs: list[JobObs]) -> list[int] | None:
         return None  # (a seen_jobs that is not this view's: e.g. cleared)
     if last.jobs is jobs:
         return []
-    changed = list(compress(range(len(jobs)), map(is_not, jobs, last.jobs)))
-    if len(changed) > IN_PLACE_SHARE * len(jobs) + IN_PLACE_MIN:
+    limit = int(IN_PLACE_SHARE * len(jobs)) + IN_PLACE_MIN
+    # (C level, and no further than one past the limit: jobs that left shift every place)
+    changed = list(islice(compress(range(len(jobs)), map(is_not, jobs, last.jobs)), limit + 1))
+    if len(changed) > limit:
         return None
     keys = last.keys
     if any(jobs[i].job_id != keys[i] for i in changed):
