@@ -554,9 +554,10 @@ class SlurmCli:
             fresh, n = self._read_each(sorted(p.requests, key=int))
             size += n
         elif p.requests is None or p.requests:
-            argv = [*self._full_argv]
-            if p.requests is not None:
-                argv.append("--jobs=" + ",".join(sorted(p.requests)))
+            # every job (the first cycle, or more than FULL_SHARE asked for): the jobs read
+            # of this Slurm (scontrol's on 24.11: 19.7 s at 50k queued where squeue --json
+            # took 39.2 s for the same 380 MB, measured live; equal at 10k); a filter: squeue
+            argv = self.commands()[0] if p.requests is None else self._filtered(p.requests)
             try:
                 txt = self._out_jobs.run(self, argv)
             except CommandError:
@@ -565,13 +566,17 @@ class SlurmCli:
                 # squeue refuses a filter of one job that left since the listing ("Invalid
                 # job id"): the unfiltered read decides, as any full read would
                 p = read_plan.Plan(None, set())
-                argv = [*self._full_argv]
+                argv = self.commands()[0]
                 txt = self._out_jobs.run(self, argv)
             size += len(txt)
-            src_full = " ".join(self._full_argv) + (" --jobs=..." if p.requests else "")
+            src_full = " ".join(self._full_argv) + " --jobs=..." if p.requests else " ".join(argv)
             fresh = slurm_records.parse_jobs(txt, src_full, self._cache.records)
         records = read_plan.assemble(fresh, known, p, now)
         return self._cache.observe(records), size
+
+    def _filtered(self, requests: Collection[str]) -> list[str]:
+        """The full read of *requests* only (squeue's --jobs: the same records)."""
+        return [*self._full_argv, "--jobs=" + ",".join(sorted(requests))]
 
     def _read_each(self, ids: list[str]) -> tuple[list[JobRecord], int]:
         """The records of a few plain jobs, one `scontrol show job --json ID` each (read_plan

@@ -669,6 +669,27 @@ def test_how_many_ids_are_read_one_by_one_grows_with_the_queue():
     assert rp.few_ids(10_000) in range(4, 8) and rp.few_ids(50_000) in range(20, 26)
 
 
+def test_every_job_is_read_by_the_jobs_command_and_a_filter_by_squeue(tmp_path):
+    """A read of every job (the first cycle, more than FULL_SHARE asked for) is this Slurm's
+    jobs command, `scontrol show job --json` on 24.11: 19.7 s at 50k queued where squeue's
+    --json took 39.2 s for the same 380 MB (measured live, bench/README-gang.md); a read of
+    some jobs stays squeue's --jobs filter (scontrol takes one id)."""
+    jobs = [job(i) for i in range(1, 301)] + [job(500, "RUNNING")]
+    lab = Lab(tmp_path, jobs)
+    lab.cli._commands = ([*lab.cli._commands[0][:3], "all"], lab.cli._commands[1])
+    lab.cli.stale_seconds = 300.0
+    snap, read = lab.planned()  # the first cycle: every job
+    assert lab.modes == ["all"] and read == {j["job_id"] for j in jobs}
+    jobs.extend(job(2000 + i) for i in range(10))  # more than a few: squeue's filter
+    snap, read = lab.planned(dt=0.5)
+    assert lab.modes == ["full"] and set(range(2000, 2010)) | {500} <= read
+    assert snap.jobs == lab.full()
+    for j in jobs[:200]:  # most jobs start: more than FULL_SHARE to read, so every job
+        j["job_state"] = ["RUNNING"]
+    snap, read = lab.planned(dt=0.5)
+    assert lab.modes == ["all"] and snap.jobs == lab.full()
+
+
 @pytest.mark.parametrize("gone_id", [901, 777], ids=["empty-list", "invalid-job-id-exit"])
 def test_a_job_read_by_id_that_left_since_the_listing_is_dropped(tmp_path, gone_id):
     """The job leaves between the listing and its read: 24.11's scontrol prints an empty
