@@ -228,16 +228,18 @@ def call_costs(prefix: list[str], repeat: int = 5) -> dict:
         res[f"squeue_jobs_{k}"] = ms(["squeue", "--json", "--states=all", f"--jobs={ids}"])
     res["scontrol_pending"] = ms(["scontrol", "show", "job", "--json", pending[len(pending) // 2]])
     res["scontrol_running"] = ms(["scontrol", "show", "job", "--json", running[0]])
-    # the cold cycle's read of every job in full (the plan's squeue, and scontrol's), once
-    # each, into a file as the governor's memory file takes it: wall ms and MB
-    for name, argv in (
-        ("full_squeue", ["squeue", "--json", "--states=all"]),
-        ("full_scontrol", ["scontrol", "show", "job", "--json"]),
-    ):
+    # the cold cycle's read of every job in full, by scontrol and by squeue, in the order
+    # A B B A (slurmctld may still be busy with a fresh queue: the order must not decide),
+    # into a file as the governor's memory file takes it: wall ms each, and the MB
+    full = {
+        "full_scontrol": ["scontrol", "show", "job", "--json"],
+        "full_squeue": ["squeue", "--json", "--states=all"],
+    }
+    for name in ("full_scontrol", "full_squeue", "full_squeue", "full_scontrol"):
         with tempfile.TemporaryFile() as f:
             t = time.perf_counter()
-            proc.run([*prefix, *argv], timeout=600, output_file=f)
-            res[name] = round((time.perf_counter() - t) * 1000, 1)
+            proc.run([*prefix, *full[name]], timeout=600, output_file=f)
+            res.setdefault(name, []).append(round((time.perf_counter() - t) * 1000, 1))
             res[name + "_mb"] = round(f.tell() / 1e6, 1)
     return res
 

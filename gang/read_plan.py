@@ -44,7 +44,7 @@ Records are listed in the full reads' order (slurmctld's job list; the listing h
 With more than FULL_SHARE of the listed jobs to request, more ids than fit one command line
 (MAX_IDS), on the first cycle, or when squeue refuses a one-job filter (the job left since the
 listing), the cycle reads every job in full, unfiltered (with the jobs command, scontrol's
-on 24.11: squeue's --json took twice as long at 50k). A plain job read one by one that left
+on 24.11, as the full path does). A plain job read one by one that left
 since the listing comes back as no record (slurmctld's empty list, or "Invalid job id"), as a
 filtered squeue read leaves it out: its kept record is dropped. 22.05 and 23.x (no listing) read
 every job in full every cycle, as before.

@@ -671,9 +671,10 @@ def test_how_many_ids_are_read_one_by_one_grows_with_the_queue():
 
 def test_every_job_is_read_by_the_jobs_command_and_a_filter_by_squeue(tmp_path):
     """A read of every job (the first cycle, more than FULL_SHARE asked for) is this Slurm's
-    jobs command, `scontrol show job --json` on 24.11: 19.7 s at 50k queued where squeue's
-    --json took 39.2 s for the same 380 MB (measured live, bench/README-gang.md); a read of
-    some jobs stays squeue's --jobs filter (scontrol takes one id)."""
+    jobs command, `scontrol show job --json` on 24.11, as the full path's (16.9 s at 50k
+    queued, squeue's --json 17.5-18.1 s for the same 380 MB, measured live,
+    bench/README-gang.md); a read of some jobs stays squeue's --jobs filter (scontrol takes
+    one id)."""
     jobs = [job(i) for i in range(1, 301)] + [job(500, "RUNNING")]
     lab = Lab(tmp_path, jobs)
     lab.cli._commands = ([*lab.cli._commands[0][:3], "all"], lab.cli._commands[1])
