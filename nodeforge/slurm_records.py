@@ -604,7 +604,7 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
     pos = i + len(opening)
     old = cache.entries if cache.kind == lst.cache_kind else []
     n_old = len(old)
-    index: list[dict[object, int]] = []  # (old's items by id, made when first needed)
+    w = _Walk(text, mv, old, lst, cache)  # (for an item not in its expected place)
     added: list[Entry] = []  # items parsed now
     dropped: list[Entry] = []  # old items passed over (in order: no item is found behind)
     ordered = True
@@ -652,7 +652,7 @@ def _walk_view(text: Buffer, mv: memoryview, cache: BlockCache, lst: _List) -> l
                 e = text.find(_ITEM_END, pos, size)
                 if e < 0:
                     return None
-                ent, h, same = _changed_item(text, mv, pos, e, old, k, lst, index, cache)
+                ent, h, same = _changed_item(w, pos, e, k)
                 seq = False
                 add(ent)
                 if not same:
@@ -690,49 +690,44 @@ def _rest_is_slurms(mv: memoryview, i: int, end: int, lst: _List) -> bool:
     return isinstance(head, dict) and head.get(lst.key) == _HEAD_MARK and not head.get("errors")
 
 
-def _changed_item(
-    text: Buffer,
-    mv: memoryview,
-    pos: int,
-    e: int,
-    old: list[Entry],
-    k: int,
-    lst: _List,
-    index: list[dict[object, int]],
-    cache: BlockCache,
-) -> tuple[Entry, int | None, bool]:
-    """The item at [pos, e) where the cached one expected next is not: (its entry, where it
-    stood in *old* or None, whether it is that old item unchanged); else parsed now (its
-    text decoded strictly: Slurm writes UTF-8)."""
-    h = _last_place(text, mv, pos, e, old, k, lst, index, cache)
-    if h is not None and _match(mv, pos, old[h]) == e:
-        return old[h], h, True
-    chunk = bytes(mv[pos:e])
-    return _entry(chunk, lst.parse(json.loads("{" + chunk.decode() + "}"))), h, False
+@dataclass(slots=True)
+class _Walk:
+    """What a walk's search for an item that moved reads: the document (and its view), the
+    cached items of the last call (*old*), the list walked, the index of old's items by id
+    (made when first needed) and the cache (its *ids*)."""
+
+    text: Buffer
+    mv: memoryview
+    old: list[Entry]
+    lst: _List
+    cache: BlockCache
+    index: dict[object, int] | None = None
+
+
+def _changed_item(w: _Walk, pos: int, e: int, k: int) -> tuple[Entry, int | None, bool]:
+    """The item at [pos, e) where the cached one expected next (*k*) is not: (its entry,
+    where it stood in old or None, whether it is that old item unchanged); else parsed now
+    (its text decoded strictly: Slurm writes UTF-8)."""
+    h = _last_place(w, pos, e, k)
+    if h is not None and _match(w.mv, pos, w.old[h]) == e:
+        return w.old[h], h, True
+    chunk = bytes(w.mv[pos:e])
+    return _entry(chunk, w.lst.parse(json.loads("{" + chunk.decode() + "}"))), h, False
 
 
 LOOKAHEAD = 8  # items past the expected one tried by id before the index (a few dropped)
 
 
-def _last_place(
-    text: Buffer,
-    mv: memoryview,
-    pos: int,
-    e: int,
-    old: list[Entry],
-    k: int,
-    lst: _List,
-    index: list[dict[object, int]],
-    cache: BlockCache,
-) -> int | None:
-    """Where the item at [pos, e) stood in *old* (the entries of *cache*), found by its id
-    (only a hint: its text is still compared in full): the expected place *k*, a few places
-    on (items dropped before it), else by the index of old's items by id (*index*: a list
-    that holds it once made), unless the cache's *ids* says it is no old item (a new job)."""
+def _last_place(w: _Walk, pos: int, e: int, k: int) -> int | None:
+    """Where the item at [pos, e) stood in old (the cache's entries), found by its id (only
+    a hint: its text is still compared in full): the expected place *k*, a few places on
+    (items dropped before it), else by the index of old's items by id, unless the cache's
+    *ids* says it is no old item (a new job)."""
+    old, lst, cache = w.old, w.lst, w.cache
     if not old:
         return None
-    q = text.find(lst.id_member, pos - 1, e)
-    m = lst.id_value.match(mv, q + len(lst.id_member), e) if q >= 0 else None
+    q = w.text.find(lst.id_member, pos - 1, e)
+    m = lst.id_value.match(w.mv, q + len(lst.id_member), e) if q >= 0 else None
     if m is None:
         return None
     jid = lst.id_of(m)
@@ -745,9 +740,9 @@ def _last_place(
         ids = cache.ids = {rid(ent[3]): ent for ent in old}
     if jid not in ids:
         return None
-    if not index:
-        index.append({rid(r): x for x, (_, _, _, r) in enumerate(old)})
-    return index[0].get(jid)
+    if w.index is None:
+        w.index = {rid(r): x for x, (_, _, _, r) in enumerate(old)}
+    return w.index.get(jid)
 
 
 def _run(mv: memoryview, pos: int, blob: bytes, offs: list[int], k: int, n: int) -> int:
