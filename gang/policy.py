@@ -197,25 +197,24 @@ def decide(
     c = _Cycle(cfg, st, snap, now)
     jobs = snap.jobs
     changed = _in_place(st, jobs)
-    if changed is None:
+    last = cast(_Seen, st.seen_view) if changed is not None else None
+    if last is None:
         keys = list(map(_KEY, jobs))
         seen_jobs = dict(zip(keys, jobs, strict=True))  # (C level; the reader lists each once)
-        view = _Seen(jobs, keys)
     else:  # the last snapshot's jobs in the same places: its keys, its map moved on
-        last = cast(_Seen, st.seen_view)
         keys = last.keys
         seen_jobs = st.seen_jobs
         if changed:
             seen_jobs = dict(seen_jobs)
             seen_jobs.update((keys[i], jobs[i]) for i in changed)
-        view = _Seen(jobs, keys, last.pos)
     w = st.watch
     moved = _moved_nodes(st.seen_nodes, snap.nodes)
     if isinstance(w, _Watch) and w.cfg is cfg and moved is not None and not cfg.block_admission:
         watch = _decide_changed(c, w, keys, seen_jobs, moved, changed)
     else:
         watch = _decide_all(c)
-    view.unlisted = c.unlisted
+    # (the key -> place map, made or not by this cycle, holds while the keys are the same)
+    view = _Seen(jobs, keys, last.pos if last is not None else None, c.unlisted)
     out = GovState(jobs=c.recs, counters=st.counters, version=st.version, nodes=c.nodes)
     out.seen_jobs = seen_jobs
     out.seen_view = view

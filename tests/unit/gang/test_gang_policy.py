@@ -1009,3 +1009,21 @@ def test_full_reads_follow_a_reloaded_config():
     assert policy.full_reads(plain, st) == frozenset()
     assert policy.full_reads(block, st) == {"1"}
     assert policy.full_reads(plain, st) == frozenset()
+
+
+def test_in_place_snapshots_keep_one_map_of_places():
+    """The key -> place map of a queue is made once and handed from view to view while the
+    snapshots list the same jobs in the same places (a 50k queue: ~4 ms to make)."""
+    from dataclasses import replace as dc_replace
+
+    c = cfg()
+    jobs = [job(str(i), state="PENDING", nodes=()) for i in range(1, 6)]
+    st, _ = decide(c, GovState(), snap(*jobs), T0)
+    views = []
+    for k in range(3):  # one new observation a cycle, in its place
+        jobs[k] = dc_replace(jobs[k], priority=jobs[k].priority + 1)
+        st, _ = decide(c, st, snap(*jobs), T0 + 1 + k)
+        views.append(st.seen_view)
+    assert views[0].pos is not None
+    assert views[0].pos is views[1].pos is views[2].pos
+    assert views[0].pos == {str(i): i - 1 for i in range(1, 6)}
