@@ -202,7 +202,7 @@ CALL_IDS = (1, 2, 4, 8, 16, 32, 64)  # squeue --jobs sizes timed by --calls
 
 def call_costs(prefix: list[str], repeat: int = 5) -> dict:
     """The read plan's calls on this queue, standalone, median of *repeat* (read_plan.py's
-    FEW_IDS break-even: one `scontrol show job --json ID` per plain id against one `squeue
+    few_ids() break-even: one `scontrol show job --json ID` per plain id against one `squeue
     --jobs` of them all): the state listing, squeue with k pending ids, scontrol by id for a
     pending and a running job. Wall ms, client and slurmctld together, as a cycle waits."""
     out = proc.run(

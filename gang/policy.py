@@ -932,11 +932,11 @@ def _reads(cfg: GangConfig, st: GovState) -> _Reads:
     r = st.reads
     if isinstance(r, _Reads) and r.cfg is cfg:
         return r
-    full, ready = _full_phases(cfg), (READY,)
+    full = _full_phases(cfg)
     r = st.reads = _Reads(
         cfg,
         frozenset(k for k, v in st.jobs.items() if v.phase in full),
-        frozenset(k for k, v in st.jobs.items() if v.phase in ready),
+        frozenset(k for k, v in st.jobs.items() if v.phase == READY),
     )
     return r
 

@@ -408,13 +408,10 @@ def _base(
         b.kept = set(b.keep.values())
         b.listed = b.kept | {r.job_id for r, _ in b.contest.values()}
     elif touched or step:
-        keys = touched
-        if step is not None:
-            b.by_key = _by_key_after(b, step[0], step[1])
-            keys = touched | {s.key for s in step[1]} | {s.key for s in step[0]}
-            b.listing = listing
-        elif b.by_key is None:
-            b.by_key = {s.key: s for s in listing}
+        added, dropped = step if step is not None else ((), ())
+        b.by_key = _by_key_after(b, added, dropped)
+        keys = touched.union(s.key for s in dropped).union(s.key for s in added)
+        b.listing = listing
         for k in keys:  # (all removed first: a record may move from one key to another)
             _unclassify(b, k)
         _classify(b, filter(None, map(b.by_key.get, keys)), known)
@@ -422,9 +419,10 @@ def _base(
     return b
 
 
-def _by_key_after(b: _Base, added: list[JobState], dropped: list[JobState]) -> dict:
-    """The memo's listing by key, moved on by the reader's delta (a changed entry is one
-    dropped and one added under the same key: dropped first)."""
+def _by_key_after(b: _Base, added: Iterable[JobState], dropped: Iterable[JobState]) -> dict:
+    """The memo's listing by key (made for its first update), moved on by the reader's
+    delta (a changed entry is one dropped and one added under the same key: dropped
+    first)."""
     by_key = b.by_key if b.by_key is not None else {s.key: s for s in b.listing}
     for s in dropped:
         if by_key.get(s.key) is s:

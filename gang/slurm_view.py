@@ -459,7 +459,7 @@ class SlurmCli:
         self._known = read_plan.Known()
         self._planned_at: float | None = None
         # the full read of the planned path: squeue, which takes a --jobs filter, or for a
-        # few plain job ids (read_plan.FEW_IDS) slurmctld's single-job read, one per id
+        # few plain job ids (read_plan.few_ids) slurmctld's single-job read, one per id
         self._full_argv = ["squeue", "--json", "--states=all"]
         self._one_argv = ["scontrol", "show", "job", "--json"]
 
@@ -569,7 +569,7 @@ class SlurmCli:
                 argv = self.commands()[0]
                 txt = self._out_jobs.run(self, argv)
             size += len(txt)
-            src_full = " ".join(self._full_argv) + " --jobs=..." if p.requests else " ".join(argv)
+            src_full = " ".join(argv if p.requests is None else [*self._full_argv, "--jobs=..."])
             fresh = slurm_records.parse_jobs(txt, src_full, self._cache.records)
         records = read_plan.assemble(fresh, known, p, now)
         return self._cache.observe(records), size
@@ -580,7 +580,7 @@ class SlurmCli:
 
     def _read_each(self, ids: list[str]) -> tuple[list[JobRecord], int]:
         """The records of a few plain jobs, one `scontrol show job --json ID` each (read_plan
-        .FEW_IDS), and the bytes read. A job that left since the listing is not returned
+        .few_ids), and the bytes read. A job that left since the listing is not returned
         (24.11 prints an empty list; an "Invalid job id" exit says the same), as a filtered
         squeue read leaves it out: assemble() then drops its record."""
         out: list[JobRecord] = []

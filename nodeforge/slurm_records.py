@@ -387,15 +387,10 @@ class BlockCache:
         self.delta: tuple[object, object, list[Record], list[Record]] | None = None
         self.walked: tuple[list[Entry], list[Entry]] | None = None
 
-    def keep(
-        self,
-        walked: list[Entry] | None,
-        kind: str,
-        out: object,
-        record_id: Callable[[Record], object] | None = None,
-    ) -> None:
-        """Hold this call's items (None: the full parse decided, nothing is kept);
-        *record_id*: the id of an item's record, to keep *ids* in step."""
+    def keep(self, walked: list[Entry] | None, lst: _List, out: object) -> None:
+        """Hold this call's items of list *lst* (None: the full parse decided, nothing is
+        kept)."""
+        kind = lst.cache_kind
         step, self.walked = self.walked, None
         if walked is not None and walked is self.entries and self.kind == kind:
             return  # (every item unchanged: the same blob and output)
@@ -407,10 +402,11 @@ class BlockCache:
             self.blob = b"".join(map(_PRE, walked))
             self.offs = list(accumulate(map(len, map(_PRE, walked)), initial=0))
         ids = self.ids
-        if walked is None or step is None or before is None or record_id is None:
+        if walked is None or step is None or before is None:
             self.ids = self.delta = None
             return
         added, dropped = step
+        record_id = lst.record_id
         if ids is not None:
             for ent in dropped:
                 rid = record_id(ent[3])
@@ -494,7 +490,7 @@ def _parse_job_list(
                 raise SlurmDataError(f"{source}: job {key_of(j)} is listed twice")
             seen.add(key_of(j))
     if cache is not None:
-        cache.keep(walked, lst.cache_kind, out, lst.record_id)
+        cache.keep(walked, lst, out)
     return out
 
 
@@ -830,7 +826,7 @@ def parse_nodes(
             raise SlurmDataError(f"{source}: node {n.name} is listed twice")
         out[n.name] = n
     if cache is not None:
-        cache.keep(walked, "nodes", out, _NODES.record_id)
+        cache.keep(walked, _NODES, out)
     return out
 
 
